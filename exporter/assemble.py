@@ -1,0 +1,221 @@
+"""LogLine | Gap -> Record: join SGLang's multi-line messages and tracebacks. Pure.
+
+SGLang logs a multi-line message with its prefix on the first line only (facts 4); the detail lines,
+traceback frames and the repeated exception text come bare. A bare line belongs to the latest prefixed
+line of its stream; with a custom format that prefixes every line, a prefixed line that looks like a
+continuation joins the open record of its own ranks. Radix-tree dump lines (printed to stdout, thousands
+per rank, at any moment) are dropped first, so they never close or split a record (facts 3).
+
+Only records that can hold an event come out: a block whose first line carries a catalog anchor, and
+every traceback (the matcher decides whether its exception or its frames name an OOM).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+
+import regex
+from sglang_oom_exporter.model import Gap, LogLine, Prefix, Record
+from sglang_oom_exporter.prefix import PrefixParser
+
+MAX_RECORD_LINES = 400  # a record that grows past this is closed (a runaway traceback, not an OOM)
+
+_NOISE = regex.compile(
+    r"^(?: +\d+ \[[\d, ]*\] r=\d+"
+    r"| +\d+ \d+ fr="
+    r"| *\[\d+\] \d+ (?:fr|full_lock)="
+    r"|#tokens: \d+"
+    r"|#full_tokens: \d+, #(?:swa_tokens|mamba_num): \d+)"
+)
+_HEADER = regex.compile(r"Traceback \(most recent call last\):\s*$|hit an exception:?\s*$|^Exception in [\w ]+:\s*$")
+_FRAME = regex.compile(r'^\s+File "(?P<path>[^"]*)", line \d+, in (?P<func>[\w<>.]+)')
+_CHAINED = ("During handling of the above exception", "The above exception was the direct cause")
+_DETAIL = regex.compile(
+    r"^\s*(?:Try to allocate"
+    r"|Ava(?:il|li)able"
+    r"|SWA available"
+    r"|(?:Full|SWA) LRU list"
+    r"|Possible solutions"
+    r"|\d\. "
+    r"|Open an issue"
+    r"|[\w.()\[\] ]*?[\w)\]] ?= ?-?\d)"
+)
+_EXCEPTION_SHAPED = regex.compile(r"^[A-Za-z_][\w.]*(?:Error|Exception|Exit|Interrupt|Warning)\b")
+
+
+@dataclass(slots=True)
+class _Open:
+    """A record being assembled."""
+
+    kind: str  # block | traceback
+    lineno: int
+    prefix: Prefix | None
+    stream: str
+    runtime_time: str | None
+    lines: list[str] = field(default_factory=list)
+    frames: list[tuple[str, str]] = field(default_factory=list)
+    state: str = "body"  # block: body; traceback: frames | exception | after_blank
+    exceptions: list[list[str]] = field(default_factory=list)
+
+    def size(self) -> int:
+        return len(self.lines) + len(self.frames) + sum(len(e) for e in self.exceptions)
+
+
+class Assembler:
+    """Stateful per source: feed lines and gaps in order, collect Records."""
+
+    def __init__(self, anchors: Sequence[str], prefixes: PrefixParser | None = None) -> None:
+        self._anchors = tuple(anchors)
+        self._prefixes = prefixes or PrefixParser()
+        self._open: dict[tuple[str, str], _Open] = {}
+        self._last_key: dict[str, tuple[str, str]] = {}
+        self.noise_lines = 0
+
+    def feed(self, item: LogLine | Gap) -> Iterator[Record]:
+        """Consume one line (or a run of skipped lines) and yield the records it closed."""
+        if isinstance(item, Gap):
+            yield from self.close_all()
+            return
+        text = item.text
+        if text and text[0] in " #[" and _NOISE.match(text):
+            self.noise_lines += 1
+            return
+        prefix, message = self._prefixes.parse(text)
+        if prefix is not None:
+            yield from self._prefixed(item, prefix, message)
+        else:
+            yield from self._bare(item, message)
+
+    def close_all(self) -> Iterator[Record]:
+        """Close every open record (end of input, a gap, or an idle source)."""
+        for rec in sorted(self._open.values(), key=lambda r: r.lineno):
+            out = _finish(rec)
+            if out is not None:
+                yield out
+        self._open.clear()
+        self._last_key.clear()
+
+    def _prefixed(self, line: LogLine, prefix: Prefix, message: str) -> Iterator[Record]:
+        key = (line.stream, prefix.ranks)
+        rec = self._open.get(key)
+        if rec is not None and message and _continues(rec, message, prefixed=True):
+            self._append(rec, message)
+            self._last_key[line.stream] = key
+            yield from self._maybe_cap(key)
+            return
+        # A new logged message: the previous write on this stream is over, and so is this rank's.
+        yield from self._close(key)
+        last = self._last_key.get(line.stream)
+        if last is not None and last != key:
+            yield from self._close(last)
+        self._last_key[line.stream] = key
+        self._start(key, line, prefix, message)
+
+    def _bare(self, line: LogLine, message: str) -> Iterator[Record]:
+        last = self._last_key.get(line.stream)
+        rec = self._open.get(last) if last is not None else None
+        if rec is not None and last is not None:
+            if _continues(rec, message, prefixed=False):
+                self._append(rec, message)
+                yield from self._maybe_cap(last)
+                return
+            yield from self._close(last)
+        key = (line.stream, "")
+        if _HEADER.search(message) or self._has_anchor(message):
+            yield from self._close(key)
+            self._last_key[line.stream] = key
+            self._start(key, line, None, message)
+
+    def _start(self, key: tuple[str, str], line: LogLine, prefix: Prefix | None, message: str) -> None:
+        if _HEADER.search(message):
+            self._open[key] = _Open(
+                "traceback", line.lineno, prefix, line.stream, line.runtime_time, lines=[message], state="frames"
+            )
+        elif self._has_anchor(message):
+            self._open[key] = _Open("block", line.lineno, prefix, line.stream, line.runtime_time, lines=[message])
+
+    def _append(self, rec: _Open, message: str) -> None:
+        if rec.kind == "block":
+            rec.lines.append(message)
+            return
+        if rec.state == "frames":
+            m = _FRAME.match(message)
+            if m is not None:
+                rec.frames.append((m.group("path"), m.group("func")))
+            elif message and message[0] not in " \t" and not message.startswith(("Traceback", *_CHAINED)):
+                rec.exceptions.append([message])
+                rec.state = "exception"
+        elif rec.state == "exception":
+            if message.strip():
+                rec.exceptions[-1].append(message)
+            else:
+                rec.state = "after_blank"
+        elif rec.state == "after_blank" and message.startswith(_CHAINED):
+            rec.state = "frames"
+
+    def _maybe_cap(self, key: tuple[str, str]) -> Iterator[Record]:
+        rec = self._open.get(key)
+        if rec is not None and rec.size() > MAX_RECORD_LINES:
+            yield from self._close(key)
+
+    def _close(self, key: tuple[str, str]) -> Iterator[Record]:
+        rec = self._open.pop(key, None)
+        if rec is not None:
+            out = _finish(rec)
+            if out is not None:
+                yield out
+
+    def _has_anchor(self, message: str) -> bool:
+        return any(a in message for a in self._anchors)
+
+
+def _continues(rec: _Open, message: str, *, prefixed: bool) -> bool:
+    """Does this line belong to the open record? Prefixed lines must look like continuations."""
+    blank = not message.strip()
+    if rec.kind == "block":
+        return not blank and _DETAIL.match(message) is not None
+    if rec.state == "frames":
+        if prefixed:
+            return (
+                message[:1] in (" ", "\t")
+                or message.startswith(("Traceback", *_CHAINED))
+                or _EXCEPTION_SHAPED.match(message) is not None
+                or blank
+            )
+        return True
+    if rec.state == "exception":
+        if blank:
+            return True
+        if message[:1] in (" ", "\t") and _FRAME.match(message):
+            return False
+        return not prefixed or _DETAIL.match(message) is not None
+    # after_blank: only more blank lines or a chained-exception line keep the traceback open
+    return blank or message.startswith(_CHAINED)
+
+
+def _finish(rec: _Open) -> Record | None:
+    prefix = rec.prefix
+    time = prefix.time if prefix else None
+    ranks = prefix.ranks if prefix else ""
+    if rec.kind == "block":
+        return Record("block", rec.lineno, time, ranks, rec.stream, tuple(rec.lines), runtime_time=rec.runtime_time)
+    if not rec.exceptions and not rec.frames:
+        # A header alone: a header line that quotes the OOM text ("... hit an exception: <text>")
+        # is still a one-line block for the matcher.
+        return Record("block", rec.lineno, time, ranks, rec.stream, tuple(rec.lines), runtime_time=rec.runtime_time)
+    exc_lines: list[str] = []
+    for exc in rec.exceptions:
+        exc_lines.extend(exc)
+        exc_lines.append("")
+    return Record(
+        "traceback",
+        rec.lineno,
+        time,
+        ranks,
+        rec.stream,
+        tuple(exc_lines[:-1]) if exc_lines else (),
+        frames=tuple(rec.frames),
+        runtime_time=rec.runtime_time,
+        truncated=not rec.exceptions,
+    )

@@ -1,0 +1,368 @@
+"""Load and validate catalog.yaml into OomKind objects: the first box of the pipeline's configuration.
+
+The catalog is data; this module is the only code that reads it. Every problem found is collected into
+one CatalogError whose lines say `file:line: key.path: what is wrong`, so a broken override file is fixed
+in one pass rather than one error at a time.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import regex
+import yaml
+
+# Named groups a pattern may capture: the numeric and textual fields of an event. Anything else is a typo.
+EVENT_FIELDS = frozenset(
+    {
+        "requested_tokens",
+        "available_tokens",
+        "req_slots_available",
+        "req_slots_requested",
+        "retracted_requests",
+        "aborted_retracted_requests",
+        "new_tokens_gained",
+        "mamba_num_gained",
+        "new_token_ratio_from",
+        "new_token_ratio_to",
+        "rid",
+        "mem_fraction_static",
+        "tried_to_allocate",
+        "leak_available",
+        "leak_total",
+    }
+)
+SEVERITIES = ("critical", "warning", "info")
+PHASES = ("prefill", "decode", "frames", "none")
+PHASE_GROUPS = ("spec_verify", "decode", "prefill")
+_ID_RE = re.compile(r"^[a-z][a-z0-9_]*$")
+_KIND_KEYS = frozenset(
+    {
+        "id",
+        "title",
+        "fatal",
+        "severity",
+        "phase",
+        "join_on",
+        "anchors",
+        "patterns",
+        "extract",
+        "remediation",
+        "runbook",
+        "alert",
+        "examples",
+        "__line__",
+    }
+)
+_TOP_KEYS = frozenset({"version", "phase_frames", "allocator_frames", "kinds", "__line__"})
+
+
+class CatalogError(ValueError):
+    """Every problem found in a catalog file, one per line."""
+
+    def __init__(self, problems: list[str]) -> None:
+        super().__init__("\n".join(problems))
+        self.problems = problems
+
+
+@dataclass(frozen=True, slots=True)
+class Pattern:
+    """One message regex of a kind, compiled once."""
+
+    regex: regex.Pattern[str]
+    fatal: bool | None  # None: the kind's default
+    versions: str
+
+
+@dataclass(frozen=True, slots=True)
+class RemediationStep:
+    """One ordered step of a kind's fix."""
+
+    flag: str
+    action: str
+    when: str
+
+
+@dataclass(frozen=True, slots=True)
+class OomKind:
+    """A catalog entry after validation."""
+
+    id: str
+    title: str
+    fatal: str  # "true" | "false" | "raised"
+    severity: str
+    phase: str
+    join_on: str
+    anchors: tuple[str, ...]
+    patterns: tuple[Pattern, ...]
+    extract: tuple[regex.Pattern[str], ...]
+    summary: str
+    steps: tuple[RemediationStep, ...]
+    runbook: Mapping[str, str]
+    alert: Mapping[str, Any]
+    match_examples: tuple[str, ...]
+    no_match_examples: tuple[str, ...]
+
+    def remediation(self) -> dict[str, Any]:
+        """The remediation as plain data for JSON and HTML output."""
+        return {
+            "summary": self.summary,
+            "steps": [{"flag": s.flag, "action": s.action, "when": s.when} for s in self.steps],
+            "runbook_anchor": self.id,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class Catalog:
+    """All kinds, in file order (the order in which patterns are tried), plus the frame tables."""
+
+    kinds: tuple[OomKind, ...]
+    phase_frames: Mapping[str, tuple[str, ...]]
+    allocator_frames: Mapping[str, str]
+    path: str
+
+    @property
+    def ids(self) -> tuple[str, ...]:
+        """Kind ids in catalog order."""
+        return tuple(k.id for k in self.kinds)
+
+    def kind(self, kind_id: str) -> OomKind:
+        """The kind with this id (KeyError when there is none)."""
+        for k in self.kinds:
+            if k.id == kind_id:
+                return k
+        raise KeyError(kind_id)
+
+    def anchors(self) -> tuple[str, ...]:
+        """Every anchor literal of every kind, deduplicated, in catalog order."""
+        seen: dict[str, None] = {}
+        for k in self.kinds:
+            for a in k.anchors:
+                seen.setdefault(a, None)
+        return tuple(seen)
+
+
+class _LineLoader(yaml.SafeLoader):
+    """A SafeLoader that remembers the line of every mapping, for file:line error messages."""
+
+
+def _construct_mapping(loader: _LineLoader, node: yaml.MappingNode) -> dict[str, Any]:
+    mapping = loader.construct_mapping(node, deep=True)
+    mapping["__line__"] = node.start_mark.line + 1
+    return mapping  # type: ignore[return-value]
+
+
+_LineLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
+
+
+def default_catalog_path() -> str:
+    """The catalog shipped inside the package."""
+    return str(resources.files("sglang_oom_exporter").joinpath("catalog.yaml"))
+
+
+def load_catalog(path: str | None = None) -> Catalog:
+    """Read, validate and compile a catalog file; raise CatalogError listing every problem."""
+    path = path or default_catalog_path()
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise CatalogError([f"{path}: cannot read: {exc.strerror or exc}"]) from exc
+    try:
+        data = yaml.load(text, Loader=_LineLoader)  # noqa: S506 - _LineLoader is a SafeLoader
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"{path}:{mark.line + 1}" if mark is not None else path
+        raise CatalogError([f"{where}: not valid YAML: {getattr(exc, 'problem', exc)}"]) from exc
+    return _Validator(path).catalog(data)
+
+
+class _Validator:
+    """Turns the raw YAML tree into a Catalog, collecting problems instead of stopping at the first."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.problems: list[str] = []
+
+    def err(self, node: Any, where: str, what: str) -> None:
+        line = node.get("__line__") if isinstance(node, dict) else None
+        self.problems.append(f"{self.path}:{line or '?'}: {where}: {what}")
+
+    def catalog(self, data: Any) -> Catalog:
+        if not isinstance(data, dict):
+            raise CatalogError([f"{self.path}:1: the catalog must be a mapping with a 'kinds' list"])
+        for key in sorted(set(data) - _TOP_KEYS):
+            self.err(data, key, "unknown key")
+        if data.get("version") != 1:
+            self.err(data, "version", "must be 1")
+        phase_frames = self._phase_frames(data)
+        allocators = self._allocators(data)
+        raw_kinds = data.get("kinds")
+        kinds: list[OomKind] = []
+        if not isinstance(raw_kinds, list) or not raw_kinds:
+            self.err(data, "kinds", "must be a non-empty list")
+        else:
+            for i, raw in enumerate(raw_kinds):
+                kind = self._kind(raw, f"kinds[{i}]")
+                if kind is not None:
+                    kinds.append(kind)
+        ids = [k.id for k in kinds]
+        for dup in sorted({i for i in ids if ids.count(i) > 1}):
+            self.err(data, "kinds", f"duplicate id {dup!r}")
+        for fn, target in allocators.items():
+            if target != "frames" and target not in ids:
+                self.err(data, f"allocator_frames.{fn}", f"names unknown kind {target!r}")
+        if self.problems:
+            raise CatalogError(self.problems)
+        return Catalog(tuple(kinds), phase_frames, allocators, self.path)
+
+    def _phase_frames(self, data: dict[str, Any]) -> dict[str, tuple[str, ...]]:
+        raw = data.get("phase_frames")
+        out: dict[str, tuple[str, ...]] = {}
+        if not isinstance(raw, dict):
+            self.err(data, "phase_frames", "must be a mapping")
+            return out
+        for group in sorted(set(raw) - set(PHASE_GROUPS) - {"__line__"}):
+            self.err(raw, f"phase_frames.{group}", f"unknown group (use {', '.join(PHASE_GROUPS)})")
+        for group in PHASE_GROUPS:
+            names = raw.get(group)
+            if not isinstance(names, list) or not all(isinstance(n, str) and n for n in names):
+                self.err(raw, f"phase_frames.{group}", "must be a list of frame names")
+                continue
+            out[group] = tuple(names)
+        return out
+
+    def _allocators(self, data: dict[str, Any]) -> dict[str, str]:
+        raw = data.get("allocator_frames")
+        if not isinstance(raw, dict):
+            self.err(data, "allocator_frames", "must be a mapping of function name to kind id")
+            return {}
+        return {str(k): str(v) for k, v in raw.items() if k != "__line__"}
+
+    def _str(self, raw: dict[str, Any], key: str, where: str, choices: tuple[str, ...] = ()) -> str:
+        value = raw.get(key)
+        if isinstance(value, bool) and key == "fatal":
+            value = "true" if value else "false"
+        if not isinstance(value, str) or not value.strip():
+            self.err(raw, f"{where}.{key}", "missing or not a string")
+            return ""
+        if choices and value not in choices:
+            self.err(raw, f"{where}.{key}", f"{value!r} is not one of {', '.join(choices)}")
+        return value
+
+    def _regex(self, raw: Any, text: Any, where: str) -> regex.Pattern[str] | None:
+        if not isinstance(text, str) or not text:
+            self.err(raw, where, "must be a non-empty regex string")
+            return None
+        try:
+            compiled = regex.compile(text)
+        except regex.error as exc:
+            self.err(raw, where, f"bad regex: {exc}")
+            return None
+        for name in compiled.groupindex:
+            if name not in EVENT_FIELDS:
+                self.err(raw, where, f"named group {name!r} is not an event field ({', '.join(sorted(EVENT_FIELDS))})")
+        return compiled
+
+    def _kind(self, raw: Any, where: str) -> OomKind | None:
+        if not isinstance(raw, dict):
+            self.problems.append(f"{self.path}:?: {where}: must be a mapping")
+            return None
+        for key in sorted(set(raw) - _KIND_KEYS):
+            self.err(raw, f"{where}.{key}", "unknown key")
+        kid = self._str(raw, "id", where)
+        if kid and not _ID_RE.match(kid):
+            self.err(raw, f"{where}.id", f"{kid!r} is not snake_case")
+        where = f"kinds[{kid or where}]"
+        fatal = self._str(raw, "fatal", where, ("true", "false", "raised"))
+        severity = self._str(raw, "severity", where, SEVERITIES)
+        phase = self._str(raw, "phase", where, PHASES)
+        join_on = self._str(raw, "join_on", where, ("body", "anchor"))
+        anchors = raw.get("anchors")
+        if not isinstance(anchors, list) or not anchors or not all(isinstance(a, str) and a for a in anchors):
+            self.err(raw, f"{where}.anchors", "must be a non-empty list of literals")
+            anchors = []
+        patterns = self._patterns(raw, where)
+        extract = []
+        for j, text in enumerate(raw.get("extract") or []):
+            compiled = self._regex(raw, text, f"{where}.extract[{j}]")
+            if compiled is not None:
+                extract.append(compiled)
+        summary, steps = self._remediation(raw, where)
+        examples = raw.get("examples")
+        match_ex: list[str] = []
+        no_match_ex: list[str] = []
+        if not isinstance(examples, dict):
+            self.err(raw, f"{where}.examples", "missing: every kind needs match and no_match examples")
+        else:
+            match_ex = [e for e in examples.get("match") or [] if isinstance(e, str)]
+            no_match_ex = [e for e in examples.get("no_match") or [] if isinstance(e, str)]
+            if not match_ex or not no_match_ex:
+                self.err(examples, f"{where}.examples", "needs at least one match and one no_match line")
+        runbook = raw.get("runbook")
+        if not isinstance(runbook, dict) or not {"meaning", "impact"} <= set(runbook):
+            self.err(raw, f"{where}.runbook", "needs meaning and impact")
+            runbook = {}
+        alert = raw.get("alert")
+        if not isinstance(alert, dict):
+            self.err(raw, f"{where}.alert", "missing")
+            alert = {}
+        return OomKind(
+            id=kid,
+            title=self._str(raw, "title", where),
+            fatal=fatal,
+            severity=severity,
+            phase=phase,
+            join_on=join_on,
+            anchors=tuple(anchors),
+            patterns=tuple(patterns),
+            extract=tuple(extract),
+            summary=summary,
+            steps=tuple(steps),
+            runbook={k: str(v) for k, v in runbook.items() if k != "__line__"},
+            alert={k: v for k, v in alert.items() if k != "__line__"},
+            match_examples=tuple(match_ex),
+            no_match_examples=tuple(no_match_ex),
+        )
+
+    def _patterns(self, raw: dict[str, Any], where: str) -> list[Pattern]:
+        out: list[Pattern] = []
+        items = raw.get("patterns")
+        if not isinstance(items, list) or not items:
+            self.err(raw, f"{where}.patterns", "must be a non-empty list")
+            return out
+        for j, item in enumerate(items):
+            pwhere = f"{where}.patterns[{j}]"
+            if not isinstance(item, dict):
+                self.err(raw, pwhere, "must be a mapping with a regex")
+                continue
+            for key in sorted(set(item) - {"regex", "versions", "fatal", "__line__"}):
+                self.err(item, f"{pwhere}.{key}", "unknown key")
+            compiled = self._regex(item, item.get("regex"), f"{pwhere}.regex")
+            fatal = item.get("fatal")
+            if fatal is not None and not isinstance(fatal, bool):
+                self.err(item, f"{pwhere}.fatal", "must be true or false")
+                fatal = None
+            if compiled is not None:
+                out.append(Pattern(compiled, fatal, str(item.get("versions", ""))))
+        return out
+
+    def _remediation(self, raw: dict[str, Any], where: str) -> tuple[str, list[RemediationStep]]:
+        rem = raw.get("remediation")
+        if not isinstance(rem, dict):
+            self.err(raw, f"{where}.remediation", "missing")
+            return "", []
+        summary = self._str(rem, "summary", f"{where}.remediation")
+        steps: list[RemediationStep] = []
+        for j, step in enumerate(rem.get("steps") or []):
+            if not isinstance(step, dict) or not all(isinstance(step.get(k), str) for k in ("flag", "action", "when")):
+                self.err(rem, f"{where}.remediation.steps[{j}]", "needs flag, action and when strings")
+                continue
+            steps.append(RemediationStep(step["flag"], step["action"], step["when"]))
+        if not steps:
+            self.err(rem, f"{where}.remediation.steps", "needs at least one step")
+        return summary, steps

@@ -1,0 +1,99 @@
+"""RawLine -> LogLine: strip the container and tool wrappers around SGLang's own text. Pure.
+
+Outer wrappers come off from the outside in (facts 4 and 7): CRI records (`<ts> <stream> <P|F> <text>`,
+with consecutive P records of one stream joined up to their F), docker json-file objects, then a
+docker-compose `service  | ` or a CI timestamp, then a trailing CR. Invalid UTF-8 is replaced, never fatal.
+Detection is per line, because a file can change format (a pasted log, a restarted runtime).
+"""
+
+from __future__ import annotations
+
+import json
+
+import regex
+from sglang_oom_exporter.model import LogLine, RawLine
+
+MAX_JOINED = 256 * 1024  # a joined CRI line longer than this is cut (a giant line, not an OOM block)
+
+_CRI = regex.compile(
+    r"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?(?:Z|[+-]\d\d:?\d\d)) (stdout|stderr) ([PF])(?: (.*))?$",
+    regex.DOTALL,
+)
+_CI_TIME = regex.compile(r"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d+Z) ")
+_COMPOSE = regex.compile(r"^[\w.-]+ +\| ?")
+_ANSI = regex.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+
+
+class Decoder:
+    """Per-source wrapper stripping; keeps the CRI partial records of each stream until their F."""
+
+    def __init__(self) -> None:
+        self._partials: dict[str, tuple[int, str | None, list[str]]] = {}
+        self.json_errors = 0
+
+    def decode(self, raw: RawLine) -> LogLine | None:
+        """Return the logical line, or None while a CRI partial record waits for the rest of its line."""
+        text = raw.data.decode("utf-8", "replace")
+        first = text[:1]
+        if first == "{" and text.startswith('{"log":'):
+            return self._docker(raw.lineno, text)
+        if first.isdigit():
+            m = _CRI.match(text)
+            if m is not None:
+                return self._cri(raw.lineno, m.group(1), m.group(2), m.group(3), m.group(4) or "")
+            m = _CI_TIME.match(text)
+            if m is not None:
+                return LogLine(raw.lineno, _tail(text[m.end() :]), "", m.group(1))
+        return LogLine(raw.lineno, _tail(_strip_compose(text)))
+
+    def reset(self) -> None:
+        """Forget partial records (a gap or a new file generation broke the sequence)."""
+        self._partials.clear()
+
+    def _cri(self, lineno: int, ts: str, stream: str, tag: str, content: str) -> LogLine | None:
+        pending = self._partials.get(stream)
+        if tag == "P":
+            if pending is None:
+                self._partials[stream] = (lineno, ts, [content])
+            elif sum(len(p) for p in pending[2]) < MAX_JOINED:
+                pending[2].append(content)
+            return None
+        if pending is not None:
+            del self._partials[stream]
+            first_lineno, first_ts, parts = pending
+            joined = "".join([*parts, content])[:MAX_JOINED]
+            return LogLine(first_lineno, _tail(joined), stream, first_ts)
+        return LogLine(lineno, _tail(content), stream, ts)
+
+    def _docker(self, lineno: int, text: str) -> LogLine:
+        try:
+            obj = json.loads(text)
+        except ValueError:
+            self.json_errors += 1
+            return LogLine(lineno, _tail(text))
+        if not isinstance(obj, dict) or not isinstance(obj.get("log"), str):
+            self.json_errors += 1
+            return LogLine(lineno, _tail(text))
+        line = obj["log"]
+        if line.endswith("\n"):
+            line = line[:-1]
+        stream_value, time_value = obj.get("stream"), obj.get("time")
+        stream = stream_value if isinstance(stream_value, str) else ""
+        ts = time_value if isinstance(time_value, str) else None
+        return LogLine(lineno, _tail(line), stream, ts)
+
+
+def _strip_compose(text: str) -> str:
+    if "\x1b" in text:  # compose colours its service prefix
+        text = _ANSI.sub("", text)
+    # A compose prefix never starts with "[" or a space, which SGLang lines and frames do; test the
+    # cheap condition first so the regex only runs on lines that can carry one.
+    if "|" in text[:80]:
+        m = _COMPOSE.match(text)
+        if m is not None:
+            return text[m.end() :]
+    return text
+
+
+def _tail(text: str) -> str:
+    return text[:-1] if text.endswith("\r") else text

@@ -1,0 +1,276 @@
+"""Record -> Report | None: classify a record by the catalog. Pure; built once from a Catalog.
+
+Two steps (STYLE 5): the message picks a candidate kind (catalog order, first match wins), then the
+traceback frames, when there are any, decide the phase, and may move a KV kind to decode (speculative
+verify says "Prefill" but is a decode step) or resolve the generic 0.5.4+ text. A traceback cut short
+before its exception line still counts when its last allocator frame names the failure (R5).
+
+The message must start the text (after a log prefix or an exception class); quoted text, as in a
+request echoed by --log-requests, is never an event.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import regex
+from sglang_oom_exporter.catalog import Catalog, OomKind, Pattern
+from sglang_oom_exporter.model import PoolState, Record
+
+MAX_EXCERPT_LINES = 8
+MAX_EXCERPT_LINE = 300
+_KV_PHASES = ("prefill", "decode", "frames")
+_BAD_CONTEXT = ("'", '"', "obj=", "text=", "input_ids", "prompt")
+_RAISED_CONTEXT = regex.compile(r"(?:^|\s)[A-Za-z_][\w.]*(?:Error|Exception): $")
+_POOL_TOTAL = regex.compile(
+    r"(?:Ava(?:il|li)able (?P<name>tokens|full tokens|swa tokens|swa|mamba)|(?P<swa>SWA available tokens))"
+    r": ?(?P<total>\d+)"
+    r"(?: ?\((?:[\w ]*?)available[\w ]*?= ?(?P<available>\d+) ?\+ ?(?:[\w ]*?)evictable[\w ]*?= ?(?P<evictable>\d+)\))?"
+)
+_PAGED_AVAILABLE = regex.compile(r"token[_ ]to[_ ]kv[_ ]pool(?:[_ ]allocator)?\.available[_ ]size\(\) ?= ?(\d+)")
+_PAGED_EVICTABLE = regex.compile(r"tree[_ ]cache\.evictable[_ ]size\(\) ?= ?(\d+)")
+_POOL_NAMES = {"tokens": "full", "full tokens": "full", "swa tokens": "swa", "swa": "swa", "mamba": "mamba"}
+_FLOAT_FIELDS = frozenset({"new_token_ratio_from", "new_token_ratio_to", "mem_fraction_static"})
+_TEXT_FIELDS = frozenset({"rid", "tried_to_allocate"})
+
+
+@dataclass(frozen=True, slots=True)
+class Report:
+    """One rank's view of one failure: a classified block or traceback, before dedupe."""
+
+    kind: str  # the catalog kind the text (or, inferred, the allocator frame) named
+    resolve: str  # that kind's phase rule: prefill | decode | frames | none
+    fatal: bool
+    record: Record
+    body: str  # normalised message: equal across the ranks of one failure (cross-rank join)
+    short: str  # anchor text + requested tokens: the same-rank block/traceback join; "" joins any
+    message: str
+    frames_phase: str | None  # spec_verify | decode | prefill | None
+    inferred: bool
+    numbers: dict[str, Any]
+    pools: tuple[PoolState, ...]
+
+
+class Matcher:
+    """The catalog, compiled for classification."""
+
+    def __init__(self, catalog: Catalog) -> None:
+        self.catalog = catalog
+        self._kinds = catalog.kinds
+        self._phase_frames = [
+            (g, _frame_specs(catalog.phase_frames.get(g, ()))) for g in ("spec_verify", "decode", "prefill")
+        ]
+        self._allocators = dict(catalog.allocator_frames)
+
+    def match_line(self, line: str) -> tuple[OomKind, Pattern, regex.Match[str]] | None:
+        """The first kind whose pattern starts this line's message, or None."""
+        for kind in self._kinds:
+            if not any(a in line for a in kind.anchors):
+                continue
+            for pattern in kind.patterns:
+                m = pattern.regex.search(line)
+                if m is not None and _context_ok(line[: m.start()]):
+                    return kind, pattern, m
+        return None
+
+    def classify(self, record: Record) -> Report | None:
+        """Classify one record; None when it is not an event."""
+        groups = _exception_groups(record) if record.kind == "traceback" else [list(record.lines)]
+        frames_phase = self._frames_phase(record.frames)
+        for group in groups:
+            if not group:
+                continue
+            found = self.match_line(group[0])
+            if found is not None:
+                return self._report(record, group, found, frames_phase)
+        if record.kind == "traceback":
+            return self._inferred(record, groups, frames_phase)
+        return None
+
+    def _report(
+        self,
+        record: Record,
+        group: list[str],
+        found: tuple[OomKind, Pattern, regex.Match[str]],
+        frames_phase: str | None,
+    ) -> Report:
+        kind, pattern, m = found
+        first = group[0]
+        text = "\n".join(group)
+        numbers = _numbers(m.groupdict(), kind.extract, text)
+        pools = _pools(text) if kind.phase in _KV_PHASES else ()
+        if pools and "available_tokens" not in numbers:
+            _add_limiting_pool(numbers, pools)
+        raised = record.kind == "traceback" or _RAISED_CONTEXT.search(first[: m.start()]) is not None
+        fatal = (
+            pattern.fatal if pattern.fatal is not None else kind.fatal == "true" or (kind.fatal == "raised" and raised)
+        )
+        rest = "".join("".join(line.split()) for line in group[1:])
+        anchor_body = first[m.start() :]
+        # "anchor": ranks name their own GPU in the text (CUDA OOM), so only the matched words must agree.
+        body = kind.id + ":" + m.group(0) if kind.join_on == "anchor" else "".join(anchor_body.split()) + rest
+        short = kind.id + ":" + "".join(m.group(0).split()) + ":" + str(numbers.get("requested_tokens", ""))
+        return Report(
+            kind=kind.id,
+            resolve=kind.phase,
+            fatal=fatal,
+            record=record,
+            body=body,
+            short=short,
+            message=anchor_body[:MAX_EXCERPT_LINE],
+            frames_phase=frames_phase,
+            inferred=False,
+            numbers=numbers,
+            pools=pools,
+        )
+
+    def _inferred(self, record: Record, groups: list[list[str]], frames_phase: str | None) -> Report | None:
+        """R5: a traceback without a usable exception line whose last allocator frame names the failure."""
+        cut_short = record.truncated or _looks_cut(groups)
+        if not cut_short:
+            return None
+        target = None
+        for _path, func in reversed(record.frames):
+            if func in self._allocators:
+                target = self._allocators[func]
+                break
+        if target is None:
+            return None
+        kind_id, resolve = ("unknown", "frames") if target == "frames" else (target, self.catalog.kind(target).phase)
+        kind = self.catalog.kind(kind_id)
+        return Report(
+            kind=kind_id,
+            resolve=resolve,
+            fatal=kind.fatal != "false",
+            record=record,
+            body="",
+            short="",
+            message=f"(traceback cut short in {target if target != 'frames' else 'alloc_token_slots'})",
+            frames_phase=frames_phase,
+            inferred=True,
+            numbers={},
+            pools=(),
+        )
+
+    def _frames_phase(self, frames: Iterable[tuple[str, str]]) -> str | None:
+        frames = tuple(frames)
+        if not frames:
+            return None
+        for group, specs in self._phase_frames:
+            for path, func in frames:
+                for frag, name in specs:
+                    if func == name and (not frag or frag in path):
+                        return group
+        return None
+
+
+def resolve_kind(kind: str, resolve: str, frames_phase: str | None) -> tuple[str, str | None, str | None]:
+    """(kind, phase, subphase) once the frames are known: spec verify is decode; generic text needs frames."""
+    if resolve not in _KV_PHASES:
+        return kind, None, None
+    if frames_phase == "spec_verify":
+        return "decode", "decode", "spec_verify"
+    if resolve == "frames":
+        if frames_phase in ("prefill", "decode"):
+            return frames_phase, frames_phase, None
+        return kind, None, None
+    return kind, resolve, None
+
+
+def excerpt(record: Record) -> str:
+    """A bounded excerpt of a record for humans."""
+    lines = list(record.lines[:MAX_EXCERPT_LINES])
+    if record.frames:
+        path, func = record.frames[-1]
+        lines.insert(0, f"(last frame: {func} in {path.rsplit('/sglang/', 1)[-1]})")
+    return "\n".join(line[:MAX_EXCERPT_LINE] for line in lines)
+
+
+def _frame_specs(entries: Iterable[str]) -> tuple[tuple[str, str], ...]:
+    out = []
+    for entry in entries:
+        frag, _, name = entry.rpartition(":")
+        out.append((frag, name))
+    return tuple(out)
+
+
+def _context_ok(ctx: str) -> bool:
+    """What precedes the message may be a prefix or an exception class, never quoted request text."""
+    return len(ctx) <= 200 and not any(bad in ctx for bad in _BAD_CONTEXT)
+
+
+def _exception_groups(record: Record) -> list[list[str]]:
+    groups: list[list[str]] = [[]]
+    for line in record.lines:
+        if line == "" and groups[-1]:
+            groups.append([])
+        elif line != "":
+            groups[-1].append(line)
+    return [g for g in groups if g]
+
+
+def _looks_cut(groups: list[list[str]]) -> bool:
+    """An exception line cut mid-text (no closing punctuation) is as good as none."""
+    if not groups:
+        return True
+    last = groups[-1][-1].rstrip()
+    return not last.endswith((".", ")", ",", "]", ":")) and ": " in groups[-1][0] and len(last) < 60
+
+
+def _convert(name: str, value: str) -> Any:
+    if name in _TEXT_FIELDS:
+        return value
+    try:
+        return float(value) if name in _FLOAT_FIELDS else int(value)
+    except ValueError:
+        return value
+
+
+def _numbers(groups: dict[str, str | Any], extract: Iterable[regex.Pattern[str]], text: str) -> dict[str, Any]:
+    numbers = {k: _convert(k, v) for k, v in groups.items() if isinstance(v, str)}
+    for rx in extract:
+        m = rx.search(text)
+        if m is not None:
+            for k, v in m.groupdict().items():
+                if isinstance(v, str) and k not in numbers:
+                    numbers[k] = _convert(k, v)
+    return numbers
+
+
+def _pools(text: str) -> tuple[PoolState, ...]:
+    """Every pool's total/available/evictable from the detail lines, any era (facts 2)."""
+    pools: dict[str, PoolState] = {}
+    for m in _POOL_TOTAL.finditer(text):
+        name = "swa" if m.group("swa") else _POOL_NAMES[m.group("name")]
+        if name in pools:
+            continue
+        avail, evict = m.group("available"), m.group("evictable")
+        pools[name] = PoolState(
+            name, int(m.group("total")), int(avail) if avail else None, int(evict) if evict else None
+        )
+    a, e = _PAGED_AVAILABLE.search(text), _PAGED_EVICTABLE.search(text)
+    if a or e:
+        full = pools.get("full", PoolState("full"))
+        pools["full"] = PoolState(
+            "full",
+            full.total,
+            full.available if full.available is not None else (int(a.group(1)) if a else None),
+            full.evictable if full.evictable is not None else (int(e.group(1)) if e else None),
+        )
+    return tuple(pools.values())
+
+
+def _add_limiting_pool(numbers: dict[str, Any], pools: tuple[PoolState, ...]) -> None:
+    """available_tokens is the total of the pool that ran out: the smallest that could not fit the ask."""
+    with_total = [p for p in pools if p.total is not None]
+    if not with_total:
+        return
+    requested = numbers.get("requested_tokens")
+    short = [p for p in with_total if isinstance(requested, int) and p.total is not None and p.total < requested]
+    limiting = min(short or with_total, key=lambda p: p.total if p.total is not None else 0)
+    numbers["available_tokens"] = limiting.total
+    numbers["limiting_pool"] = limiting.name
+    if isinstance(requested, int) and limiting.total is not None:
+        numbers["shortfall_tokens"] = requested - limiting.total

@@ -1,0 +1,94 @@
+"""Value types that flow through the pipeline, left to right.
+
+    source bytes -> RawLine (reader) -> LogLine (decode) -> Record (assemble)
+        -> Report (match) -> OomEvent (dedupe) -> metrics / event store / scan output
+
+Every type is frozen: a stage never mutates what an earlier stage produced.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True, slots=True)
+class RawLine:
+    """One physical line as read, without its newline; lineno is 1-based within its source."""
+
+    lineno: int
+    data: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class Gap:
+    """Lines the prefilter skipped because no anchor was near them (they can hold no event)."""
+
+    lines: int
+
+
+@dataclass(frozen=True, slots=True)
+class LogLine:
+    """A logical line after the container wrapper (CRI, docker JSON, compose) was removed."""
+
+    lineno: int
+    text: str
+    stream: str = ""
+    runtime_time: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Prefix:
+    """What SGLang's (or a custom) log prefix told us about a line."""
+
+    time: str | None  # as logged, e.g. "2026-03-14 22:07:33" or "09:41:07"
+    ranks: str  # rank tokens as logged, e.g. "DP0 TP1 EP1"; "" when none
+
+
+@dataclass(frozen=True, slots=True)
+class Record:
+    """A logical SGLang log record: one message with its detail lines, or one traceback.
+
+    kind is "block" (a logged message and its continuation lines), "traceback" (a header,
+    frames and the exception text), or "line" (anything else that carried an anchor).
+    """
+
+    kind: str
+    lineno: int  # first physical line
+    time: str | None
+    ranks: str
+    stream: str
+    lines: tuple[str, ...]  # message lines, prefixes removed; for a traceback, the exception text
+    frames: tuple[tuple[str, str], ...] = ()  # traceback frames (path, function), outermost first
+    runtime_time: str | None = None
+    truncated: bool = False  # a traceback that ended before any exception line
+
+
+@dataclass(frozen=True, slots=True)
+class PoolState:
+    """Free and evictable slots of one KV pool (full, swa, mamba, ...), from the detail lines."""
+
+    name: str
+    total: int | None = None
+    available: int | None = None
+    evictable: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class OomEvent:
+    """One server-level OOM (or near-OOM) event: the unit that the counter counts once."""
+
+    kind: str
+    fatal: bool
+    source: str  # logical source name
+    location: str  # "path:line" of the first physical line; "-:line" for stdin
+    time: str | None  # ISO 8601 as logged, without an invented zone; None without a date
+    ranks: tuple[str, ...]
+    message: str  # the first message line, bounded
+    excerpt: str  # a bounded excerpt of the record(s)
+    phase: str | None = None  # prefill | decode | None
+    subphase: str | None = None  # spec_verify | None
+    inferred: bool = False  # kind taken from traceback frames alone (R5)
+    numbers: dict[str, Any] = field(default_factory=dict)
+    pools: tuple[PoolState, ...] = ()
+    epoch: float | None = None  # seconds used for ordering and the dedupe window; not serialised

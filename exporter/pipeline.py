@@ -1,0 +1,140 @@
+"""One source's pipeline: bytes -> LineReader -> Decoder -> Assembler -> Matcher -> Deduper -> sink.
+
+`scan` feeds whole files and calls finish(); `serve` feeds what the tailer read, calls tick() on a clock
+and reset() on rotation. Nothing here does I/O: bytes come in, OomEvents go out through the sink.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+
+from sglang_oom_exporter.assemble import Assembler
+from sglang_oom_exporter.catalog import Catalog
+from sglang_oom_exporter.decode import Decoder
+from sglang_oom_exporter.dedupe import Deduper
+from sglang_oom_exporter.match import Matcher
+from sglang_oom_exporter.model import Gap, OomEvent, RawLine, Record
+from sglang_oom_exporter.prefix import PrefixParser
+from sglang_oom_exporter.reader import LineReader
+
+# Every traceback header (0.2.x "Exception in ModelTpServer:" is followed by one) has this line, and
+# the header itself falls in the reader's look-back.
+TRACEBACK_OPENERS = ("Traceback (most recent call last)",)
+# Not searched for (a block's detail lines follow its anchor line), but they keep the window open.
+DETAIL_LITERALS = (
+    'File "',
+    "Possible solutions",
+    "Open an issue",
+    "Try to allocate",
+    "vailable",
+    "valiable",
+    "evictable",
+    "LRU list",
+)
+
+
+@dataclass(slots=True)
+class PipelineStats:
+    """What one source's pipeline has seen: fuel for self-metrics and the scan summary."""
+
+    lines_read: int = 0
+    records: int = 0
+    reports: int = 0
+    events: int = 0
+    oversized_lines: int = 0
+    noise_lines: int = 0
+    json_errors: int = 0
+
+
+class Pipeline:
+    """The pure pipeline for one source (a file, stdin, or a pod's container log)."""
+
+    def __init__(
+        self,
+        catalog: Catalog,
+        matcher: Matcher,
+        *,
+        source: str,
+        location: str,
+        sink: Callable[[OomEvent], None],
+        prefilter: bool = True,
+        finder: str = "auto",
+        extra_prefixes: Sequence[str] = (),
+        wait_seconds: float = 2.5,
+    ) -> None:
+        anchors = catalog.anchors()
+        self._reader = LineReader(
+            anchors, openers=TRACEBACK_OPENERS, extenders=DETAIL_LITERALS, finder=finder, prefilter=prefilter
+        )
+        self._decoder = Decoder()
+        self._assembler = Assembler(anchors, PrefixParser(extra_prefixes))
+        self._matcher = matcher
+        self._events = 0
+        self._records = 0
+        self._reports = 0
+
+        def count(event: OomEvent) -> None:
+            self._events += 1
+            sink(event)
+
+        self._deduper = Deduper(source, location, count, wait_seconds=wait_seconds)
+        self._now = 0.0
+
+    def feed(self, data: bytes, now: float = 0.0) -> None:
+        """Consume the next bytes of the source."""
+        self._now = now
+        self._lines(self._reader.feed(data))
+
+    def reset(self, now: float = 0.0) -> None:
+        """The bytes that follow belong to a new file generation (rotation, truncation)."""
+        self._now = now
+        self._lines(self._reader.reset())
+        self._records_from(self._assembler.close_all())
+        self._decoder.reset()
+
+    def close_open(self, now: float = 0.0) -> None:
+        """The source went quiet: close records still open (a traceback that will never finish)."""
+        self._now = now
+        self._records_from(self._assembler.close_all())
+
+    def tick(self, now: float) -> None:
+        """Emit groups whose wait for a traceback is over."""
+        self._deduper.flush(now)
+
+    def finish(self) -> None:
+        """End of input: everything pending becomes an event now."""
+        self._lines(self._reader.finish())
+        self._records_from(self._assembler.close_all())
+        self._deduper.flush(None)
+
+    def stats(self) -> PipelineStats:
+        """Counters so far."""
+        return PipelineStats(
+            lines_read=self._reader.lines_read,
+            records=self._records,
+            reports=self._reports,
+            events=self._events,
+            oversized_lines=self._reader.oversized_lines,
+            noise_lines=self._assembler.noise_lines,
+            json_errors=self._decoder.json_errors,
+        )
+
+    def _lines(self, items: Iterable[RawLine | Gap]) -> None:
+        decoder, assembler = self._decoder, self._assembler
+        for item in items:
+            if isinstance(item, Gap):
+                decoder.reset()
+                self._records_from(assembler.feed(item))
+                continue
+            line = decoder.decode(item)
+            if line is not None:
+                self._records_from(assembler.feed(line))
+
+    def _records_from(self, records: Iterable[Record]) -> None:
+        for record in records:
+            self._records += 1
+            report = self._matcher.classify(record)
+            if report is not None:
+                self._reports += 1
+                self._deduper.add(report, self._now)

@@ -1,0 +1,89 @@
+"""LogLine text -> (Prefix | None, message): SGLang's `[time ranks] ` prefix and its variants. Pure.
+
+Tried in order (facts 4): a Ray actor tag; SGLang's default bracket in every era (HH:MM:SS, a date,
+optional milliseconds, rank tokens in any order, a lost leading "[", no timestamp at all); the custom
+dictConfig format seen in the wild, which prefixes every physical line with date, level, pid and a
+bracket of ranks and file:line; and any extra patterns from the config (named groups ts and ranks).
+"""
+
+from __future__ import annotations
+
+import calendar
+import datetime as dt
+from collections.abc import Sequence
+
+import regex
+from sglang_oom_exporter.model import Prefix
+
+_RAY = regex.compile(r"^\(\w+ pid=\d+(?:, ip=[\d.:a-fA-F]+)?\) ")
+_RANK = r"[A-Z][A-Z_]*\d+"
+BUILTIN_PATTERNS = (
+    # [2026-03-14 22:07:33.123 DP0 TP1 EP1] msg / [09:41:07 TP0] msg / 2026-03-14 22:07:33 TP0] msg
+    rf"^\[?(?P<ts>(?:\d{{4}}-\d\d-\d\d )?\d\d:\d\d:\d\d(?:[.,]\d{{1,6}})?)(?P<ranks>(?: {_RANK})*)\] ?",
+    # [TP0] msg (timestamp trimmed away)
+    rf"^\[(?P<ranks>{_RANK}(?: {_RANK})*)\] ?",
+    # 2026-04-02 09:15:07 ERROR 2210 [ TP1 PP0 scheduler.py:2604] msg  (custom dictConfig, every line)
+    rf"^(?P<ts>\d{{4}}-\d\d-\d\d[ T]\d\d:\d\d:\d\d(?:[.,]\d{{1,6}})?) (?:[A-Z]+ )?(?:\d+ )?"
+    rf"\[ ?(?P<ranks>(?:{_RANK} ?)*)(?:[\w.-]+:\d+)?\] ?",
+)
+
+
+_STAMP = regex.compile(r"^(?:(\d{4})-(\d\d)-(\d\d)[ T])?(\d\d):(\d\d):(\d\d)(?:[.,](\d+))?(Z|[+-]\d\d:?\d\d)?$")
+
+
+class PrefixParser:
+    """Splits a line into its prefix and message, trying the built-in and configured patterns."""
+
+    def __init__(self, extra_patterns: Sequence[str] = ()) -> None:
+        self._patterns = tuple(regex.compile(p) for p in (*extra_patterns, *BUILTIN_PATTERNS))
+
+    def parse(self, text: str) -> tuple[Prefix | None, str]:
+        """Return (prefix, message); prefix is None for a bare continuation or unprefixed line."""
+        if text.startswith("("):
+            m = _RAY.match(text)
+            if m is not None:
+                text = text[m.end() :]
+        if not text or text[0] in " \t":
+            return None, text  # frames, source lines and indented detail never carry a prefix
+        for pattern in self._patterns:
+            m = pattern.match(text)
+            if m is not None:
+                groups = m.groupdict()
+                ranks = " ".join((groups.get("ranks") or "").split())
+                return Prefix(groups.get("ts"), ranks), text[m.end() :]
+        return None, text
+
+
+def iso_time(stamp: str | None) -> str | None:
+    """SGLang's stamp as ISO 8601, zone not invented; None when it has no date (0.2.x HH:MM:SS)."""
+    if not stamp or len(stamp) < 10 or stamp[4] != "-":
+        return None
+    return stamp[:10] + "T" + stamp[11:].replace(",", ".")
+
+
+def epoch_of(stamp: str | None) -> float | None:
+    """Seconds for ordering and the dedupe window, comparable within one source only.
+
+    A bare HH:MM:SS is seconds since midnight; a dated stamp without a zone is read as UTC, which is off
+    by the container's offset but consistent within the source, and that is all the window needs.
+    RFC 3339 runtime stamps keep their real offset.
+    """
+    if not stamp:
+        return None
+    m = _STAMP.match(stamp)
+    if m is None:
+        return None
+    year, month, day, hh, mm, ss, frac, zone = m.groups()
+    seconds = int(hh) * 3600 + int(mm) * 60 + int(ss) + (int(frac[:9]) / 10 ** len(frac[:9]) if frac else 0.0)
+    if year is None:
+        return seconds
+    try:
+        days = calendar.timegm(dt.date(int(year), int(month), int(day)).timetuple())
+    except ValueError:
+        return None
+    offset = 0
+    if zone and zone != "Z":
+        sign = 1 if zone[0] == "+" else -1
+        digits = zone[1:].replace(":", "")
+        offset = sign * (int(digits[:2]) * 3600 + int(digits[2:4] or 0) * 60)
+    return days + seconds - offset

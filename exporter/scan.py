@@ -1,0 +1,214 @@
+"""`scan`: run the pipeline over whole files (or stdin) and report. The offline sink of the pipeline.
+
+Also the golden-test harness: tests call scan_paths() and compare its JSON with the expected files.
+"""
+
+from __future__ import annotations
+
+import gzip
+import io
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import IO, Any, BinaryIO
+
+from sglang_oom_exporter.catalog import Catalog
+from sglang_oom_exporter.match import Matcher
+from sglang_oom_exporter.model import OomEvent
+from sglang_oom_exporter.pipeline import Pipeline, PipelineStats
+
+CHUNK = 4 * 1024 * 1024
+_GZIP_MAGIC = b"\x1f\x8b"
+
+
+class InputError(Exception):
+    """An input that cannot be read; the CLI turns it into exit status 2."""
+
+
+@dataclass(slots=True)
+class ScanResult:
+    """Events of every input, in input order and line order, plus what was read."""
+
+    catalog: Catalog
+    events: list[OomEvent] = field(default_factory=list)
+    stats: list[tuple[str, PipelineStats]] = field(default_factory=list)
+
+    def counts(self) -> dict[str, int]:
+        """Events per kind, every catalog kind present."""
+        counts = dict.fromkeys(self.catalog.ids, 0)
+        for e in self.events:
+            counts[e.kind] = counts.get(e.kind, 0) + 1
+        return counts
+
+    def fatal_count(self) -> int:
+        """How many events were fatal."""
+        return sum(1 for e in self.events if e.fatal)
+
+    def to_json(self) -> dict[str, Any]:
+        """The documented `scan --format json` object."""
+        retract = [e for e in self.events if e.kind == "retract"]
+        return {
+            "counts": self.counts(),
+            "retractions": {
+                "events": len(retract),
+                "retracted_requests": sum(int(e.numbers.get("retracted_requests", 0)) for e in retract),
+            },
+            "fatal_events": self.fatal_count(),
+            "events": [event_json(e, self.catalog) for e in self.events],
+            "inputs": [
+                {
+                    "path": path,
+                    "lines_read": s.lines_read,
+                    "events": s.events,
+                    "oversized_lines": s.oversized_lines,
+                    "json_errors": s.json_errors,
+                }
+                for path, s in self.stats
+            ],
+        }
+
+
+def event_json(event: OomEvent, catalog: Catalog) -> dict[str, Any]:
+    """One event as plain data (scan JSON, /events)."""
+    n = event.numbers
+    kind = catalog.kind(event.kind)
+    return {
+        "kind": event.kind,
+        "title": kind.title,
+        "fatal": event.fatal,
+        "time": event.time,
+        "ranks": list(event.ranks),
+        "source": event.location,
+        "requested_tokens": n.get("requested_tokens"),
+        "available_tokens": n.get("available_tokens"),
+        "phase": event.phase,
+        "subphase": event.subphase,
+        "inferred": event.inferred,
+        "message": event.message,
+        "numbers": dict(n),
+        "pools": [
+            {"pool": p.name, "total": p.total, "available": p.available, "evictable": p.evictable} for p in event.pools
+        ],
+        "excerpt": event.excerpt,
+        "remediation": kind.remediation(),
+    }
+
+
+def open_input(path: str) -> tuple[str, BinaryIO]:
+    """Open a path (or "-" for stdin) for binary reading, gunzipping by content; InputError if not."""
+    if path == "-":
+        import sys
+
+        return "-", sys.stdin.buffer
+    try:
+        fh: BinaryIO = open(path, "rb")  # noqa: SIM115 - returned to the caller, who closes it
+    except OSError as exc:
+        raise InputError(f"cannot read {path}: {exc.strerror or exc}") from exc
+    if fh.peek(2)[:2] == _GZIP_MAGIC if isinstance(fh, io.BufferedReader) else False:
+        return path, gzip.GzipFile(fileobj=fh, mode="rb")  # type: ignore[return-value]
+    return path, fh
+
+
+def scan_stream(
+    catalog: Catalog,
+    matcher: Matcher,
+    name: str,
+    stream: IO[bytes],
+    *,
+    prefilter: bool = True,
+    extra_prefixes: Iterable[str] = (),
+    chunk: int = CHUNK,
+) -> tuple[list[OomEvent], PipelineStats]:
+    """Run one input through its own pipeline to the end."""
+    events: list[OomEvent] = []
+    location = "-" if name == "-" else name
+    pipe = Pipeline(
+        catalog,
+        matcher,
+        source=name,
+        location=location,
+        sink=events.append,
+        prefilter=prefilter,
+        extra_prefixes=tuple(extra_prefixes),
+    )
+    try:
+        while True:
+            data = stream.read(chunk)
+            if not data:
+                break
+            pipe.feed(data)
+    except (OSError, EOFError, gzip.BadGzipFile) as exc:
+        # A truncated .gz or a read error mid-file: keep what was read, and say so.
+        raise InputError(f"error reading {name}: {exc}") from exc
+    finally:
+        pipe.finish()
+    events.sort(key=lambda e: int(e.location.rsplit(":", 1)[1]))
+    return events, pipe.stats()
+
+
+def scan_paths(
+    catalog: Catalog, paths: Iterable[str], *, prefilter: bool = True, extra_prefixes: Iterable[str] = ()
+) -> ScanResult:
+    """Scan every path in order; InputError on the first unreadable one."""
+    matcher = Matcher(catalog)
+    result = ScanResult(catalog)
+    for path in paths:
+        name, fh = open_input(path)
+        try:
+            events, stats = scan_stream(catalog, matcher, name, fh, prefilter=prefilter, extra_prefixes=extra_prefixes)
+        finally:
+            if fh is not None and name != "-":
+                fh.close()
+        result.events.extend(events)
+        result.stats.append((name, stats))
+    return result
+
+
+def format_text(result: ScanResult) -> str:
+    """A readable report: one block per event with its numbers and fix, then the totals."""
+    out: list[str] = []
+    catalog = result.catalog
+    for e in result.events:
+        kind = catalog.kind(e.kind)
+        n = e.numbers
+        ranks = ",".join(e.ranks) or "-"
+        head = f"{e.time or '-':<26} {e.kind:<12} {'FATAL' if e.fatal else 'warn ':<5} ranks={ranks:<12} {e.location}"
+        out.append(head)
+        facts = []
+        if e.phase:
+            facts.append(f"phase={e.phase}" + (f"/{e.subphase}" if e.subphase else ""))
+        for key in (
+            "requested_tokens",
+            "available_tokens",
+            "shortfall_tokens",
+            "req_slots_available",
+            "req_slots_requested",
+            "retracted_requests",
+            "new_token_ratio_from",
+            "new_token_ratio_to",
+            "tried_to_allocate",
+            "mem_fraction_static",
+            "rid",
+        ):
+            if key in n:
+                facts.append(f"{key}={n[key]}")
+        if len(e.pools) > 1:
+            facts.append("pools=" + " ".join(f"{p.name}:{p.total}" for p in e.pools))
+        if e.inferred:
+            facts.append("inferred-from-frames")
+        out.append(f"    {kind.title}")
+        if facts:
+            out.append("    " + " ".join(facts))
+        out.append(f"    fix: {kind.summary}")
+    counts = result.counts()
+    out.append("")
+    out.append("kind           events")
+    for kid, count in counts.items():
+        out.append(f"{kid:<14} {count}")
+    retract = [e for e in result.events if e.kind == "retract"]
+    requests = sum(int(e.numbers.get("retracted_requests", 0)) for e in retract)
+    lines = sum(s.lines_read for _, s in result.stats)
+    out.append(
+        f"total: {len(result.events)} events ({result.fatal_count()} fatal), "
+        f"{len(retract)} retraction events retracting {requests} requests, {lines} lines read"
+    )
+    return "\n".join(out) + "\n"
