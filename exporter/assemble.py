@@ -16,6 +16,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
 import regex
+
 from sglang_oom_exporter.model import Gap, LogLine, Prefix, Record
 from sglang_oom_exporter.prefix import PrefixParser
 

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import regex
+
 from sglang_oom_exporter.catalog import Catalog, OomKind, Pattern
 from sglang_oom_exporter.model import PoolState, Record
 
@@ -23,7 +24,7 @@ MAX_EXCERPT_LINES = 8
 MAX_EXCERPT_LINE = 300
 _KV_PHASES = ("prefill", "decode", "frames")
 _BAD_CONTEXT = ("'", '"', "obj=", "text=", "input_ids", "prompt")
-_RAISED_CONTEXT = regex.compile(r"(?:^|\s)[A-Za-z_][\w.]*(?:Error|Exception): $")
+_RAISED = regex.compile(r"^[A-Za-z_][\w.]*(?:Error|Exception): ")
 _POOL_TOTAL = regex.compile(
     r"(?:Ava(?:il|li)able (?P<name>tokens|full tokens|swa tokens|swa|mamba)|(?P<swa>SWA available tokens))"
     r": ?(?P<total>\d+)"
@@ -103,7 +104,7 @@ class Matcher:
         pools = _pools(text) if kind.phase in _KV_PHASES else ()
         if pools and "available_tokens" not in numbers:
             _add_limiting_pool(numbers, pools)
-        raised = record.kind == "traceback" or _RAISED_CONTEXT.search(first[: m.start()]) is not None
+        raised = record.kind == "traceback" or _RAISED.match(first) is not None
         fatal = (
             pattern.fatal if pattern.fatal is not None else kind.fatal == "true" or (kind.fatal == "raised" and raised)
         )

@@ -21,6 +21,9 @@ from sglang_oom_exporter.reader import LineReader
 # Every traceback header (0.2.x "Exception in ModelTpServer:" is followed by one) has this line, and
 # the header itself falls in the reader's look-back.
 TRACEBACK_OPENERS = ("Traceback (most recent call last)",)
+# A CRI partial record can cut an anchor in two ("Out of mem" | "ory."): no piece holds the literal, so
+# every partial record is a hit of its own; they are rare (long lines, or a write without its newline).
+CRI_PARTIAL_LITERALS = (" stdout P ", " stderr P ")
 # Not searched for (a block's detail lines follow its anchor line), but they keep the window open.
 DETAIL_LITERALS = (
     'File "',
@@ -65,7 +68,11 @@ class Pipeline:
     ) -> None:
         anchors = catalog.anchors()
         self._reader = LineReader(
-            anchors, openers=TRACEBACK_OPENERS, extenders=DETAIL_LITERALS, finder=finder, prefilter=prefilter
+            (*anchors, *CRI_PARTIAL_LITERALS),
+            openers=TRACEBACK_OPENERS,
+            extenders=DETAIL_LITERALS,
+            finder=finder,
+            prefilter=prefilter,
         )
         self._decoder = Decoder()
         self._assembler = Assembler(anchors, PrefixParser(extra_prefixes))

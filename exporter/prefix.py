@@ -13,6 +13,7 @@ import datetime as dt
 from collections.abc import Sequence
 
 import regex
+
 from sglang_oom_exporter.model import Prefix
 
 _RAY = regex.compile(r"^\(\w+ pid=\d+(?:, ip=[\d.:a-fA-F]+)?\) ")

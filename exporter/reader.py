@@ -251,7 +251,7 @@ class LineReader:
         hit_start = pos if r < 0 else r + 1
         start, walked = self._back(buf, pos, hit_start, self._before)
         keep_held = self._before - walked if start == pos else 0
-        held = self._held[len(self._held) - keep_held :] if keep_held else []
+        held = self._held[max(0, len(self._held) - keep_held) :] if keep_held else []
         skipped = buf.count(b"\n", pos, start)
         gap = len(self._held) - len(held) + skipped
         self._held = []
@@ -275,7 +275,7 @@ class LineReader:
             p = e + 1
         old = self._held
         keep_old = max(0, self._before - len(new_held)) if skipped == 0 else 0
-        kept_old = old[len(old) - keep_old :] if keep_old else []
+        kept_old = old[max(0, len(old) - keep_old) :] if keep_old else []
         gap = len(old) - len(kept_old) + skipped
         if gap:
             yield Gap(gap)

@@ -1,0 +1,34 @@
+"""Test helpers: run the real pipeline over text or bytes, as scan does."""
+
+from __future__ import annotations
+
+import io
+
+from sglang_oom_exporter.catalog import load_catalog
+from sglang_oom_exporter.match import Matcher
+from sglang_oom_exporter.model import OomEvent
+from sglang_oom_exporter.scan import scan_stream
+
+CATALOG = load_catalog()
+MATCHER = Matcher(CATALOG)
+
+
+def scan_bytes(data: bytes, *, chunk: int = 1 << 20, prefilter: bool = True, name: str = "t.log") -> list[OomEvent]:
+    """All events of one input, read in chunks of the given size."""
+    events, _ = scan_stream(CATALOG, MATCHER, name, io.BytesIO(data), prefilter=prefilter, chunk=chunk)
+    return events
+
+
+def scan_text(text: str, **kwargs: object) -> list[OomEvent]:
+    """scan_bytes for text."""
+    return scan_bytes(text.encode(), **kwargs)  # type: ignore[arg-type]
+
+
+def summary(events: list[OomEvent]) -> list[tuple[str, bool, tuple[str, ...], str]]:
+    """What identifies an event: kind, fatal, ranks, location. Enough to compare two runs."""
+    return [(e.kind, e.fatal, e.ranks, e.location) for e in events]
+
+
+def frames(*funcs: str, path: str = "/usr/local/lib/python3.12/dist-packages/sglang/srt/managers/scheduler.py") -> str:
+    """Traceback frame lines for these functions."""
+    return "".join(f'  File "{path}", line {100 + i}, in {f}\n    do_it()\n' for i, f in enumerate(funcs))

@@ -1,0 +1,112 @@
+"""The catalog's own examples, its ordering rule, and the loader's refusals."""
+
+from __future__ import annotations
+
+import textwrap
+
+import pytest
+import yaml
+
+from sglang_oom_exporter.catalog import EVENT_FIELDS, CatalogError, default_catalog_path, load_catalog
+from sglang_oom_exporter.match import Matcher
+
+CATALOG = load_catalog()
+MATCHER = Matcher(CATALOG)
+
+MATCH_CASES = [(k.id, line) for k in CATALOG.kinds for line in k.match_examples]
+NO_MATCH_CASES = [(k.id, line) for k in CATALOG.kinds for line in k.no_match_examples]
+
+PUBLIC_IDS = ("prefill", "decode", "req_slots", "unknown", "cuda_oom", "startup", "mamba", "memory_leak", "retract")
+
+
+def test_public_kind_ids_are_all_present():
+    assert set(PUBLIC_IDS) <= set(CATALOG.ids)
+    assert CATALOG.ids[:3] == ("prefill", "decode", "req_slots")
+
+
+@pytest.mark.parametrize(("kind", "line"), MATCH_CASES)
+def test_match_example_is_claimed_by_its_own_kind(kind, line):
+    found = MATCHER.match_line(line)
+    assert found is not None, line
+    assert found[0].id == kind
+
+
+@pytest.mark.parametrize(("kind", "line"), NO_MATCH_CASES)
+def test_no_match_example_is_not_its_kind(kind, line):
+    found = MATCHER.match_line(line)
+    assert found is None or found[0].id != kind
+
+
+@pytest.mark.parametrize(("kind", "line"), MATCH_CASES)
+def test_match_example_holds_one_of_its_anchors(kind, line):
+    # The prefilter only looks near anchors: a match without one would be invisible to it.
+    assert any(a in line for a in CATALOG.kind(kind).anchors)
+
+
+def test_every_kind_has_remediation_steps_with_flags_and_a_runbook():
+    for kind in CATALOG.kinds:
+        assert kind.summary.endswith("."), kind.id
+        assert kind.steps, kind.id
+        assert {"meaning", "impact"} <= set(kind.runbook), kind.id
+        assert kind.remediation()["runbook_anchor"] == kind.id
+
+
+def _write(tmp_path, text):
+    path = tmp_path / "catalog.yaml"
+    path.write_text(textwrap.dedent(text))
+    return str(path)
+
+
+def _shipped():
+    with open(default_catalog_path()) as fh:
+        return yaml.safe_load(fh)
+
+
+def test_loader_reports_every_problem_with_file_and_line(tmp_path):
+    data = _shipped()
+    data["kinds"][5]["id"] = "mamba"  # duplicate (startup is referenced nowhere else)
+    data["kinds"][2]["colour"] = "red"  # unknown key
+    data["kinds"][3]["patterns"][0]["regex"] = "(?P<favourite_number>\\d+)"  # not an event field
+    del data["kinds"][4]["examples"]
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    with pytest.raises(CatalogError) as err:
+        load_catalog(str(path))
+    problems = err.value.problems
+    assert len(problems) == 4, problems
+    assert all(p.startswith(f"{path}:") for p in problems)
+    text = "\n".join(problems)
+    assert "duplicate id 'mamba'" in text
+    assert "colour: unknown key" in text
+    assert "favourite_number" in text
+    assert "needs match and no_match" in text or "examples: missing" in text
+    # line numbers point into the file, not at "?"
+    assert all(p.split(":")[1].isdigit() for p in problems)
+
+
+def test_loader_rejects_bad_yaml_with_its_line(tmp_path):
+    path = _write(tmp_path, "version: 1\nkinds: [\n  - id: x\n")
+    with pytest.raises(CatalogError) as err:
+        load_catalog(path)
+    assert err.value.problems[0].startswith(f"{path}:")
+    assert "not valid YAML" in err.value.problems[0]
+
+
+def test_loader_rejects_a_missing_file(tmp_path):
+    with pytest.raises(CatalogError, match="cannot read"):
+        load_catalog(str(tmp_path / "absent.yaml"))
+
+
+def test_loader_rejects_a_bad_regex(tmp_path):
+    data = _shipped()
+    data["kinds"][0]["patterns"][0]["regex"] = "Prefill (out of memory"
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    with pytest.raises(CatalogError, match="bad regex"):
+        load_catalog(str(path))
+
+
+def test_event_fields_cover_every_named_group():
+    for kind in CATALOG.kinds:
+        for pattern in kind.patterns:
+            assert set(pattern.regex.groupindex) <= EVENT_FIELDS

@@ -1,0 +1,244 @@
+"""Classification through the real pipeline: phases from frames, R1-R8, look-alikes, numbers."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.helpers import frames, scan_text
+
+GENERIC = "Out of memory. Try to lower your batch size.\nTry to allocate 96 tokens.\nAvailable tokens: 40 (available_size=40 + evictable_size=0)\n"
+
+
+def _crash(rank: str, funcs: tuple[str, ...], text: str = GENERIC, ts: str = "2026-03-14 22:07:33") -> str:
+    return (
+        f"[{ts} {rank}] {text}\n"
+        f"[{ts} {rank}] Scheduler hit an exception: Traceback (most recent call last):\n"
+        + frames(*funcs)
+        + f"RuntimeError: {text}\n\n"
+    )
+
+
+@pytest.mark.parametrize(
+    ("funcs", "kind", "subphase"),
+    [
+        (("update_running_batch", "prepare_for_decode", "alloc_for_decode", "alloc_token_slots"), "decode", None),
+        (("get_new_batch_prefill", "prepare_for_extend", "alloc_for_extend", "alloc_token_slots"), "prefill", None),
+        (("forward", "prepare_for_verify", "alloc_token_slots"), "decode", "spec_verify"),
+        (("run_scheduler_process", "event_loop", "alloc_token_slots"), "unknown", None),
+    ],
+)
+def test_generic_text_takes_its_phase_from_the_frames(funcs, kind, subphase):
+    events = scan_text(_crash("TP0", funcs))
+    assert [(e.kind, e.subphase, e.fatal) for e in events] == [(kind, subphase, True)]
+    assert events[0].numbers["requested_tokens"] == 96
+    assert events[0].numbers["available_tokens"] == 40
+
+
+def test_speculative_verify_frames_override_a_prefill_word():
+    text = "Prefill out of memory. Try to lower your batch size.\nTry to allocate 64 tokens.\n"
+    events = scan_text(_crash("TP0", ("verify", "prepare_for_verify", "alloc_paged_token_slots_extend"), text))
+    assert [(e.kind, e.phase, e.subphase) for e in events] == [("decode", "decode", "spec_verify")]
+
+
+def test_block_and_its_traceback_on_two_ranks_are_one_event():
+    log = _crash("TP1", ("prepare_for_decode", "alloc_token_slots")) + _crash("TP0", ("prepare_for_decode",))
+    events = scan_text(log)
+    assert [(e.kind, e.ranks, e.location) for e in events] == [("decode", ("TP0", "TP1"), "t.log:1")]
+
+
+def test_ranks_straddling_a_second_are_one_event_but_two_seconds_later_is_another():
+    a = _crash("TP0", ("prepare_for_decode",), ts="2026-03-14 22:07:33")
+    b = _crash("TP1", ("prepare_for_decode",), ts="2026-03-14 22:07:34")
+    c = _crash("TP0", ("prepare_for_decode",), ts="2026-03-14 22:07:40")
+    events = scan_text(a + b + c)
+    assert [e.ranks for e in events] == [("TP0", "TP1"), ("TP0",)]
+
+
+def test_data_parallel_ranks_with_other_numbers_are_separate_failures():
+    other = GENERIC.replace("96", "128")
+    log = _crash("DP0 TP0", ("prepare_for_decode",)) + _crash("DP1 TP0", ("prepare_for_decode",), other)
+    events = scan_text(log)
+    assert [(e.ranks, e.numbers["requested_tokens"]) for e in events] == [(("DP0 TP0",), 96), (("DP1 TP0",), 128)]
+
+
+def test_same_rank_twice_is_two_events_even_within_a_second():
+    # With no rank token (TP=1 on 0.4.6+) two identical bodies are still two failures.
+    block = "[2026-03-14 22:07:33] Decode out of memory. Try to lower your batch size.\nTry to allocate 8 tokens.\n\n"
+    assert len(scan_text(block + block)) == 2
+
+
+def test_exception_line_alone_counts_once():
+    events = scan_text("RuntimeError: Out of memory. Try to lower your batch size.\n")
+    assert [(e.kind, e.ranks, e.time) for e in events] == [("unknown", (), None)]
+
+
+@pytest.mark.parametrize(
+    ("last_frame", "kind"),
+    [
+        ("alloc_paged_token_slots_extend", "prefill"),
+        ("alloc_paged_token_slots_decode", "decode"),
+        ("alloc_req_slots", "req_slots"),
+    ],
+)
+def test_truncated_traceback_is_inferred_from_its_last_allocator_frame(last_frame, kind):
+    log = (
+        "[2026-03-14 22:07:33 TP0] Scheduler hit an exception: Traceback (most recent call last):\n"
+        + frames("event_loop_overlap", last_frame)
+        + '  File "/usr/local/lib/python3.12/dist-packages/sglang/srt/mem_'
+    )
+    events = scan_text(log)
+    assert [(e.kind, e.inferred) for e in events] == [(kind, True)]
+
+
+def test_truncated_traceback_after_its_block_confirms_the_block():
+    log = (
+        "[2026-03-14 22:07:33 TP0] Out of memory. Try to lower your batch size.\nTry to allocate 9 tokens.\n\n"
+        "[2026-03-14 22:07:33 TP0] Scheduler hit an exception: Traceback (most recent call last):\n"
+        + frames("update_running_batch", "prepare_for_decode", "alloc_token_slots")
+    )
+    events = scan_text(log)
+    assert [(e.kind, e.inferred, e.numbers["requested_tokens"]) for e in events] == [("decode", False, 9)]
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        "[2026-03-14 22:07:33] Receive: obj=GenerateReqInput(rid='a', text='Prefill out of memory. Try to lower your batch size.')",
+        '[2026-03-14 22:07:33] Finish: obj=GenerateReqInput(text="Out of memory. Try to lower your batch size.")',
+        "[2026-03-14 22:07:33 TP0] Decode batch, #running-req: 37, #token: 81234, token usage: 1.00, #queue-req: 9",
+        "[2026-03-14 22:07:33] SIGQUIT received. signum=<Signals.SIGQUIT: 3>, frame=<frame at 0x7f>. It usually means one child failed.",
+        "[2026-03-14 22:07:33] Received sigquit from a child process. It usually means the child failed.",
+        "[2026-03-14 22:07:33] kill_process_tree called: parent_pid=1, include_parent=True, pid=1",
+    ],
+)
+def test_lines_that_only_mention_oom_are_not_events(line):
+    assert scan_text(line + "\n") == []
+
+
+def test_old_decode_retraction_is_a_retraction_not_a_decode_oom():
+    events = scan_text(
+        "[22:14:05 TP0] Decode out of memory happened. #retracted_reqs: 4, #new_token_ratio: 0.3 -> 0.4\n"
+    )
+    assert [(e.kind, e.fatal, e.numbers["retracted_requests"]) for e in events] == [("retract", False, 4)]
+
+
+def test_retraction_on_eight_ranks_is_one_event_counting_its_requests_once():
+    line = "KV cache pool is full. Retract requests. #retracted_reqs: 3, #new_tokens_gained: 2048, #new_token_ratio: 0.4012 -> 0.5000\n"
+    log = "".join(f"[2026-03-14 22:01:05 TP{r}] {line}" for r in range(8))
+    events = scan_text(log)
+    assert len(events) == 1
+    assert events[0].numbers["retracted_requests"] == 3
+    assert len(events[0].ranks) == 8
+
+
+def test_collapsed_block_still_gives_its_numbers():
+    line = (
+        "[2024-11-02 10:00:00 TP0] Prefill out of memory. Try to lower your batch size.Try to allocate 5000 tokens."
+        "Avaliable tokens:3000self.token to kv pool allocator.available size()=2900\n"
+    )
+    events = scan_text(line)
+    assert [(e.kind, e.numbers["requested_tokens"], e.numbers["available_tokens"]) for e in events] == [
+        ("prefill", 5000, 3000)
+    ]
+
+
+def test_swa_hybrid_keeps_every_pool_and_names_the_limiting_one():
+    log = (
+        "[2026-03-14 22:07:33 TP0] Decode out of memory. Try to lower your batch size.\n"
+        "Try to allocate 512 tokens.\n"
+        "Available full tokens: 2000000 (full_available_size=1999000 + full_evictable_size=1000)\n"
+        "Available swa tokens: 300 (swa_available_size=200 + swa_evictable_size=100)\n"
+        "Full LRU list evictable size: 1000\nSWA LRU list evictable size: 100\n\n"
+    )
+    (event,) = scan_text(log)
+    assert event.numbers["available_tokens"] == 300
+    assert event.numbers["limiting_pool"] == "swa"
+    assert [(p.name, p.total, p.available, p.evictable) for p in event.pools] == [
+        ("full", 2000000, 1999000, 1000),
+        ("swa", 300, 200, 100),
+    ]
+
+
+def test_paged_0_4_5_detail_lines_fill_the_pool_split():
+    log = (
+        "[2025-04-01 10:00:00 TP0] Prefill out of memory. Try to lower your batch size.\n"
+        "Try to allocate 4096 tokens.\nAvaliable tokens: 1000\n"
+        "self.token_to_kv_pool_allocator.available_size()=900\nself.tree_cache.evictable_size()=100\n\n"
+    )
+    (event,) = scan_text(log)
+    assert (event.pools[0].total, event.pools[0].available, event.pools[0].evictable) == (1000, 900, 100)
+
+
+def test_custom_logging_format_with_every_line_prefixed_and_crlf():
+    p = "2026-04-02 09:15:07 ERROR 2210 [ TP1 PP0 scheduler.py:2604] "
+    log = (
+        f"{p}Scheduler hit an exception: Traceback (most recent call last):\r\n"
+        + "".join(
+            p + line + "\r\n"
+            for line in frames("prepare_for_extend", "alloc_for_extend", "alloc_token_slots").splitlines()
+        )
+        + f"{p}RuntimeError: Out of memory. Try to lower your batch size.\r\n"
+        + f"{p}Try to allocate 300 tokens.\r\n{p}Available tokens: 10 (available_size=10 + evictable_size=0)\r\n"
+    )
+    events = scan_text(log)
+    assert [(e.kind, e.ranks, e.time, e.numbers["requested_tokens"]) for e in events] == [
+        ("prefill", ("TP1 PP0",), "2026-04-02T09:15:07", 300)
+    ]
+
+
+def test_cri_partial_records_are_joined_and_dump_noise_on_stdout_is_ignored():
+    first = "[2026-03-14 22:07:33 TP0] Prefill out of memory. Try to lower your batch size."
+    log = (
+        f"2026-03-14T22:07:33.1Z stderr P {first[:20]}\n"
+        f"2026-03-14T22:07:33.1Z stdout F  0 [] r=1\n"
+        f"2026-03-14T22:07:33.2Z stderr P {first[20:50]}\n"
+        f"2026-03-14T22:07:33.3Z stderr F {first[50:]}\n"
+        "2026-03-14T22:07:33.3Z stdout F    12 [1, 2, 3] r=0\n"
+        "2026-03-14T22:07:33.4Z stderr F Try to allocate 70 tokens.\n"
+        "2026-03-14T22:07:33.4Z stderr F \n"
+    )
+    events = scan_text(log)
+    assert [(e.kind, e.location, e.numbers["requested_tokens"]) for e in events] == [("prefill", "t.log:1", 70)]
+
+
+def test_docker_json_and_compose_wrappers():
+    docker = (
+        '{"log":"[2026-03-14 22:07:33 TP0] Decode out of memory. Try to lower your batch size.\\n","stream":"stderr","time":"2026-03-14T22:07:33.1Z"}\n'
+        '{"log":"Try to allocate 12 tokens.\\n","stream":"stderr","time":"2026-03-14T22:07:33.1Z"}\n'
+        '{"log":"\\n","stream":"stderr","time":"2026-03-14T22:07:33.1Z"}\n'
+    )
+    compose = "sglang-1  | [2026-03-14 22:08:00 TP0] Decode out of memory. Try to lower your batch size.\nsglang-1  | Try to allocate 13 tokens.\n"
+    events = scan_text(docker + compose)
+    assert [(e.kind, e.numbers["requested_tokens"]) for e in events] == [("decode", 12), ("decode", 13)]
+
+
+def test_capture_cuda_graph_failure_with_hints_is_one_startup_event():
+    log = (
+        "[2026-03-14 22:00:00 TP0] Scheduler hit an exception: Traceback (most recent call last):\n"
+        + frames("init_cuda_graphs", "capture")
+        + "Exception: Capture cuda graph failed: CUDA out of memory. Tried to allocate 2.00 GiB.\n"
+        "Possible solutions:\n1. set --mem-fraction-static to a smaller value (e.g., 0.8 or 0.7)\n"
+        "2. set --cuda-graph-max-bs to a smaller value (e.g., 16)\n3. disable torch compile by not using --enable-torch-compile\n"
+        "4. disable CUDA graph by --disable-cuda-graph. (Not recommended. Huge performance loss)\n"
+        "Open an issue on GitHub https://github.com/sgl-project/sglang/issues/new/choose \n\n"
+    )
+    events = scan_text(log)
+    assert [(e.kind, e.fatal) for e in events] == [("startup", True)]
+
+
+def test_memory_leak_warning_is_not_fatal_but_raised_leak_is():
+    warn = "/sgl/srt/managers/router/radix_cache.py:123: UserWarning: KV cache pool leak detected!available_size=10, self.max_total_num_tokens=20\n"
+    raised = "ValueError: req_to_token_pool memory leak detected!available_size=3, total_size=4\n"
+    events = scan_text(warn + raised)
+    assert [(e.kind, e.fatal) for e in events] == [("memory_leak", False), ("memory_leak", True)]
+
+
+def test_cuda_oom_on_every_rank_naming_its_own_gpu_is_one_event():
+    log = "".join(
+        f"[2026-03-14 22:24:09 TP{r}] Scheduler hit an exception: Traceback (most recent call last):\n"
+        + frames("forward_extend")
+        + f"torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU {r} has a total capacity of 79.14 GiB\n\n"
+        for r in range(4)
+    )
+    events = scan_text(log)
+    assert [(e.kind, len(e.ranks), e.numbers["tried_to_allocate"]) for e in events] == [("cuda_oom", 4, "2.00 GiB")]

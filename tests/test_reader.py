@@ -1,0 +1,100 @@
+"""The prefiltering reader: line accounting, giant lines, and both literal finders agreeing."""
+
+from __future__ import annotations
+
+import io
+
+import pytest
+
+from sglang_oom_exporter.model import Gap, RawLine
+from sglang_oom_exporter.reader import BytesFinder, LineReader, make_finder, minimal_literals
+from sglang_oom_exporter.scan import scan_stream
+from tests.helpers import CATALOG, MATCHER, scan_bytes
+
+OOM = b"[2026-03-14 22:07:33 TP0] Prefill out of memory. Try to lower your batch size.\nTry to allocate 7 tokens.\n\n"
+
+
+def _drain(reader: LineReader, chunks: list[bytes]) -> list[RawLine | Gap]:
+    out: list[RawLine | Gap] = []
+    for c in chunks:
+        out.extend(reader.feed(c))
+    out.extend(reader.finish())
+    return out
+
+
+def test_every_line_is_either_passed_or_counted_in_a_gap():
+    filler = b"".join(b"[2026-03-14 22:07:3%d TP0] Decode batch, #running-req: 1\n" % (i % 10) for i in range(5000))
+    data = filler + OOM + filler + b"no newline at the end"
+    reader = LineReader(["ut of memory"], after_short=2, before=3)
+    items = _drain(reader, [data])
+    passed = [i for i in items if isinstance(i, RawLine)]
+    gaps = sum(i.lines for i in items if isinstance(i, Gap))
+    assert len(passed) + gaps == 10_004
+    assert reader.lines_read == 10_004
+    assert [p.lineno for p in passed] == list(range(4998, 5004))  # 3 before, the anchor line, 2 after
+    assert passed[3].data.startswith(b"[2026-03-14 22:07:33 TP0] Prefill")
+
+
+def test_line_numbers_survive_any_chunking():
+    data = (b"x\n" * 300 + OOM) * 3
+    whole = [(i.lineno, i.data) for i in _drain(LineReader(["ut of memory"]), [data]) if isinstance(i, RawLine)]
+    for size in (1, 2, 7, 64, 1000):
+        chunks = [data[i : i + size] for i in range(0, len(data), size)]
+        got = [(i.lineno, i.data) for i in _drain(LineReader(["ut of memory"]), chunks) if isinstance(i, RawLine)]
+        assert got == whole, size
+
+
+def test_giant_line_is_cut_and_counted_and_the_next_oom_still_counts():
+    giant = b"A" * (3 * 1024 * 1024)
+    data = giant + b"\n" + OOM
+    events, stats = scan_stream(CATALOG, MATCHER, "g.log", io.BytesIO(data), chunk=64 * 1024)
+    assert [(e.kind, e.location) for e in events] == [("prefill", "g.log:2")]
+    assert stats.oversized_lines == 1
+    assert stats.lines_read == 4
+
+
+def test_giant_line_without_newline_does_not_grow_memory_without_bound():
+    reader = LineReader(["ut of memory"], max_line=1024)
+    for _ in range(100):
+        list(reader.feed(b"B" * 100_000))
+    assert len(reader._partial) == 1024
+    assert reader.oversized_lines == 1
+
+
+def test_minimal_literals_drop_the_ones_that_contain_another():
+    assert minimal_literals(["ut of memory", "ut of memory happened", "Retract requests"]) == (
+        b"ut of memory",
+        b"Retract requests",
+    )
+
+
+def test_hyperscan_and_bytes_find_select_the_same_lines():
+    finder = make_finder([b"ut of memory", b"Retract requests"])
+    if finder.name != "hyperscan":
+        pytest.skip("hyperscan is not installed on this platform; bytes.find is the only finder")
+    data = (b"a" * 97 + b"ut of memory" + b"\n" + b"Retract requests x\n" + b"zz\n") * 50
+    lines_of = lambda offsets: {data.rfind(b"\n", 0, o) for o in offsets}  # noqa: E731
+    assert lines_of(finder.offsets(data, 0, len(data))) == lines_of(
+        BytesFinder([b"ut of memory", b"Retract requests"]).offsets(data, 0, len(data))
+    )
+    assert lines_of(finder.offsets(data, 200, 900)) == lines_of(
+        BytesFinder([b"ut of memory", b"Retract requests"]).offsets(data, 200, 900)
+    )
+
+
+def test_gzip_input_gives_the_same_events(tmp_path):
+    import gzip
+
+    plain = tmp_path / "a.log"
+    plain.write_bytes(OOM * 2)
+    packed = tmp_path / "a.log.1.gz"
+    packed.write_bytes(gzip.compress(OOM * 2))
+    from sglang_oom_exporter.scan import scan_paths
+
+    result = scan_paths(CATALOG, [str(plain), str(packed)])
+    assert [e.location for e in result.events] == [f"{plain}:1", f"{plain}:4", f"{packed}:1", f"{packed}:4"]
+
+
+def test_invalid_utf8_is_replaced_not_fatal():
+    data = b"\xff\xfe garbage \xc3\x28\n" + OOM.replace(b"batch", b"b\xffatch", 1) + OOM
+    assert [e.kind for e in scan_bytes(data)] == ["prefill"]
