@@ -1,0 +1,180 @@
+"""Discovery: which files the tailers follow; it runs before tail.py in the pipeline.
+
+    config (paths, globs | pod log root + filters) --expand / discover_pods--> paths --> FileTailer
+
+Everything here is re-evaluated on every call (on wake-ups and on the safety poll), so files that
+appear later, such as a restarted container's <n+1>.log, are found. It only lists directories; it
+never opens a log file.
+"""
+
+from __future__ import annotations
+
+import glob
+import logging
+import os
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+log = logging.getLogger(__name__)
+
+DEFAULT_POD_LOG_ROOT = "/var/log/pods"
+
+# A glob such as "*.log*" or "*" would also pick up rotated generations (app.log.1, 0.log.20260314-220733,
+# *.gz). Those are read through their live file's FileTailer (drained on rotation, or restored from a
+# saved position), so tailing them again as new files would count their OOMs twice.
+_ROTATED_NAME = re.compile(r".*(\.gz|\.bz2|\.xz|\.zst|\.\d+|[.-]\d{8}(?:[-T]?\d{2,6})?)")
+_POD_LOG_NAME = re.compile(r"(\d+)\.log")
+_GLOB_MAGIC = re.compile(r"[*?[]")
+
+
+def expand(patterns: Sequence[str]) -> list[str]:
+    """Plain paths as given (even when missing now) and the regular files that globs (with **) match now."""
+    seen: set[str] = set()
+    paths: list[str] = []
+    for pattern in patterns:
+        pattern = os.path.expanduser(pattern)
+        if _GLOB_MAGIC.search(pattern) is None:
+            # A configured path is followed even while absent: it is read from 0 once it appears.
+            matches = [pattern]
+        else:
+            matches = [
+                path
+                for path in sorted(glob.glob(pattern, recursive=True))
+                if os.path.isfile(path) and not _ROTATED_NAME.fullmatch(os.path.basename(path))
+            ]
+        for path in matches:
+            if path not in seen:
+                seen.add(path)
+                paths.append(path)
+    return paths
+
+
+def glob_root(pattern: str) -> str:
+    """The deepest directory of a pattern that holds no glob magic: where new matches can appear."""
+    parts = os.path.expanduser(pattern).split(os.sep)
+    literal: list[str] = []
+    for part in parts[:-1]:
+        if _GLOB_MAGIC.search(part):
+            break
+        literal.append(part)
+    return os.sep.join(literal) or (os.sep if pattern.startswith(os.sep) else ".")
+
+
+def dirs_to_watch(patterns: Sequence[str], paths: Iterable[str]) -> set[str]:
+    """Directories whose events should wake the tailers: each followed file's and each pattern's root."""
+    dirs = {os.path.abspath(os.path.dirname(path) or ".") for path in paths}
+    dirs.update(os.path.abspath(glob_root(pattern)) for pattern in patterns)
+    return {d for d in dirs if os.path.isdir(d)}
+
+
+@dataclass(frozen=True, slots=True)
+class PodLogRef:
+    """One container run's log file under the kubelet pod log root, with labels taken from its path."""
+
+    namespace: str
+    pod: str
+    uid: str
+    container: str
+    restart: int
+    path: str
+
+
+# Why these defaults: SGLang runs in pods whose container names say what they serve: the upstream
+# examples use "sglang", LWS "sglang-leader"/"sglang-worker", PD disaggregation "prefill"/"decode", and
+# wrappers "server", "engine", "inference", "llm" (KServe's "kserve-container" needs an explicit
+# filter). Broad on purpose: tailing one extra file costs a file descriptor, a missed OOM costs a page.
+# This exporter's own container is excluded, because its log quotes the OOM lines it found. The
+# Kubernetes system namespaces are excluded because "kube-apiserver" and "metrics-server" match "server".
+DEFAULT_NAMESPACE_FILTER = r"(?!kube-system$|kube-public$|kube-node-lease$).+"
+DEFAULT_POD_FILTER = r".+"
+DEFAULT_CONTAINER_FILTER = r"(?i)(?!.*oom-exporter).*(sglang|server|engine|inference|llm|worker|prefill|decode).*"
+
+
+@dataclass(frozen=True, slots=True)
+class KubernetesFilter:
+    """Regexes (full match) that pick the pods' containers to follow; see the defaults' comment."""
+
+    namespace: str = DEFAULT_NAMESPACE_FILTER
+    pod: str = DEFAULT_POD_FILTER
+    container: str = DEFAULT_CONTAINER_FILTER
+
+    def __post_init__(self) -> None:
+        for name in ("namespace", "pod", "container"):
+            try:
+                re.compile(getattr(self, name))
+            except re.error as exc:
+                raise ValueError(f"kubernetes filter {name}: invalid regex: {exc}") from exc
+
+    def matches_pod(self, namespace: str, pod: str) -> bool:
+        """Whether a pod directory passes the namespace and pod filters."""
+        # re caches compiled patterns, so the frozen value needs no compiled copies of its own.
+        return bool(re.fullmatch(self.namespace, namespace) and re.fullmatch(self.pod, pod))
+
+    def matches_container(self, container: str) -> bool:
+        """Whether a container directory passes the container filter."""
+        return re.fullmatch(self.container, container) is not None
+
+
+def _split_pod_dir(name: str) -> tuple[str, str, str] | None:
+    # <namespace>_<pod>_<uid>: namespaces, pod names and uids never contain "_" (DNS-1123 names, UUIDs
+    # or hex hashes), so the first and last "_" split it; the middle join is only defensive.
+    parts = name.split("_")
+    if len(parts) < 3 or not all(parts):
+        return None
+    return parts[0], "_".join(parts[1:-1]), parts[-1]
+
+
+def parse_pod_log_path(path: str, root: str = DEFAULT_POD_LOG_ROOT) -> PodLogRef | None:
+    """Labels of <root>/<ns>_<pod>_<uid>/<container>/<n>.log; None for anything else (n.log.<ts>, .gz)."""
+    rel = os.path.relpath(path, root)
+    parts = rel.split(os.sep)
+    if len(parts) != 3 or parts[0] in (os.curdir, os.pardir):
+        return None
+    pod_dir, container, name = parts
+    pod = _split_pod_dir(pod_dir)
+    match = _POD_LOG_NAME.fullmatch(name)
+    if pod is None or match is None or not container:
+        return None
+    namespace, pod_name, uid = pod
+    return PodLogRef(namespace, pod_name, uid, container, int(match.group(1)), path)
+
+
+def discover_pods(root: str, pod_filter: KubernetesFilter | None = None) -> list[PodLogRef]:
+    """Every <n>.log under root whose namespace, pod and container pass the filter, sorted."""
+    flt = pod_filter if pod_filter is not None else KubernetesFilter()
+    refs: list[PodLogRef] = []
+    for pod_dir in _subdirs(root):
+        pod = _split_pod_dir(pod_dir)
+        if pod is None or not flt.matches_pod(pod[0], pod[1]):
+            continue
+        for container in _subdirs(os.path.join(root, pod_dir)):
+            if not flt.matches_container(container):
+                continue
+            container_dir = os.path.join(root, pod_dir, container)
+            for name in _names(container_dir):
+                match = _POD_LOG_NAME.fullmatch(name)
+                if match is not None:
+                    path = os.path.join(container_dir, name)
+                    refs.append(PodLogRef(pod[0], pod[1], pod[2], container, int(match.group(1)), path))
+    refs.sort(key=lambda r: (r.namespace, r.pod, r.uid, r.container, r.restart))
+    return refs
+
+
+def _subdirs(directory: str) -> list[str]:
+    try:
+        with os.scandir(directory) as entries:
+            return [e.name for e in entries if e.is_dir(follow_symlinks=False)]
+    except OSError as exc:
+        # Pods come and go between listing and descending; the next call sees the new layout.
+        log.debug("pod log listing failed dir=%s error=%s", directory, exc)
+        return []
+
+
+def _names(directory: str) -> list[str]:
+    try:
+        with os.scandir(directory) as entries:
+            return [e.name for e in entries if e.is_file()]
+    except OSError as exc:
+        log.debug("pod log listing failed dir=%s error=%s", directory, exc)
+        return []

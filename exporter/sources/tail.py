@@ -1,0 +1,436 @@
+"""File tailing: the left edge of the pipeline, where log files become ordered bytes.
+
+    file (inode, offset) --FileTailer.poll()--> TailChunk / TailReset --> line reader --> RawLine -> ...
+
+A FileTailer follows one path across file generations (rotation, copytruncate, delete and recreate)
+and says so with a TailReset between generations; the consumer owns the partial-line buffer and
+line numbers. It never blocks and never raises for I/O: a watch event or a poll tick only means
+"call poll() now" (watch.py), and errors are counted in TailStats and retried on the next poll.
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import io
+import logging
+import os
+import stat
+import time
+import zlib
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+FINGERPRINT_BYTES = 1024
+# How far back start_at_end looks for a line start, so the first line it delivers is whole.
+_BACKSCAN_BYTES = 64 * 1024
+_COMPRESSED_SUFFIX = ".gz"
+
+
+@dataclass(frozen=True, slots=True)
+class TailPosition:
+    """Where a file was read up to: identity, resume offset and a fingerprint of its first bytes.
+
+    offset is just past the last newline delivered, so a resumed tail re-reads a partial last line whole.
+    """
+
+    path: str
+    dev: int
+    ino: int
+    offset: int
+    fingerprint: str
+    fingerprint_len: int
+
+    def to_dict(self) -> dict[str, Any]:
+        """Return a JSON-ready dict."""
+        return {
+            "path": self.path,
+            "dev": self.dev,
+            "ino": self.ino,
+            "offset": self.offset,
+            "fingerprint": self.fingerprint,
+            "fingerprint_len": self.fingerprint_len,
+        }
+
+    @classmethod
+    def from_dict(cls, raw: Mapping[str, Any]) -> TailPosition:
+        """Build a position from to_dict() output; raise ValueError on anything else."""
+        if not isinstance(raw, Mapping):
+            raise ValueError(f"position must be an object, got {type(raw).__name__}")
+        path, fingerprint = raw.get("path"), raw.get("fingerprint")
+        if not isinstance(path, str) or not path:
+            raise ValueError("position.path must be a non-empty string")
+        if not isinstance(fingerprint, str) or not _is_hex(fingerprint):
+            raise ValueError("position.fingerprint must be a hex string")
+        ints = {}
+        for key in ("dev", "ino", "offset", "fingerprint_len"):
+            value = raw.get(key)
+            # bool is an int subclass; a true/false here means a hand-edited or foreign file.
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise ValueError(f"position.{key} must be a non-negative integer")
+            ints[key] = value
+        if ints["fingerprint_len"] > FINGERPRINT_BYTES:
+            raise ValueError(f"position.fingerprint_len must be at most {FINGERPRINT_BYTES}")
+        return cls(path, ints["dev"], ints["ino"], ints["offset"], fingerprint, ints["fingerprint_len"])
+
+
+@dataclass(frozen=True, slots=True)
+class TailChunk:
+    """New bytes of the tailed path, in file order; may end inside a line."""
+
+    path: str
+    data: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class TailReset:
+    """The bytes that follow belong to another file generation: flush the partial line, restart line numbers.
+
+    reason is one of "rotated", "truncated", "recreated", "deleted".
+    """
+
+    path: str
+    reason: str
+
+
+@dataclass(slots=True)
+class TailStats:
+    """Counters a FileTailer keeps about itself; metrics.py exports them."""
+
+    bytes_read: int = 0
+    rotations: int = 0
+    truncations: int = 0
+    reopens: int = 0
+    deletions: int = 0
+    read_errors: int = 0
+    last_read_wall_time: float | None = None
+
+
+TailItem = TailChunk | TailReset
+
+
+def fingerprint(data: bytes) -> str:
+    """Hex digest used to recognise a file generation by its first bytes."""
+    return hashlib.blake2b(data, digest_size=16).hexdigest()
+
+
+def _is_hex(text: str) -> bool:
+    return all(c in "0123456789abcdef" for c in text)
+
+
+def _open_binary(path: str) -> io.BufferedIOBase:
+    """Open a plain or gzip-compressed file for reading; the caller closes it."""
+    if path.endswith(_COMPRESSED_SUFFIX):
+        return gzip.open(path, "rb")
+    return open(path, "rb")
+
+
+def _head(path: str, size: int) -> bytes | None:
+    """First size bytes of a plain or .gz file, or None when it is shorter or unreadable."""
+    try:
+        with _open_binary(path) as stream:
+            data = stream.read(size)
+    except (OSError, EOFError, zlib.error):
+        return None
+    return data if len(data) == size else None
+
+
+class FileTailer:
+    """Follow one path across rotations and truncations, yielding its new bytes on each poll()."""
+
+    def __init__(
+        self,
+        path: str,
+        *,
+        start_at_end: bool = False,
+        position: TailPosition | None = None,
+        read_size: int = 1 << 20,
+        wall_clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.path = path
+        self.stats = TailStats()
+        self._read_size = max(1, read_size)
+        self._wall_clock = wall_clock
+        self._restore = position
+        # Existing files on a first start are history, not pages; a file that appears later is read
+        # from 0 because a crashing container can write its OOM in its first second.
+        self._start_at_end = start_at_end
+        self._fd: int | None = None
+        self._dev = self._ino = 0
+        self._offset = 0  # next byte to read
+        self._commit = 0  # just past the last newline delivered; what a restart resumes from
+        self._fp = fingerprint(b"")
+        self._fp_len = 0
+        self._seen = (-1, -1)  # (size, mtime_ns) at the last look; unchanged means nothing to do
+        self._had_file = False
+        self._error_logged = False
+        self._closed = False
+
+    @property
+    def position(self) -> TailPosition | None:
+        """Resume point for the state file; None when no file is open (and no restore is pending)."""
+        if self._fd is None:
+            return self._restore
+        return TailPosition(self.path, self._dev, self._ino, self._commit, self._fp, self._fp_len)
+
+    def close(self) -> None:
+        """Release the open file; later polls yield nothing."""
+        self._closed = True
+        self._close_fd()
+
+    def poll(self) -> Iterator[TailItem]:
+        """Yield everything new since the last poll, in read_size pieces, with resets between generations."""
+        if self._closed:
+            return
+        if self._fd is None:
+            yield from self._open_path()
+        else:
+            yield from self._follow()
+
+    # --- following an open file -------------------------------------------------------------
+
+    def _follow(self) -> Iterator[TailItem]:
+        try:
+            st: os.stat_result | None = os.stat(self.path)
+        except (FileNotFoundError, NotADirectoryError):
+            st = None
+        except OSError as exc:
+            self._error("stat", exc)
+            return
+        # Same inode: appends, or copytruncate (told by _truncated). Another inode or none: rotation,
+        # recreation or deletion, told apart by whether the file we hold still has a name.
+        if st is not None and (st.st_dev, st.st_ino) == (self._dev, self._ino):
+            if st.st_size == self._offset and (st.st_size, st.st_mtime_ns) == self._seen:
+                return  # the idle case: one stat per file per poll
+            self._seen = (st.st_size, st.st_mtime_ns)
+            if self._truncated(st.st_size):
+                self.stats.truncations += 1
+                self._rewind()  # before the yield, like every state change, in case the consumer stops
+                yield TailReset(self.path, "truncated")
+            yield from self._read_to_eof()
+            return
+        # The path is gone or names another file. Finish the generation we hold first: anything
+        # written to it before the switch (kubelet renames n.log, then the runtime reopens) is ours.
+        yield from self._read_to_eof()
+        linked = self._linked()
+        if st is None and linked:
+            return  # renamed away and not yet replaced: keep draining until the new file shows up
+        self._close_fd()
+        if st is None:
+            self.stats.deletions += 1
+            yield TailReset(self.path, "deleted")
+            return
+        self.stats.rotations += 1
+        yield TailReset(self.path, "rotated" if linked else "recreated")
+        yield from self._open_path()
+
+    def _truncated(self, size: int) -> bool:
+        """Tell copytruncate by a smaller size, or by changed first bytes when it regrew past our offset."""
+        if size < self._offset:
+            return True
+        if self._fp_len == 0 or self._fd is None:
+            return False
+        try:
+            head = os.pread(self._fd, self._fp_len, 0)
+        except OSError:
+            return False
+        return len(head) < self._fp_len or fingerprint(head) != self._fp
+
+    def _linked(self) -> bool:
+        """Whether the open file still has a name somewhere (renamed) rather than being deleted."""
+        if self._fd is None:
+            return False
+        try:
+            return os.fstat(self._fd).st_nlink > 0
+        except OSError:
+            return False
+
+    def _read_to_eof(self) -> Iterator[TailItem]:
+        fd = self._fd
+        while fd is not None:
+            try:
+                data = os.pread(fd, self._read_size, self._offset)
+            except OSError as exc:
+                self._error("read", exc)
+                return
+            if not data:
+                break
+            self._advance(data)
+            yield TailChunk(self.path, data)
+            if len(data) < self._read_size:
+                break
+        self._refresh_fingerprint()
+
+    def _advance(self, data: bytes) -> None:
+        # Offsets move before the chunk is yielded, so a consumer that stops iterating never
+        # gets the same bytes twice.
+        newline = data.rfind(b"\n")
+        if newline >= 0:
+            self._commit = self._offset + newline + 1
+        self._offset += len(data)
+        self.stats.bytes_read += len(data)
+        self.stats.last_read_wall_time = self._wall_clock()
+        self._error_logged = False
+
+    def _refresh_fingerprint(self) -> None:
+        # The fingerprint covers min(FINGERPRINT_BYTES, size) bytes, so it grows with a young file.
+        if self._fp_len < FINGERPRINT_BYTES and self._offset > self._fp_len:
+            self._take_fingerprint()
+
+    def _take_fingerprint(self) -> None:
+        if self._fd is None:
+            return
+        try:
+            head = os.pread(self._fd, FINGERPRINT_BYTES, 0)
+        except OSError as exc:
+            self._error("read", exc)
+            return
+        self._fp, self._fp_len = fingerprint(head), len(head)
+
+    def _rewind(self) -> None:
+        self._offset = self._commit = 0
+        self._fp, self._fp_len = fingerprint(b""), 0
+
+    # --- opening a path ---------------------------------------------------------------------
+
+    def _open_path(self) -> Iterator[TailItem]:
+        if self._restore is not None:
+            yield from self._resume(self._restore)
+            return
+        st = self._open()
+        if st is None:
+            return
+        if self._start_at_end:
+            self._offset = self._commit = self._line_start_before(st.st_size)
+            self._take_fingerprint()
+        self._start_at_end = False
+        yield from self._read_to_eof()
+
+    def _open(self) -> os.stat_result | None:
+        """Open the path read-only; None when it is missing (not an error) or unreadable (counted)."""
+        try:
+            # O_NONBLOCK: a FIFO at a log path must not hang the loop; regular files ignore it.
+            fd = os.open(self.path, os.O_RDONLY | os.O_NONBLOCK)
+        except (FileNotFoundError, NotADirectoryError):
+            # Missing now: when it appears it is a new file, so it is read from 0.
+            self._start_at_end = False
+            return None
+        except OSError as exc:
+            self._error("open", exc)
+            return None
+        try:
+            st = os.fstat(fd)
+        except OSError as exc:
+            os.close(fd)
+            self._error("open", exc)
+            return None
+        if not stat.S_ISREG(st.st_mode):
+            os.close(fd)
+            self._error("open", OSError(f"not a regular file (mode {stat.filemode(st.st_mode)})"))
+            return None
+        if self._had_file:
+            self.stats.reopens += 1
+        self._fd, self._dev, self._ino, self._had_file = fd, st.st_dev, st.st_ino, True
+        self._rewind()
+        self._seen = (st.st_size, st.st_mtime_ns)
+        return st
+
+    def _line_start_before(self, size: int) -> int:
+        """Offset just after the last newline before size, so start_at_end delivers whole lines."""
+        if self._fd is None or size == 0:
+            return size
+        window = min(size, _BACKSCAN_BYTES)
+        try:
+            tail = os.pread(self._fd, window, size - window)
+        except OSError:
+            return size
+        newline = tail.rfind(b"\n")
+        if newline >= 0:
+            return size - window + newline + 1
+        return 0 if window == size else size
+
+    # --- restoring a saved position ---------------------------------------------------------
+
+    def _resume(self, pos: TailPosition) -> Iterator[TailItem]:
+        try:
+            st: os.stat_result | None = os.stat(self.path)
+        except OSError:
+            st = None
+        same_file = st is not None and (st.st_dev, st.st_ino) == (pos.dev, pos.ino)
+        if same_file and st is not None and st.st_size >= pos.offset and self._matches(self.path, pos):
+            if self._open() is None:
+                return  # unreadable: keep the saved position and retry on the next poll
+            self._restore = None
+            self._offset = self._commit = pos.offset
+            self._fp, self._fp_len = pos.fingerprint, pos.fingerprint_len
+            yield from self._read_to_eof()
+            return
+        self._restore = None
+        self._start_at_end = False
+        rotated = self._find_rotated(pos)
+        if rotated is not None:
+            # Rotated (maybe compressed) while we were down: finish that generation from the saved offset.
+            yield from self._drain_rotated(rotated, pos.offset)
+            self.stats.rotations += 1
+            yield TailReset(self.path, "rotated")
+        elif same_file:
+            self.stats.truncations += 1  # same inode, other first bytes: copytruncate while down
+        yield from self._open_path()
+
+    def _matches(self, path: str, pos: TailPosition) -> bool:
+        head = _head(path, pos.fingerprint_len)
+        return head is not None and fingerprint(head) == pos.fingerprint
+
+    def _find_rotated(self, pos: TailPosition) -> str | None:
+        """A sibling (n.log.<ts>, app.log.1, *.gz) holding the saved generation, or None."""
+        directory, base = os.path.split(self.path)
+        try:
+            names = os.listdir(directory or ".")
+        except OSError:
+            return None
+        ranked = []
+        for name in names:
+            if name == base or not name.startswith(base):
+                continue
+            sibling = os.path.join(directory, name)
+            try:
+                st = os.stat(sibling)
+            except OSError:
+                continue
+            same = (st.st_dev, st.st_ino) == (pos.dev, pos.ino)
+            # An empty fingerprint matches anything, so then only the inode can say it is ours.
+            if stat.S_ISREG(st.st_mode) and (same or pos.fingerprint_len > 0):
+                # A rename keeps the inode, so it ranks first; plain beats .gz of the same generation.
+                ranked.append((not same, name.endswith(_COMPRESSED_SUFFIX), -st.st_mtime_ns, sibling))
+        for *_, sibling in sorted(ranked):
+            if self._matches(sibling, pos):
+                return sibling
+        return None
+
+    def _drain_rotated(self, path: str, offset: int) -> Iterator[TailItem]:
+        try:
+            with _open_binary(path) as stream:
+                stream.seek(offset)  # gzip decompresses up to offset in bounded memory
+                while data := stream.read(self._read_size):
+                    self.stats.bytes_read += len(data)
+                    self.stats.last_read_wall_time = self._wall_clock()
+                    yield TailChunk(self.path, data)
+        except (OSError, EOFError, zlib.error) as exc:
+            self._error("read rotated", exc)
+
+    # --- housekeeping -----------------------------------------------------------------------
+
+    def _close_fd(self) -> None:
+        if self._fd is not None:
+            fd, self._fd = self._fd, None
+            os.close(fd)
+
+    def _error(self, op: str, exc: BaseException) -> None:
+        self.stats.read_errors += 1
+        # One warning per streak of failures per file; the counter carries the rate.
+        level = logging.DEBUG if self._error_logged else logging.WARNING
+        log.log(level, "tail error path=%s op=%s error=%s", self.path, op, exc)
+        self._error_logged = True
