@@ -1,0 +1,116 @@
+"""The command line as a user runs it: exit codes, stdin, --sample, JSON shape, --help."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from sglang_oom_exporter.cli import main, sample_path
+from tests.helpers import CATALOG
+
+HERE = os.path.dirname(__file__)
+OOM = "[2026-03-14 22:07:33 TP0] Prefill out of memory. Try to lower your batch size.\nTry to allocate 16384 tokens.\nAvailable tokens: 6100 (available_size=6000 + evictable_size=100)\n\n"
+RETRACT = "[2026-03-14 22:01:05 TP0] KV cache pool is full. Retract requests. #retracted_reqs: 3, #new_token_ratio: 0.4 -> 0.5\n"
+
+
+def _cli(*args: str, stdin: bytes | None = None) -> subprocess.CompletedProcess[bytes]:
+    return subprocess.run(
+        [sys.executable, "-m", "sglang_oom_exporter", *args], input=stdin, capture_output=True, timeout=60, check=False
+    )
+
+
+def test_sample_shows_every_fatal_kind_in_text():
+    proc = _cli("scan", "--sample")
+    assert proc.returncode == 0
+    out = proc.stdout.decode()
+    assert "fix: Lower --chunked-prefill-size" in out
+    assert "requested_tokens=16384 available_tokens=6100" in out
+    assert "total: 12 events (8 fatal), 3 retraction events retracting 6 requests, 125 lines read" in out
+
+
+def test_sample_json_has_the_documented_shape():
+    proc = _cli("scan", "--sample", "--format", "json")
+    data = json.loads(proc.stdout)
+    assert list(data["counts"]) == list(CATALOG.ids)
+    assert data["counts"] == {
+        "prefill": 2, "decode": 2, "req_slots": 1, "unknown": 0, "retract": 3, "startup": 1,
+        "cuda_oom": 1, "mamba": 1, "memory_leak": 1, "pd_prealloc": 0,
+    }  # fmt: skip
+    assert data["retractions"] == {"events": 3, "retracted_requests": 6}
+    decode = next(e for e in data["events"] if e["kind"] == "decode")
+    assert decode["ranks"] == ["TP0", "TP1"]
+    assert decode["source"] == f"{sample_path()}:12"
+    assert (decode["requested_tokens"], decode["available_tokens"], decode["time"]) == (96, 40, "2026-03-14T22:07:33")
+    assert decode["remediation"]["steps"][0]["flag"] == "--max-running-requests"
+
+
+def test_fail_on_oom_exits_1_only_for_fatal_events(tmp_path):
+    fatal, benign = tmp_path / "fatal.log", tmp_path / "benign.log"
+    fatal.write_text(OOM)
+    benign.write_text(RETRACT)
+    assert _cli("scan", "--fail-on-oom", str(fatal)).returncode == 1
+    assert _cli("scan", "--fail-on-oom", str(benign)).returncode == 0
+    assert _cli("scan", str(fatal)).returncode == 0
+
+
+def test_stdin_reports_dash_locations():
+    proc = _cli("scan", "--format", "json", "-", stdin=(RETRACT + OOM).encode())
+    data = json.loads(proc.stdout)
+    assert [e["source"] for e in data["events"]] == ["-:1", "-:2"]
+
+
+def test_gz_input(tmp_path):
+    path = tmp_path / "old.log.gz"
+    path.write_bytes(gzip.compress(OOM.encode()))
+    data = json.loads(_cli("scan", "--format", "json", str(path)).stdout)
+    assert data["counts"]["prefill"] == 1
+
+
+@pytest.mark.parametrize(
+    ("args", "reason"),
+    [
+        (("scan",), "give at least one PATH"),
+        (("scan", "/nonexistent/sglang.log"), "cannot read /nonexistent/sglang.log"),
+        (("scan", "--prefix-regex", "(", "-"), "--prefix-regex"),
+        ((), "usage"),
+    ],
+)
+def test_usage_errors_exit_2_with_one_reason(args, reason):
+    proc = _cli(*args, stdin=b"")
+    assert proc.returncode == 2
+    assert reason in proc.stderr.decode()
+
+
+def test_a_directory_is_unreadable_input(tmp_path):
+    proc = _cli("scan", str(tmp_path))
+    assert proc.returncode == 2
+    assert proc.stderr.decode().startswith("sglang-oom-exporter: cannot read")
+
+
+def test_truncated_gzip_keeps_going_to_a_clear_error(tmp_path):
+    path = tmp_path / "cut.log.gz"
+    path.write_bytes(gzip.compress((OOM * 50).encode())[:200])
+    proc = _cli("scan", str(path))
+    assert proc.returncode == 2
+    assert "error reading" in proc.stderr.decode()
+
+
+def test_bad_catalog_exits_2_with_file_and_line(tmp_path):
+    bad = tmp_path / "catalog.yaml"
+    bad.write_text("version: 1\nkinds:\n  - id: Bad-Id\n")
+    proc = _cli("scan", "--catalog", str(bad), "-", stdin=b"")
+    assert proc.returncode == 2
+    assert f"{bad}:3: kinds[0].id" in proc.stderr.decode()
+
+
+def test_help_names_every_option(capsys):
+    with pytest.raises(SystemExit):
+        main(["scan", "--help"])
+    out = capsys.readouterr().out
+    for option in ("--format", "--fail-on-oom", "--sample", "--catalog", "--prefix-regex", "--no-prefilter"):
+        assert option in out

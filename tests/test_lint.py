@@ -1,0 +1,49 @@
+"""ruff, ruff format and mypy --strict are part of the test run, so CI fails on a lint or type error."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PATHS = ["exporter", "tests", "bench"]
+
+pytestmark = pytest.mark.slow
+
+
+def _run(*argv: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, env=env, timeout=300, check=False)
+
+
+@pytest.mark.timeout(120)
+def test_ruff_check_is_clean():
+    proc = _run(sys.executable, "-m", "ruff", "check", *PATHS)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+@pytest.mark.timeout(120)
+def test_ruff_format_is_clean():
+    proc = _run(sys.executable, "-m", "ruff", "format", "--check", *PATHS)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+@pytest.mark.timeout(300)
+def test_mypy_strict_is_clean(tmp_path):
+    # The source folder is exporter/ but the import name is sglang_oom_exporter: give mypy a path on which
+    # the package has its real name, instead of rewriting every import to be relative.
+    link = tmp_path / "sglang_oom_exporter"
+    os.symlink(os.path.join(ROOT, "exporter"), link)
+    env = {**os.environ, "MYPYPATH": str(tmp_path)}
+    proc = _run(sys.executable, "-m", "mypy", "--no-incremental", "-p", "sglang_oom_exporter", env=env)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "Success: no issues found" in proc.stdout
+
+
+def test_the_tools_are_installed():
+    # The dev extra pins both; without them the tests above would not prove anything.
+    assert shutil.which("ruff") or _run(sys.executable, "-m", "ruff", "--version").returncode == 0
+    assert _run(sys.executable, "-m", "mypy", "--version").returncode == 0
