@@ -51,6 +51,7 @@ class _Open:
 
     kind: str  # block | traceback
     lineno: int
+    offset: int
     prefix: Prefix | None
     stream: str
     runtime_time: str | None
@@ -97,6 +98,10 @@ class Assembler:
         self._open.clear()
         self._last_key.clear()
 
+    def resume_point(self) -> tuple[int, int] | None:
+        """(offset, lineno) of the oldest record still open, if any."""
+        return min(((r.offset, r.lineno) for r in self._open.values()), default=None)
+
     def _prefixed(self, line: LogLine, prefix: Prefix, message: str) -> Iterator[Record]:
         key = (line.stream, prefix.ranks)
         rec = self._open.get(key)
@@ -131,10 +136,19 @@ class Assembler:
     def _start(self, key: tuple[str, str], line: LogLine, prefix: Prefix | None, message: str) -> None:
         if _HEADER.search(message):
             self._open[key] = _Open(
-                "traceback", line.lineno, prefix, line.stream, line.runtime_time, lines=[message], state="frames"
+                "traceback",
+                line.lineno,
+                line.offset,
+                prefix,
+                line.stream,
+                line.runtime_time,
+                lines=[message],
+                state="frames",
             )
         elif self._has_anchor(message):
-            self._open[key] = _Open("block", line.lineno, prefix, line.stream, line.runtime_time, lines=[message])
+            self._open[key] = _Open(
+                "block", line.lineno, line.offset, prefix, line.stream, line.runtime_time, lines=[message]
+            )
 
     def _append(self, rec: _Open, message: str) -> None:
         if rec.kind == "block":
@@ -200,11 +214,29 @@ def _finish(rec: _Open) -> Record | None:
     time = prefix.time if prefix else None
     ranks = prefix.ranks if prefix else ""
     if rec.kind == "block":
-        return Record("block", rec.lineno, time, ranks, rec.stream, tuple(rec.lines), runtime_time=rec.runtime_time)
+        return Record(
+            "block",
+            rec.lineno,
+            time,
+            ranks,
+            rec.stream,
+            tuple(rec.lines),
+            runtime_time=rec.runtime_time,
+            offset=rec.offset,
+        )
     if not rec.exceptions and not rec.frames:
         # A header alone: a header line that quotes the OOM text ("... hit an exception: <text>")
         # is still a one-line block for the matcher.
-        return Record("block", rec.lineno, time, ranks, rec.stream, tuple(rec.lines), runtime_time=rec.runtime_time)
+        return Record(
+            "block",
+            rec.lineno,
+            time,
+            ranks,
+            rec.stream,
+            tuple(rec.lines),
+            runtime_time=rec.runtime_time,
+            offset=rec.offset,
+        )
     exc_lines: list[str] = []
     for exc in rec.exceptions:
         exc_lines.extend(exc)
@@ -219,4 +251,5 @@ def _finish(rec: _Open) -> Record | None:
         frames=tuple(rec.frames),
         runtime_time=rec.runtime_time,
         truncated=not rec.exceptions,
+        offset=rec.offset,
     )

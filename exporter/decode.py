@@ -29,7 +29,7 @@ class Decoder:
     """Per-source wrapper stripping; keeps the CRI partial records of each stream until their F."""
 
     def __init__(self) -> None:
-        self._partials: dict[str, tuple[int, str | None, list[str]]] = {}
+        self._partials: dict[str, tuple[RawLine, str | None, list[str]]] = {}
         self.json_errors = 0
 
     def decode(self, raw: RawLine) -> LogLine | None:
@@ -37,51 +37,57 @@ class Decoder:
         text = raw.data.decode("utf-8", "replace")
         first = text[:1]
         if first == "{" and text.startswith('{"log":'):
-            return self._docker(raw.lineno, text)
+            return self._docker(raw, text)
         if first.isdigit():
             m = _CRI.match(text)
             if m is not None:
-                return self._cri(raw.lineno, m.group(1), m.group(2), m.group(3), m.group(4) or "")
+                return self._cri(raw, m.group(1), m.group(2), m.group(3), m.group(4) or "")
             m = _CI_TIME.match(text)
             if m is not None:
-                return LogLine(raw.lineno, _tail(text[m.end() :]), "", m.group(1))
-        return LogLine(raw.lineno, _tail(_strip_compose(text)))
+                return LogLine(raw.lineno, _tail(text[m.end() :]), "", m.group(1), raw.offset)
+        return LogLine(raw.lineno, _tail(_strip_compose(text)), offset=raw.offset)
 
     def reset(self) -> None:
         """Forget partial records (a gap or a new file generation broke the sequence)."""
         self._partials.clear()
 
-    def _cri(self, lineno: int, ts: str, stream: str, tag: str, content: str) -> LogLine | None:
+    def resume_point(self) -> tuple[int, int] | None:
+        """(offset, lineno) of the oldest partial record still waiting for its F, if any."""
+        firsts = [first for first, _, _ in self._partials.values()]
+        return min(((r.offset, r.lineno) for r in firsts), default=None)
+
+    def _cri(self, raw: RawLine, ts: str, stream: str, tag: str, content: str) -> LogLine | None:
         pending = self._partials.get(stream)
         if tag == "P":
             if pending is None:
-                self._partials[stream] = (lineno, ts, [content])
+                self._partials[stream] = (raw, ts, [content])
             elif sum(len(p) for p in pending[2]) < MAX_JOINED:
                 pending[2].append(content)
             return None
         if pending is not None:
             del self._partials[stream]
-            first_lineno, first_ts, parts = pending
+            first, first_ts, parts = pending
             joined = "".join([*parts, content])[:MAX_JOINED]
-            return LogLine(first_lineno, _tail(joined), stream, first_ts)
-        return LogLine(lineno, _tail(content), stream, ts)
+            return LogLine(first.lineno, _tail(joined), stream, first_ts, first.offset)
+        return LogLine(raw.lineno, _tail(content), stream, ts, raw.offset)
 
-    def _docker(self, lineno: int, text: str) -> LogLine:
+    def _docker(self, raw: RawLine, text: str) -> LogLine:
+        lineno = raw.lineno
         try:
             obj = json.loads(text)
         except ValueError:
             self.json_errors += 1
-            return LogLine(lineno, _tail(text))
+            return LogLine(lineno, _tail(text), offset=raw.offset)
         if not isinstance(obj, dict) or not isinstance(obj.get("log"), str):
             self.json_errors += 1
-            return LogLine(lineno, _tail(text))
+            return LogLine(lineno, _tail(text), offset=raw.offset)
         line = obj["log"]
         if line.endswith("\n"):
             line = line[:-1]
         stream_value, time_value = obj.get("stream"), obj.get("time")
         stream = stream_value if isinstance(stream_value, str) else ""
         ts = time_value if isinstance(time_value, str) else None
-        return LogLine(lineno, _tail(line), stream, ts)
+        return LogLine(lineno, _tail(line), stream, ts, raw.offset)
 
 
 def _strip_compose(text: str) -> str:

@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import re
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from sglang_oom_exporter.match import Report, excerpt, resolve_kind
 from sglang_oom_exporter.model import OomEvent
@@ -25,20 +26,27 @@ CROSS_RANK_SECONDS = 1.5  # ranks of one tick straddle a second boundary (R6)
 SAME_RANK_SECONDS = 10.0  # block -> its traceback, with a tree dump printed in between
 NO_TIME_LINES = 50_000  # without timestamps, a join must at least be this close in the file
 RECENT_GROUPS = 256
+STATE_GROUPS = 64  # emitted groups kept in the state file, for late tracebacks after a restart
+EMITTED_KEYS = 1024  # keys of emitted events kept to suppress their replay after a restart
+
+
+@dataclass(frozen=True, slots=True)
+class _Seen:
+    """What a later report needs to know of an earlier one to join it; small enough to persist."""
+
+    short: str
+    epoch: float | None
+    lineno: int
+    offset: int
 
 
 @dataclass(slots=True)
 class _Member:
-    """One rank's reports in a group: its block, its traceback, or both."""
+    """One rank's part of a group: whether its block and its traceback were seen, and their reports."""
 
-    block: Report | None = None
-    trace: Report | None = None
-
-    def first(self) -> Report:
-        return self.block or self.trace  # type: ignore[return-value]
-
-    def reports(self) -> Iterator[Report]:
-        yield from (r for r in (self.block, self.trace) if r is not None)
+    block: _Seen | None = None
+    trace: _Seen | None = None
+    reports: list[Report] = field(default_factory=list)  # empty for a group restored from state
 
 
 @dataclass(slots=True)
@@ -46,30 +54,62 @@ class _Group:
     body: str
     epoch: float | None
     lineno: int
+    offset: int
     opened_at: float  # caller's clock when the group was opened
     members: dict[str, _Member] = field(default_factory=dict)
     emitted: bool = False
 
     def settled(self) -> bool:
         """Every block that can expect a traceback has one."""
-        return all(m.trace is not None or not _expects_trace(m.block) for m in self.members.values())
+        return all(
+            m.trace is not None or not any(_expects_trace(r) for r in m.reports if r.record.kind == "block")
+            for m in self.members.values()
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        """The join-relevant part of an emitted group, for the state file."""
+
+        def seen(s: _Seen | None) -> list[Any] | None:
+            return None if s is None else [s.short, s.epoch, s.lineno, s.offset]
+
+        return {
+            "body": self.body, "epoch": self.epoch, "lineno": self.lineno, "offset": self.offset,
+            "members": {rank: [seen(m.block), seen(m.trace)] for rank, m in self.members.items()},
+        }  # fmt: skip
+
+    @classmethod
+    def from_dict(cls, raw: dict[str, Any]) -> _Group:
+        """Inverse of to_dict; raises (KeyError, TypeError, ValueError) on a malformed entry."""
+
+        def seen(v: Any) -> _Seen | None:
+            return None if v is None else _Seen(str(v[0]), None if v[1] is None else float(v[1]), int(v[2]), int(v[3]))
+
+        group = cls(str(raw["body"]), None if raw["epoch"] is None else float(raw["epoch"]), int(raw["lineno"]),
+                    int(raw["offset"]), 0.0, emitted=True)  # fmt: skip
+        for rank, (block, trace) in dict(raw["members"]).items():
+            group.members[str(rank)] = _Member(seen(block), seen(trace))
+        return group
 
 
-def _expects_trace(block: Report | None) -> bool:
+def _expects_trace(block: Report) -> bool:
     # Since 0.4.5 a fatal KV block is re-raised and a traceback follows; older eras exit(1) silently,
     # so waiting is only a latency cost, never a correctness one.
-    return block is not None and block.fatal and block.resolve in ("prefill", "decode", "frames")
+    return block.fatal and block.resolve in ("prefill", "decode", "frames")
 
 
 class Deduper:
-    """Per source. add() reports in log order; emitted events go to the sink, each exactly once."""
+    """Per source. add() reports in log order; emitted events go to the sink, each exactly once.
+
+    Across restarts: the caller re-reads from resume_point(), and export_state()/restore_state() carry
+    the keys of events already emitted (re-created ones are suppressed) and the recent emitted groups (a
+    traceback arriving after the restart still joins the block that was counted before it).
+    """
 
     def __init__(
         self,
         source: str,
         location: str,
         sink: Callable[[OomEvent], None],
-        remediation: Callable[[str], dict[str, object]] | None = None,
         *,
         wait_seconds: float = 2.5,
         settle_seconds: float = 0.3,
@@ -77,11 +117,13 @@ class Deduper:
         self._source = source
         self._location = location
         self._sink = sink
-        self._remediation = remediation
         self._wait = wait_seconds
         self._settle = settle_seconds
         self._groups: deque[_Group] = deque()
+        self._emitted_keys: deque[str] = deque(maxlen=EMITTED_KEYS)
+        self.generation = ""
         self.emitted = 0
+        self.suppressed = 0
 
     def add(self, report: Report, now: float = 0.0) -> None:
         """Join the report to its group (or open one)."""
@@ -91,18 +133,21 @@ class Deduper:
         typ = "trace" if rec.kind == "traceback" else "block"
         group = self._same_rank(report, rank, typ, epoch) or self._cross_rank(report, rank, epoch)
         if group is None:
-            group = _Group(report.body, epoch, rec.lineno, now)
+            group = _Group(report.body, epoch, rec.lineno, rec.offset, now)
             self._groups.append(group)
             while len(self._groups) > RECENT_GROUPS:
                 old = self._groups.popleft()
                 if not old.emitted:
                     self._emit(old)
         member = group.members.setdefault(rank, _Member())
+        seen = _Seen(report.short, epoch, rec.lineno, rec.offset)
         if typ == "trace":
-            member.trace = report
+            member.trace = seen
         else:
-            member.block = report
-        group.lineno = min(group.lineno, rec.lineno)
+            member.block = seen
+        member.reports.append(report)
+        if rec.lineno < group.lineno:
+            group.lineno, group.offset = rec.lineno, rec.offset
         if group.epoch is None:
             group.epoch = epoch
 
@@ -121,6 +166,33 @@ class Deduper:
         """Groups not emitted yet."""
         return sum(1 for g in self._groups if not g.emitted)
 
+    def resume_point(self) -> tuple[int, int] | None:
+        """(offset, lineno) of the oldest report of a group not emitted yet, if any."""
+        points = [
+            (r.record.offset, r.record.lineno)
+            for g in self._groups if not g.emitted
+            for m in g.members.values() for r in m.reports
+        ]  # fmt: skip
+        return min(points, default=None)
+
+    def export_state(self) -> dict[str, Any]:
+        """Emitted keys and the recent emitted groups, as plain data."""
+        emitted = [g.to_dict() for g in self._groups if g.emitted][-STATE_GROUPS:]
+        return {"emitted_keys": list(self._emitted_keys), "groups": emitted}
+
+    def restore_state(self, raw: dict[str, Any]) -> None:
+        """Take back what export_state() gave; ValueError when it is malformed."""
+        try:
+            keys = [str(k) for k in raw.get("emitted_keys", [])]
+            groups = [_Group.from_dict(g) for g in raw.get("groups", [])]
+        except (KeyError, TypeError, ValueError, IndexError) as exc:
+            raise ValueError(f"bad dedupe state: {exc}") from exc
+        self._emitted_keys.extend(keys)
+        self._groups.extend(groups)
+
+    def _key(self, group: _Group) -> str:
+        return f"{self.generation}@{group.offset}"
+
     def _same_rank(self, report: Report, rank: str, typ: str, epoch: float | None) -> _Group | None:
         for group in reversed(self._groups):
             member = group.members.get(rank)
@@ -131,7 +203,7 @@ class Deduper:
                 continue
             if report.short and other.short and report.short != other.short:
                 continue
-            if _close(epoch, _epoch(other), report.record.lineno, other.record.lineno, SAME_RANK_SECONDS):
+            if _close(epoch, other.epoch, report.record.lineno, other.lineno, SAME_RANK_SECONDS):
                 return group
         return None
 
@@ -147,9 +219,16 @@ class Deduper:
 
     def _emit(self, group: _Group) -> None:
         group.emitted = True
-        members = sorted(group.members.values(), key=lambda m: m.first().record.lineno)
-        reports = [r for m in members for r in m.reports()]
-        first = members[0].first()
+        key = self._key(group)
+        if key in self._emitted_keys:
+            self.suppressed += 1  # re-read after a restart: counted before it
+            return
+        self._emitted_keys.append(key)
+        members = sorted((m for m in group.members.values() if m.reports), key=lambda m: m.reports[0].record.lineno)
+        if not members:
+            return
+        reports = [r for m in members for r in m.reports]
+        first = reports[0]
         frames = [r.frames_phase for r in reports if r.frames_phase]
         frames_phase = "spec_verify" if "spec_verify" in frames else (frames[0] if frames else None)
         base = next((r for r in reports if not r.inferred), first)
@@ -158,7 +237,6 @@ class Deduper:
         for r in reports:
             for k, v in r.numbers.items():
                 numbers.setdefault(k, v)
-        rec = first.record
         stamp = next((r.record.time for r in reports if r.record.time), None)
         time = iso_time(stamp) or next((r.record.runtime_time for r in reports if r.record.runtime_time), None)
         event = OomEvent(
@@ -169,13 +247,14 @@ class Deduper:
             time=time,
             ranks=tuple(sorted((r for r in group.members if r), key=_natural)),
             message=base.message,
-            excerpt=excerpt(base.record if not base.inferred else rec),
+            excerpt=excerpt(base.record if not base.inferred else first.record),
             phase=phase,
             subphase=subphase,
             inferred=all(r.inferred for r in reports),
             numbers=numbers,
             pools=next((r.pools for r in reports if r.pools), ()),
             epoch=group.epoch,
+            offset=group.offset,
         )
         self.emitted += 1
         self._sink(event)

@@ -18,6 +18,7 @@ class RawLine:
 
     lineno: int
     data: bytes
+    offset: int = 0  # byte offset of the line's start in its file generation
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,6 +36,7 @@ class LogLine:
     text: str
     stream: str = ""
     runtime_time: str | None = None
+    offset: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,6 +64,7 @@ class Record:
     frames: tuple[tuple[str, str], ...] = ()  # traceback frames (path, function), outermost first
     runtime_time: str | None = None
     truncated: bool = False  # a traceback that ended before any exception line
+    offset: int = 0  # byte offset of the first physical line
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,3 +95,4 @@ class OomEvent:
     numbers: dict[str, Any] = field(default_factory=dict)
     pools: tuple[PoolState, ...] = ()
     epoch: float | None = None  # seconds used for ordering and the dedupe window; not serialised
+    offset: int = 0  # byte offset of the first line in its file generation: with the file identity, its key

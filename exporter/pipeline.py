@@ -93,12 +93,34 @@ class Pipeline:
         self._now = now
         self._lines(self._reader.feed(data))
 
-    def reset(self, now: float = 0.0) -> None:
-        """The bytes that follow belong to a new file generation (rotation, truncation)."""
-        self._now = now
-        self._lines(self._reader.reset())
+    def start_generation(self, generation: str, offset: int = 0, lineno: int = 1) -> None:
+        """The bytes that follow start a file generation (first open, rotation, truncation, a restart
+        resuming at offset): finish what the previous one left, then count from offset and lineno."""
+        self._lines(self._reader.reset(offset, lineno))
         self._records_from(self._assembler.close_all())
         self._decoder.reset()
+        self._deduper.flush(None)
+        self._deduper.generation = generation
+
+    def resume_point(self) -> tuple[int, int]:
+        """(offset, lineno) from which a restart must re-read to rebuild everything still in flight."""
+        points = [self._reader.resume_point()]
+        for part in (self._decoder.resume_point(), self._assembler.resume_point(), self._deduper.resume_point()):
+            if part is not None:
+                points.append(part)
+        return min(points)
+
+    def pending(self) -> int:
+        """Events waiting for a traceback or for other ranks."""
+        return self._deduper.pending()
+
+    def export_state(self) -> dict[str, object]:
+        """The deduper's memory of emitted events, for the state file."""
+        return self._deduper.export_state()
+
+    def restore_state(self, raw: dict[str, object]) -> None:
+        """Inverse of export_state(); ValueError when malformed."""
+        self._deduper.restore_state(raw)
 
     def close_open(self, now: float = 0.0) -> None:
         """The source went quiet: close records still open (a traceback that will never finish)."""

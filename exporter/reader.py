@@ -133,6 +133,9 @@ class LineReader:
         self._window = 0  # lines still to pass through after the last hit
         self._held: list[RawLine] = []  # the last few skipped lines, for a later hit's look-back
         self._earlier_generations = 0
+        self._pos = 0  # file offset of the next byte fed
+        self._partial_start = 0  # file offset where the partial line began
+        self._base = 0  # file offset of buf[0] in the region being walked
         self.next_lineno = 1
         self.oversized_lines = 0
 
@@ -150,22 +153,26 @@ class LineReader:
         """Consume the next bytes of the source."""
         if not data:
             return
+        data_start = self._pos
+        self._pos += len(data)
         cut = data.rfind(b"\n")
         if cut < 0:
-            self._extend_partial(data)
+            self._extend_partial(data, data_start)
             return
         start = 0
         if self._partial or self._truncating:
             first_nl = data.find(b"\n")
-            self._extend_partial(data[:first_nl])
+            self._extend_partial(data[:first_nl], data_start)
             joined = bytes(self._partial) + b"\n"
             self._partial.clear()
             self._truncating = False
+            self._base = self._partial_start
             yield from self._walk(joined, 0, len(joined))
             start = first_nl + 1
         if start <= cut:
+            self._base = data_start
             yield from self._walk(data, start, cut + 1)
-        self._extend_partial(data[cut + 1 :])
+        self._extend_partial(data[cut + 1 :], data_start + cut + 1)
 
     def finish(self) -> Iterator[RawLine | Gap]:
         """End of this file generation: a last line without a newline is still a line."""
@@ -173,19 +180,33 @@ class LineReader:
             joined = bytes(self._partial) + b"\n"
             self._partial.clear()
             self._truncating = False
+            self._base = self._partial_start
             yield from self._walk(joined, 0, len(joined))
         if self._held:
             yield Gap(len(self._held))
             self._held = []
         self._window = 0
 
-    def reset(self) -> Iterator[RawLine | Gap]:
-        """A new file generation follows (rotation, truncation): flush, and number lines from 1 again."""
+    def reset(self, offset: int = 0, lineno: int = 1) -> Iterator[RawLine | Gap]:
+        """A new file generation follows (rotation, truncation, a restart resuming mid-file): flush, and
+        count lines and bytes from where the new bytes start."""
         yield from self.finish()
         self._earlier_generations += self.next_lineno - 1
-        self.next_lineno = 1
+        self.next_lineno = lineno
+        self._earlier_generations -= lineno - 1
+        self._pos = offset
 
-    def _extend_partial(self, data: bytes) -> None:
+    def resume_point(self) -> tuple[int, int]:
+        """(offset, lineno) of the oldest byte the reader still holds: a restart must re-read from there."""
+        if self._held:
+            return self._held[0].offset, self._held[0].lineno
+        if self._partial or self._truncating:
+            return self._partial_start, self.next_lineno
+        return self._pos, self.next_lineno
+
+    def _extend_partial(self, data: bytes, start: int) -> None:
+        if not self._partial and not self._truncating and data:
+            self._partial_start = start
         if self._truncating or not data:
             return
         room = self._max_line - len(self._partial)
@@ -200,7 +221,7 @@ class LineReader:
         if end - pos > self._max_line:
             self.oversized_lines += 1
             end = pos + self._max_line
-        line = RawLine(self.next_lineno, buf[pos:end])
+        line = RawLine(self.next_lineno, buf[pos:end], self._base + pos)
         self.next_lineno += 1
         return line
 

@@ -79,10 +79,17 @@ class TailPosition:
 
 @dataclass(frozen=True, slots=True)
 class TailChunk:
-    """New bytes of the tailed path, in file order; may end inside a line."""
+    """New bytes of the tailed path, in file order; may end inside a line.
+
+    offset is where data starts in its file generation, and (dev, ino) names that generation, so a
+    consumer can key what it derives from these bytes (an event's first line) across restarts.
+    """
 
     path: str
     data: bytes
+    offset: int = 0
+    dev: int = 0
+    ino: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -258,8 +265,9 @@ class FileTailer:
                 return
             if not data:
                 break
+            start = self._offset
             self._advance(data)
-            yield TailChunk(self.path, data)
+            yield TailChunk(self.path, data, start, self._dev, self._ino)
             if len(data) < self._read_size:
                 break
         self._refresh_fingerprint()
@@ -373,7 +381,7 @@ class FileTailer:
         rotated = self._find_rotated(pos)
         if rotated is not None:
             # Rotated (maybe compressed) while we were down: finish that generation from the saved offset.
-            yield from self._drain_rotated(rotated, pos.offset)
+            yield from self._drain_rotated(rotated, pos)
             self.stats.rotations += 1
             yield TailReset(self.path, "rotated")
         elif same_file:
@@ -410,14 +418,17 @@ class FileTailer:
                 return sibling
         return None
 
-    def _drain_rotated(self, path: str, offset: int) -> Iterator[TailItem]:
+    def _drain_rotated(self, path: str, pos: TailPosition) -> Iterator[TailItem]:
+        offset = pos.offset
         try:
             with _open_binary(path) as stream:
                 stream.seek(offset)  # gzip decompresses up to offset in bounded memory
                 while data := stream.read(self._read_size):
                     self.stats.bytes_read += len(data)
                     self.stats.last_read_wall_time = self._wall_clock()
-                    yield TailChunk(self.path, data)
+                    # The saved generation's identity, even when it now lives in a .gz of another inode.
+                    yield TailChunk(self.path, data, offset, pos.dev, pos.ino)
+                    offset += len(data)
         except (OSError, EOFError, zlib.error) as exc:
             self._error("read rotated", exc)
 
