@@ -1,7 +1,8 @@
 """Command line: argparse, logging setup and exit codes. The only reader of argv and the environment.
 
-Exit codes: 0 success; 1 `scan --fail-on-oom` found a fatal event (or --check-config found problems);
-2 usage errors, unreadable input, or a bad catalog, with a one-line reason on stderr.
+Exit codes: 0 success; 1 `scan --fail-on-oom` found a fatal event, or `serve --check-config` found
+problems; 2 usage errors, unreadable input, a bad catalog or a bad configuration at startup, with the
+reason on stderr.
 """
 
 from __future__ import annotations
@@ -11,9 +12,11 @@ import json
 import sys
 from collections.abc import Sequence
 from importlib import resources
+from typing import Any
 
 from sglang_oom_exporter import __version__
 from sglang_oom_exporter.catalog import CatalogError, load_catalog
+from sglang_oom_exporter.config import DEFAULT_LISTEN
 from sglang_oom_exporter.scan import InputError, format_text, scan_paths
 
 EXIT_OK, EXIT_OOM, EXIT_USAGE = 0, 1, 2
@@ -55,7 +58,61 @@ def build_parser() -> argparse.ArgumentParser:
         help="an extra log-prefix pattern (named groups ts and ranks) for custom SGLang logging configs; repeatable",
     )
     scan.add_argument("--no-prefilter", action="store_true", help="parse every line (slower; for debugging)")
+    _serve_parser(sub)
     return parser
+
+
+def _serve_parser(sub: Any) -> None:
+    serve = sub.add_parser(
+        "serve",
+        help="follow SGLang logs live and export OOM counters on /metrics",
+        description=(
+            "Follow log files, globs, Kubernetes pod logs or stdin, count every OOM exactly once (across "
+            "rotations and restarts, with --state-dir), and serve /metrics, /healthz, /events and an HTML page "
+            f"on {DEFAULT_LISTEN} by default. Flags override SGLANG_OOM_EXPORTER_* environment variables, which "
+            "override the --config file. SIGTERM/SIGINT save the state and exit 0; SIGHUP reloads the config."
+        ),
+    )
+    serve.add_argument("paths", nargs="*", metavar="PATH|GLOB|-", help="log files or globs to follow; '-' reads stdin "
+                       "and passes it through to stdout")  # fmt: skip
+    serve.add_argument("--listen", metavar="HOST:PORT", help=f"HTTP listen address (default {DEFAULT_LISTEN})")
+    serve.add_argument("--state-dir", metavar="DIR", help="keep positions, counters and dedupe memory here")
+    serve.add_argument(
+        "--from-beginning",
+        action="store_const",
+        const=True,
+        default=None,
+        help="on a first start without state, read existing files from their start, not their end",
+    )
+    serve.add_argument(
+        "--kubernetes-logs",
+        metavar="ROOT",
+        help="Kubernetes node mode: follow ROOT/<ns>_<pod>_<uid>/<container>/<n>.log (e.g. /var/log/pods)",
+    )
+    serve.add_argument("--config", metavar="FILE", help="YAML config file (unknown keys are errors)")
+    serve.add_argument("--check-config", action="store_true", help="validate the configuration and exit 0 or 1")
+    serve.add_argument(
+        "--force-polling",
+        action="store_const",
+        const=True,
+        default=None,
+        help="poll instead of inotify (network and overlay filesystems)",
+    )
+    serve.add_argument("--poll-interval", metavar="DURATION", help="safety poll interval (default 1s)")
+    serve.add_argument(
+        "--traceback-wait",
+        metavar="DURATION",
+        help="how long a logged OOM waits for its traceback before it counts (default 2.5s)",
+    )
+    serve.add_argument(
+        "--source-retention",
+        metavar="DURATION",
+        help="drop the series of a source whose log is gone after this long (default 1h)",
+    )
+    serve.add_argument("--web-config", metavar="FILE", help="TLS and basic auth, exporter-toolkit web-config format")
+    serve.add_argument("--log-level", choices=("debug", "info", "warning", "error"), help="default info")
+    serve.add_argument("--catalog", metavar="FILE", help="use this catalog instead of the built-in one")
+    serve.add_argument("--prefix-regex", action="append", metavar="REGEX", help="extra log-prefix pattern; repeatable")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -65,6 +122,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command is None:
         parser.print_help(sys.stderr)
         return EXIT_USAGE
+    if args.command == "serve":
+        from sglang_oom_exporter.serve import serve
+
+        return serve(args)
     return _scan(args)
 
 

@@ -1,0 +1,513 @@
+"""`serve`: wires sources -> pipelines -> counters/event store -> HTTP. The only place with a thread loop.
+
+One LogSource per followed file: a FileTailer feeding its own Pipeline. The loop wakes on file events
+(or a poll tick), polls every tailer, ticks every pipeline (a group waiting for its traceback is emitted
+when its wait is over), and saves the state file every few seconds and on shutdown.
+
+Exactly once across restarts: the state holds, per file, the offset of the oldest byte still in flight
+(a partial line, an open traceback, an event waiting for its traceback), the counters at that moment,
+and the keys (file identity + offset) of the events already counted. A restart re-reads from that
+offset; events rebuilt from bytes that were already counted are recognised by their key and skipped,
+and anything counted after the last save was lost with the counters, so it is counted again, once.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import queue
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any, BinaryIO
+
+from sglang_oom_exporter.catalog import Catalog
+from sglang_oom_exporter.config import Config
+from sglang_oom_exporter.match import Matcher
+from sglang_oom_exporter.metrics import EventCounts, SourceStats, label_names_for
+from sglang_oom_exporter.model import OomEvent
+from sglang_oom_exporter.pipeline import Pipeline
+from sglang_oom_exporter.server import EventStore, Health
+from sglang_oom_exporter.sources.discover import KubernetesFilter, dirs_to_watch, discover_pods, expand
+from sglang_oom_exporter.sources.tail import FileTailer, TailPosition, TailReset
+from sglang_oom_exporter.state import StateStore
+
+log = logging.getLogger(__name__)
+
+IDLE_CLOSE_SECONDS = 1.0  # a record with no new line for this long is complete (a cut traceback)
+BUSY_WAIT_SECONDS = 0.2  # loop tick while events wait for their traceback
+LINE_COUNT_LIMIT = 256 * 1024 * 1024  # count lines before a start-at-end offset up to this many bytes
+STATE_VERSION = 1
+
+
+@dataclass(slots=True)
+class LogSource:
+    """One followed file (or stdin): its tailer, its pipeline, and the labels its events carry."""
+
+    path: str
+    labels: tuple[str, ...]
+    label_map: dict[str, str]
+    pipeline: Pipeline
+    tailer: FileTailer | None
+    generation: str | None = None
+    resume_lineno: int | None = None  # line number at the restored offset
+    resume_offset: int | None = None  # the restored offset: a first chunk before it means truncated while down
+    epoch: int = 0  # copytruncate generations of one inode: part of every event key
+    close_at: float | None = None  # when to close records left open by a quiet source
+    gone_since: float | None = None
+    oversized_seen: int = 0
+    resets: dict[str, int] = field(default_factory=dict)
+
+    def lag_bytes(self) -> int:
+        """Bytes in the file not read yet (0 when unknown)."""
+        if self.tailer is None:
+            return 0
+        pos = self.tailer.position
+        try:
+            size = os.stat(self.path).st_size
+        except OSError:
+            return 0
+        return max(0, size - (pos.offset if pos else 0))
+
+
+class App:
+    """The daemon. run() blocks until stop is set; everything else is for it and for tests."""
+
+    def __init__(
+        self,
+        config: Config,
+        catalog: Catalog,
+        *,
+        counts: EventCounts | None = None,
+        store: EventStore | None = None,
+        stdin: BinaryIO | None = None,
+        stdout: BinaryIO | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        wall: Callable[[], float] = time.time,
+    ) -> None:
+        self.config = config
+        self.catalog = catalog
+        self.matcher = Matcher(catalog)
+        self.counts = counts or EventCounts(catalog.ids, label_names_for(config.kubernetes is not None))
+        self.store = store or EventStore(config.recent_events)
+        self._clock, self._wall = clock, wall
+        self.sources: dict[str, LogSource] = {}
+        self._saved_files: dict[str, dict[str, Any]] = {}
+        self._state = StateStore(config.state_dir) if config.state_dir else None
+        self._had_state = False
+        self._last_discover = -1e18
+        self._discovered_once = False
+        self._last_save = clock()
+        self._last_loop = wall()
+        self._lock = threading.RLock()  # the loop and scrapes/healthz share the sources
+        self._stdin = stdin
+        self._stdout = stdout
+        self._stdin_queue: queue.Queue[bytes | None] = queue.Queue(maxsize=64)
+        self._stdin_thread: threading.Thread | None = None
+        self._stdin_done = False
+        self._kfilter = self._filter(config)
+        self.extra = {"state_saves_total": 0.0, "state_errors_total": 0.0, "event_sink_errors_total": 0.0}
+        self._problem = ""
+
+    # --- lifecycle ---------------------------------------------------------------------------
+
+    def load_state(self) -> None:
+        """Continue from the state file, if there is a usable one; a bad one is a warning, not a crash."""
+        if self._state is None:
+            return
+        try:
+            data = self._state.load()
+        except OSError as exc:
+            self._state_error(f"cannot read the state file: {exc}")
+            return
+        if data is None:
+            return
+        try:
+            if data.get("state_version") != STATE_VERSION:
+                raise ValueError(f"state_version {data.get('state_version')!r} is not {STATE_VERSION}")
+            self.counts.restore_state(data["counters"])
+            files = data.get("files", {})
+            if not isinstance(files, dict):
+                raise ValueError("files is not a mapping")
+            self._saved_files = {str(k): v for k, v in files.items() if isinstance(v, dict)}
+            self._had_state = True
+        except (ValueError, KeyError, TypeError) as exc:
+            # Documented fallback: start as on a first run (existing files read from their end).
+            self._state_error(f"ignoring the state file: {exc}")
+            self._saved_files = {}
+
+    def save_state(self) -> None:
+        """Write positions, counters and dedupe memory atomically; a failure is counted and logged."""
+        if self._state is None:
+            return
+        with self._lock:
+            files = {}
+            for source in self.sources.values():
+                saved = self._source_state(source)
+                if saved is not None:
+                    files[source.path] = saved
+            data = {"state_version": STATE_VERSION, "counters": self.counts.export_state(), "files": files}
+        try:
+            self._state.save(data)
+            self.extra["state_saves_total"] += 1
+        except (OSError, TypeError, ValueError) as exc:
+            self._state_error(f"cannot save the state file: {exc}")
+        self._last_save = self._clock()
+
+    def start_stdin(self) -> None:
+        """Read stdin in a thread, passing every byte through to stdout unchanged."""
+        if self._stdin is None:
+            return
+        source = self._new_source("-", ("stdin",) if self.config.kubernetes is None else ("", "", "stdin"), None)
+        self.sources["-"] = source
+        self._stdin_thread = threading.Thread(target=self._read_stdin, name="stdin-reader", daemon=True)
+        self._stdin_thread.start()
+
+    def run(self, stop: threading.Event, *, wake: Callable[[float], bool] | None = None) -> None:
+        """Loop until stop is set; wake(timeout) waits for file events (or just sleeps)."""
+        waiter = wake or stop.wait
+        while not stop.is_set():
+            self.step()
+            waiter(self._next_timeout())
+
+    def shutdown(self) -> None:
+        """Save the state and close every file."""
+        self.save_state()
+        with self._lock:
+            for source in self.sources.values():
+                if source.tailer is not None:
+                    source.tailer.close()
+
+    # --- one pass of the loop ----------------------------------------------------------------
+
+    def step(self) -> None:
+        """Discover files, read what is new, emit what is due, save the state when due."""
+        now = self._clock()
+        with self._lock:
+            if now - self._last_discover >= self.config.discover_interval:
+                self.discover()
+                self._last_discover = now
+            for source in list(self.sources.values()):
+                self._poll(source, now)
+            self._drain_stdin(now)
+            self._retire(now)
+        if now - self._last_save >= self.config.state_interval:
+            self.save_state()
+        self._last_loop = self._wall()
+
+    def request_discover(self) -> None:
+        """Discover on the next step (a directory changed)."""
+        self._last_discover = -1e18
+
+    def discover(self) -> None:
+        """Find the files to follow now: paths and globs, and Kubernetes pod logs."""
+        found: dict[str, tuple[tuple[str, ...], dict[str, str]]] = {}
+        k8s = self.config.kubernetes is not None
+        for path in expand(self.config.paths):
+            name = self._source_name(path)
+            labels: tuple[str, ...] = ("", "", name) if k8s else (name,)
+            found[path] = (labels, {"source": name})
+        if self.config.kubernetes is not None and self._kfilter is not None:
+            for ref in discover_pods(self.config.kubernetes.logs_root, self._kfilter):
+                found[ref.path] = (
+                    (ref.namespace, ref.pod, ref.container),
+                    {"namespace": ref.namespace, "pod": ref.pod, "container": ref.container},
+                )
+        for path, (labels, label_map) in found.items():
+            if path not in self.sources:
+                self.sources[path] = self._new_source(path, labels, label_map)
+        self._discovered_once = True
+        self._problem = self._discovery_problem(found)
+
+    def watch_dirs(self) -> set[str]:
+        """Directories whose events should wake the loop."""
+        with self._lock:
+            dirs = dirs_to_watch(self.config.paths, [p for p in self.sources if p != "-"])
+        if self.config.kubernetes is not None and os.path.isdir(self.config.kubernetes.logs_root):
+            dirs.add(os.path.abspath(self.config.kubernetes.logs_root))
+        return dirs
+
+    def reload(self, config: Config) -> None:
+        """Apply a new configuration (SIGHUP): paths, filters, intervals; counters and files stay."""
+        with self._lock:
+            if label_names_for(config.kubernetes is not None) != self.counts.label_names:
+                log.warning("reload: switching Kubernetes mode on or off needs a restart; keeping the old sources")
+                config = Config(**{**_asdict(config), "kubernetes": self.config.kubernetes})
+            self.config = config
+            self._kfilter = self._filter(config)
+            self._last_discover = -1e18
+        log.info("configuration reloaded paths=%d kubernetes=%s", len(config.paths), config.kubernetes is not None)
+
+    # --- health and metrics ------------------------------------------------------------------
+
+    def health(self) -> Health:
+        """Ready when sources are being read; otherwise the reason."""
+        stalled = self._wall() - self._last_loop
+        if stalled > max(30.0, 10 * self.config.poll_interval):
+            return Health(False, f"the main loop has not run for {stalled:.0f}s")
+        with self._lock:
+            if self._problem:
+                return Health(False, self._problem)
+            if not self.sources:
+                return Health(False, "no log source is configured or found yet")
+            return Health(True, f"following {len(self.sources)} log source(s)")
+
+    def source_stats(self) -> Iterable[SourceStats]:
+        """Per-label read statistics for the collector."""
+        with self._lock:
+            merged: dict[tuple[str, ...], SourceStats] = {}
+            for source in self.sources.values():
+                s = merged.setdefault(source.labels, SourceStats(source.labels))
+                stats = source.pipeline.stats()
+                s.files += 1 if source.tailer is not None else 0
+                s.lines_read += stats.lines_read
+                s.oversized_lines += stats.oversized_lines
+                for reason, n in source.resets.items():
+                    s.resets[reason] = s.resets.get(reason, 0.0) + n
+                if source.tailer is not None:
+                    t = source.tailer.stats
+                    s.bytes_read += t.bytes_read
+                    s.read_errors += t.read_errors
+                    s.lag_bytes += source.lag_bytes()
+                    if t.last_read_wall_time is not None:
+                        s.last_read = max(s.last_read or 0.0, t.last_read_wall_time)
+            return list(merged.values())
+
+    def extra_metrics(self) -> dict[str, float]:
+        """Loop and state health for the collector."""
+        with self._lock:
+            pending = sum(s.pipeline.pending() for s in self.sources.values())
+        return {**self.extra, "loop_timestamp_seconds": self._last_loop, "pending_events": float(pending)}
+
+    # --- internals ---------------------------------------------------------------------------
+
+    def _filter(self, config: Config) -> KubernetesFilter | None:
+        k = config.kubernetes
+        return None if k is None else KubernetesFilter(k.namespace, k.pod, k.container)
+
+    def _source_name(self, path: str) -> str:
+        for pattern, name in self.config.names.items():
+            if pattern == path:
+                return name
+        base = os.path.basename(path)
+        stem = base[:-4] if base.endswith(".log") else base
+        taken = {s.labels[-1] for p, s in self.sources.items() if p != path}
+        if stem in taken:
+            parent = os.path.basename(os.path.dirname(path))
+            return f"{parent}/{stem}" if parent else path
+        return stem
+
+    def _new_source(self, path: str, labels: tuple[str, ...], label_map: dict[str, str] | None) -> LogSource:
+        label_map = label_map or dict(zip(self.counts.label_names, labels, strict=False))
+        self.counts.ensure(labels)
+        source: LogSource
+
+        def sink(event: OomEvent) -> None:
+            self._record(source, event)
+
+        pipeline = Pipeline(
+            self.catalog, self.matcher, source=label_map.get("source") or "/".join(labels), location=path,
+            sink=sink, extra_prefixes=self.config.prefix_regex, wait_seconds=self.config.traceback_wait,
+        )  # fmt: skip
+        tailer = None
+        resume_lineno = resume_offset = None
+        epoch = 0
+        if path != "-":
+            saved = self._saved_files.pop(path, None)
+            position = None
+            if saved is not None:
+                try:
+                    position = TailPosition.from_dict(saved["position"])
+                    resume_lineno = int(saved.get("lineno", 1))
+                    resume_offset = position.offset
+                    epoch = int(saved.get("epoch", 0))
+                    pipeline.restore_state(saved.get("dedupe", {}))
+                except (KeyError, TypeError, ValueError) as exc:
+                    self._state_error(f"ignoring the saved position of {path}: {exc}")
+                    position = None
+            start_at_end = not self._had_state and not self.config.from_beginning and self._first_discovery()
+            tailer = FileTailer(path, start_at_end=start_at_end and position is None, position=position)
+        source = LogSource(
+            path,
+            labels,
+            label_map,
+            pipeline,
+            tailer,
+            resume_lineno=resume_lineno,
+            resume_offset=resume_offset,
+            epoch=epoch,
+        )
+        return source
+
+    def _first_discovery(self) -> bool:
+        # Files that exist at the very first start are history; files that appear later are read from 0.
+        return not self._discovered_once
+
+    def _record(self, source: LogSource, event: OomEvent) -> None:
+        try:
+            self.counts.record(source.labels, event, self._wall())
+            self.store.add(event, source.label_map)
+        except Exception:  # a sink failure must never kill the loop or lose the rest
+            self.extra["event_sink_errors_total"] += 1
+            log.exception("cannot record event kind=%s source=%s", event.kind, event.location)
+            return
+        level = logging.WARNING if event.fatal else logging.INFO
+        log.log(
+            level, "oom event kind=%s fatal=%s location=%s ranks=%s requested=%s available=%s",
+            event.kind, event.fatal, event.location, ",".join(event.ranks) or "-",
+            event.numbers.get("requested_tokens"), event.numbers.get("available_tokens"),
+        )  # fmt: skip
+
+    def _poll(self, source: LogSource, now: float) -> None:
+        tailer = source.tailer
+        if tailer is None:
+            source.pipeline.tick(now)
+            return
+        fed = False
+        for item in tailer.poll():
+            if isinstance(item, TailReset):
+                source.resets[item.reason] = source.resets.get(item.reason, 0) + 1
+                source.pipeline.close_open(now)
+                source.generation = None
+                if item.reason == "truncated":
+                    source.epoch += 1  # same inode, new bytes at old offsets: the keys must differ
+                continue
+            if source.resume_offset is not None:
+                if item.offset < source.resume_offset:
+                    source.epoch += 1  # truncated while we were down
+                    source.resume_lineno = None
+                source.resume_offset = None
+            generation = f"{item.dev}:{item.ino}:{source.epoch}"
+            if generation != source.generation:
+                lineno = self._lineno_at(source, item.offset)
+                source.pipeline.start_generation(generation, item.offset, lineno)
+                source.generation = generation
+            source.pipeline.feed(item.data, now)
+            fed = True
+        if fed:
+            source.close_at = now + IDLE_CLOSE_SECONDS
+            source.gone_since = None
+        elif source.close_at is not None and now >= source.close_at:
+            source.pipeline.close_open(now)
+            source.close_at = None
+        source.pipeline.tick(now)
+
+    def _lineno_at(self, source: LogSource, offset: int) -> int:
+        if source.resume_lineno is not None:
+            lineno, source.resume_lineno = source.resume_lineno, None
+            return lineno
+        if offset <= 0 or offset > LINE_COUNT_LIMIT:
+            return 1
+        try:
+            with open(source.path, "rb") as fh:
+                count, left = 0, offset
+                while left > 0 and (block := fh.read(min(left, 1 << 20))):
+                    count += block.count(b"\n")
+                    left -= len(block)
+            return count + 1
+        except OSError:
+            return 1
+
+    def _source_state(self, source: LogSource) -> dict[str, Any] | None:
+        if source.tailer is None:
+            return None
+        pos = source.tailer.position
+        if pos is None:
+            return None
+        lineno = 1
+        if source.generation == f"{pos.dev}:{pos.ino}:{source.epoch}":
+            offset, lineno = source.pipeline.resume_point()
+            pos = TailPosition(
+                pos.path, pos.dev, pos.ino, min(offset, pos.offset), pos.fingerprint, pos.fingerprint_len
+            )
+        return {
+            "position": pos.to_dict(), "lineno": lineno, "epoch": source.epoch,
+            "dedupe": source.pipeline.export_state(),
+        }  # fmt: skip
+
+    def _retire(self, now: float) -> None:
+        """Drop sources whose file is gone, and their series once the retention is over."""
+        for path, source in list(self.sources.items()):
+            if path == "-" or source.tailer is None or os.path.exists(path):
+                source.gone_since = None
+                continue
+            if source.pipeline.pending():
+                continue
+            if source.gone_since is None:
+                source.gone_since = now
+            elif now - source.gone_since >= self.config.source_retention:
+                source.tailer.close()
+                del self.sources[path]
+                if not any(s.labels == source.labels for s in self.sources.values()):
+                    self.counts.drop(source.labels)
+                log.info("source retired path=%s after %.0fs without its file", path, now - source.gone_since)
+
+    def _next_timeout(self) -> float:
+        with self._lock:
+            busy = any(s.pipeline.pending() or s.close_at is not None for s in self.sources.values())
+        return min(self.config.poll_interval, BUSY_WAIT_SECONDS) if busy else self.config.poll_interval
+
+    def _discovery_problem(self, found: dict[str, Any]) -> str:
+        if self._stdin is not None:
+            return ""
+        k = self.config.kubernetes
+        if k is not None and not os.path.isdir(k.logs_root):
+            return f"the Kubernetes log root {k.logs_root} does not exist"
+        if not found and not self.config.paths and k is None:
+            return "no log paths are configured"
+        if not found:
+            return "no log file matches the configured paths yet"
+        return ""
+
+    def _state_error(self, message: str) -> None:
+        self.extra["state_errors_total"] += 1
+        log.warning("state: %s", message)
+
+    def _read_stdin(self) -> None:
+        assert self._stdin is not None  # noqa: S101 - started only with stdin
+        fd = self._stdin.fileno()
+        while True:
+            try:
+                data = os.read(fd, 65536)
+            except OSError:
+                data = b""
+            if self._stdout is not None and data:
+                try:
+                    self._stdout.write(data)
+                    self._stdout.flush()
+                except (OSError, ValueError):
+                    self._stdout = None  # the downstream of the pipe went away; keep counting
+            self._stdin_queue.put(data or None)
+            if not data:
+                return
+
+    def _drain_stdin(self, now: float) -> None:
+        source = self.sources.get("-")
+        if source is None or self._stdin_done:
+            return
+        while True:
+            try:
+                data = self._stdin_queue.get_nowait()
+            except queue.Empty:
+                break
+            if data is None:
+                source.pipeline.finish()
+                self._stdin_done = True
+                return
+            source.pipeline.feed(data, now)
+            source.close_at = now + IDLE_CLOSE_SECONDS
+        if source.close_at is not None and now >= source.close_at:
+            source.pipeline.close_open(now)
+            source.close_at = None
+        source.pipeline.tick(now)
+
+
+def _asdict(config: Config) -> dict[str, Any]:
+    return {name: getattr(config, name) for name in config.__dataclass_fields__}
+
+
+def stdio() -> tuple[BinaryIO, BinaryIO]:
+    """The process's binary stdin and stdout."""
+    return sys.stdin.buffer, sys.stdout.buffer

@@ -1,0 +1,256 @@
+"""Configuration of `serve`: frozen dataclasses and load_config(). Raw dicts stop here.
+
+Precedence: command-line flags, then environment variables (prefix SGLANG_OOM_EXPORTER_), then the YAML
+file, then the defaults, which work without any file. Every problem is collected into one ConfigError
+listing each key path (and the file's line where there is one), so `--check-config` shows them all.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import regex
+import yaml
+
+DEFAULT_PORT = 9877
+DEFAULT_LISTEN = f":{DEFAULT_PORT}"
+ENV_PREFIX = "SGLANG_OOM_EXPORTER_"
+_DURATION = regex.compile(r"^(?:(\d+(?:\.\d+)?)(ms|s|m|h|d))+$")
+_DURATION_PART = regex.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)")
+_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+
+# Containers that are SGLang servers in the common charts (sglang, "server", "engine", "inference", LWS
+# "leader"/"worker", RBG prefill/decode roles); system namespaces are left out because their "server"
+# containers are not ours. Override per cluster.
+DEFAULT_K8S_NAMESPACE = r"(?!kube-system$|kube-public$|kube-node-lease$).*"
+DEFAULT_K8S_POD = r".*"
+DEFAULT_K8S_CONTAINER = r"(?i)(?!.*oom-exporter).*(sglang|server|engine|inference|llm|worker|leader|prefill|decode).*"
+
+
+class ConfigError(ValueError):
+    """Every problem found in the configuration, one per line."""
+
+    def __init__(self, problems: list[str]) -> None:
+        super().__init__("\n".join(problems))
+        self.problems = problems
+
+
+@dataclass(frozen=True, slots=True)
+class KubernetesConfig:
+    """Kubernetes node mode: follow /var/log/pods/<ns>_<pod>_<uid>/<container>/<n>.log."""
+
+    logs_root: str
+    namespace: str = DEFAULT_K8S_NAMESPACE
+    pod: str = DEFAULT_K8S_POD
+    container: str = DEFAULT_K8S_CONTAINER
+
+
+@dataclass(frozen=True, slots=True)
+class Config:
+    """Everything `serve` needs to know."""
+
+    paths: tuple[str, ...] = ()
+    names: Mapping[str, str] = field(default_factory=dict)  # path or glob -> source name
+    listen: str = DEFAULT_LISTEN
+    state_dir: str | None = None
+    from_beginning: bool = False
+    kubernetes: KubernetesConfig | None = None
+    force_polling: bool = False
+    poll_interval: float = 1.0
+    discover_interval: float = 5.0
+    state_interval: float = 5.0
+    traceback_wait: float = 2.5
+    source_retention: float = 3600.0
+    recent_events: int = 200
+    catalog: str | None = None
+    prefix_regex: tuple[str, ...] = ()
+    web_config: str | None = None
+    log_level: str = "info"
+
+
+def parse_duration(text: str) -> float:
+    """'15s', '2m', '1h30m', '250ms' -> seconds; ValueError without a unit."""
+    text = str(text).strip()
+    if not _DURATION.match(text):
+        raise ValueError(f"{text!r} is not a duration with a unit (e.g. 15s, 2m, 1h)")
+    return sum(float(n) * _UNITS[u] for n, u in _DURATION_PART.findall(text))
+
+
+_DURATION_KEYS = ("poll_interval", "discover_interval", "state_interval", "traceback_wait", "source_retention")
+_BOOL_KEYS = ("from_beginning", "force_polling")
+_STR_KEYS = ("listen", "state_dir", "catalog", "web_config", "log_level")
+_FILE_KEYS = frozenset({*_DURATION_KEYS, *_BOOL_KEYS, *_STR_KEYS, "paths", "sources", "kubernetes", "prefix_regex",
+                        "recent_events"})  # fmt: skip
+_K8S_KEYS = frozenset({"logs_root", "namespace", "pod", "container"})
+_LEVELS = ("debug", "info", "warning", "error")
+
+
+class _Builder:
+    """Collects values and problems from the file, the environment and the flags."""
+
+    def __init__(self) -> None:
+        self.values: dict[str, Any] = {}
+        self.problems: list[str] = []
+
+    def set(self, where: str, key: str, value: Any) -> None:
+        try:
+            if key in _DURATION_KEYS:
+                value = parse_duration(value)
+                if value <= 0:
+                    raise ValueError("must be positive")
+            elif key in _BOOL_KEYS:
+                value = _bool(value)
+            elif key == "recent_events":
+                value = int(value)
+                if not 1 <= value <= 100_000:
+                    raise ValueError("must be between 1 and 100000")
+            elif key == "log_level":
+                value = str(value).lower()
+                if value not in _LEVELS:
+                    raise ValueError(f"must be one of {', '.join(_LEVELS)}")
+            elif key == "listen":
+                value = str(value)
+                _check_listen(value)
+            elif key in _STR_KEYS:
+                value = str(value)
+        except ValueError as exc:
+            self.problems.append(f"{where}: {exc}")
+            return
+        self.values[key] = value
+
+
+def _bool(value: Any) -> bool:
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text in ("1", "true", "yes", "on"):
+        return True
+    if text in ("0", "false", "no", "off", ""):
+        return False
+    raise ValueError(f"{value!r} is not a boolean")
+
+
+def _check_listen(value: str) -> None:
+    _, sep, port = value.rpartition(":")
+    if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise ValueError(f"{value!r} is not HOST:PORT (e.g. :9877 or 127.0.0.1:9877)")
+
+
+def _regex_ok(builder: _Builder, where: str, text: str) -> None:
+    try:
+        regex.compile(text)
+    except regex.error as exc:
+        builder.problems.append(f"{where}: bad regex {text!r}: {exc}")
+
+
+def _read_file(builder: _Builder, path: str) -> None:
+    try:
+        with open(path, encoding="utf-8") as fh:
+            data = yaml.safe_load(fh)
+    except OSError as exc:
+        builder.problems.append(f"{path}: cannot read: {exc.strerror or exc}")
+        return
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"{path}:{mark.line + 1}" if mark is not None else path
+        builder.problems.append(f"{where}: not valid YAML: {getattr(exc, 'problem', exc)}")
+        return
+    if data is None:
+        return
+    if not isinstance(data, dict):
+        builder.problems.append(f"{path}: the config must be a mapping")
+        return
+    for key in sorted(set(data) - _FILE_KEYS):
+        builder.problems.append(f"{path}: {key}: unknown key")
+    for key in (*_DURATION_KEYS, *_BOOL_KEYS, *_STR_KEYS, "recent_events"):
+        if key in data and data[key] is not None:
+            builder.set(f"{path}: {key}", key, data[key])
+    paths = list(_str_list(builder, f"{path}: paths", data.get("paths")))
+    names: dict[str, str] = {}
+    for i, entry in enumerate(data.get("sources") or []):
+        where = f"{path}: sources[{i}]"
+        if not isinstance(entry, dict) or set(entry) - {"name", "path"} or not isinstance(entry.get("path"), str):
+            builder.problems.append(f"{where}: needs 'path' and an optional 'name', nothing else")
+            continue
+        paths.append(entry["path"])
+        if entry.get("name"):
+            names[entry["path"]] = str(entry["name"])
+    if paths:
+        builder.values["paths"] = tuple(paths)
+        builder.values["names"] = names
+    prefixes = list(_str_list(builder, f"{path}: prefix_regex", data.get("prefix_regex")))
+    for i, rx in enumerate(prefixes):
+        _regex_ok(builder, f"{path}: prefix_regex[{i}]", rx)
+    if prefixes:
+        builder.values["prefix_regex"] = tuple(prefixes)
+    k8s = data.get("kubernetes")
+    if k8s is not None:
+        _kubernetes(builder, f"{path}: kubernetes", k8s)
+
+
+def _str_list(builder: _Builder, where: str, value: Any) -> list[str]:
+    if value is None:
+        return []
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        builder.problems.append(f"{where}: must be a list of strings")
+        return []
+    return list(value)
+
+
+def _kubernetes(builder: _Builder, where: str, raw: Any) -> None:
+    if not isinstance(raw, dict) or not isinstance(raw.get("logs_root"), str):
+        builder.problems.append(f"{where}: needs logs_root (e.g. /var/log/pods)")
+        return
+    for key in sorted(set(raw) - _K8S_KEYS):
+        builder.problems.append(f"{where}.{key}: unknown key")
+    for key in ("namespace", "pod", "container"):
+        if key in raw:
+            _regex_ok(builder, f"{where}.{key}", str(raw[key]))
+    builder.values["kubernetes"] = KubernetesConfig(**{k: str(v) for k, v in raw.items() if k in _K8S_KEYS})
+
+
+def load_config(
+    path: str | None = None,
+    *,
+    env: Mapping[str, str] | None = None,
+    flags: Mapping[str, Any] | None = None,
+) -> Config:
+    """Build the Config from file, environment and flags; ConfigError lists every problem."""
+    env = os.environ if env is None else env
+    flags = flags or {}
+    builder = _Builder()
+    path = flags.get("config") or env.get(ENV_PREFIX + "CONFIG") or path
+    if path:
+        _read_file(builder, path)
+    for key in (*_DURATION_KEYS, *_BOOL_KEYS, *_STR_KEYS):
+        name = ENV_PREFIX + key.upper()
+        if env.get(name):
+            builder.set(name, key, env[name])
+    if env.get(ENV_PREFIX + "PATHS"):
+        builder.values["paths"] = tuple(p for p in env[ENV_PREFIX + "PATHS"].split(",") if p)
+    if env.get(ENV_PREFIX + "KUBERNETES_LOGS"):
+        base = builder.values.get("kubernetes")
+        root = env[ENV_PREFIX + "KUBERNETES_LOGS"]
+        builder.values["kubernetes"] = replace(base, logs_root=root) if base else KubernetesConfig(root)
+    for key, value in flags.items():
+        if value is None or key == "config":
+            continue
+        if key == "paths":
+            if value:
+                builder.values["paths"] = tuple(value)
+        elif key == "kubernetes_logs":
+            base = builder.values.get("kubernetes")
+            builder.values["kubernetes"] = replace(base, logs_root=value) if base else KubernetesConfig(value)
+        elif key == "prefix_regex":
+            for i, rx in enumerate(value):
+                _regex_ok(builder, f"--prefix-regex[{i}]", rx)
+            if value:
+                builder.values["prefix_regex"] = tuple(value)
+        else:
+            builder.set(f"--{key.replace('_', '-')}", key, value)
+    if builder.problems:
+        raise ConfigError(builder.problems)
+    return Config(**builder.values)

@@ -1,0 +1,290 @@
+"""Every metric name and label of the exporter, and the collector that yields them at scrape time.
+
+Sits at the end of the pipeline: OomEvents are recorded into EventCounts, sources report their
+read statistics, and ExporterCollector turns both into families when Prometheus scrapes. A sample:
+
+    # HELP sglang_oom_events_total SGLang OOM events seen in the logs, one per server-level failure.
+    # TYPE sglang_oom_events_total counter
+    sglang_oom_events_total{kind="prefill",source="sglang-0"} 1.0
+    sglang_oom_events_total{kind="decode",source="sglang-0"} 0.0
+    sglang_oom_exporter_files_watched 1.0
+
+Why a collector rather than prometheus_client Counters: the event counters continue from the state
+file after a restart (a Counter cannot start at a value), every kind is zero-initialised per source from
+the catalog, and a source's series disappear once its logs are gone past the retention; all three are
+plain dictionary operations here, and a scrape always sees one consistent snapshot.
+"""
+
+from __future__ import annotations
+
+import platform
+import threading
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from sglang_oom_exporter import __version__
+from sglang_oom_exporter.model import OomEvent
+
+NAMESPACE = "sglang_oom"
+SELF = f"{NAMESPACE}_exporter"
+FILE_LABELS = ("source",)
+KUBERNETES_LABELS = ("namespace", "pod", "container")
+RESET_REASONS = ("rotated", "truncated", "recreated", "deleted")
+
+Labels = tuple[str, ...]
+
+
+@dataclass(slots=True)
+class _Last:
+    timestamp: float
+    requested: float | None
+    available: float | None
+
+
+class EventCounts:
+    """The counters the exporter owns, keyed by source label values; thread-safe."""
+
+    def __init__(self, kinds: Sequence[str], label_names: Sequence[str]) -> None:
+        self.kinds = tuple(kinds)
+        self.label_names = tuple(label_names)
+        self._lock = threading.Lock()
+        self._events: dict[Labels, dict[str, float]] = {}
+        self._fatal: dict[Labels, dict[str, float]] = {}
+        self._retracted: dict[Labels, float] = {}
+        self._last: dict[tuple[Labels, str], _Last] = {}
+
+    def ensure(self, labels: Labels) -> None:
+        """Zero-initialise every kind for this source, so increase() sees its first event."""
+        with self._lock:
+            self._ensure(labels)
+
+    def _ensure(self, labels: Labels) -> None:
+        if labels not in self._events:
+            self._events[labels] = dict.fromkeys(self.kinds, 0.0)
+            self._fatal[labels] = dict.fromkeys(self.kinds, 0.0)
+            self._retracted[labels] = 0.0
+
+    def record(self, labels: Labels, event: OomEvent, wall_time: float) -> None:
+        """Count one event."""
+        n = event.numbers
+        with self._lock:
+            self._ensure(labels)
+            self._events[labels][event.kind] = self._events[labels].get(event.kind, 0.0) + 1
+            if event.fatal:
+                self._fatal[labels][event.kind] = self._fatal[labels].get(event.kind, 0.0) + 1
+            if event.kind == "retract":
+                self._retracted[labels] += float(n.get("retracted_requests", 0) or 0)
+            requested, available = n.get("requested_tokens"), n.get("available_tokens")
+            self._last[(labels, event.kind)] = _Last(
+                wall_time,
+                float(requested) if isinstance(requested, int | float) else None,
+                float(available) if isinstance(available, int | float) else None,
+            )
+
+    def drop(self, labels: Labels) -> None:
+        """Forget a source whose logs are gone (after the retention)."""
+        with self._lock:
+            self._events.pop(labels, None)
+            self._fatal.pop(labels, None)
+            self._retracted.pop(labels, None)
+            for key in [k for k in self._last if k[0] == labels]:
+                del self._last[key]
+
+    def known(self) -> list[Labels]:
+        """Label values of every source with series."""
+        with self._lock:
+            return list(self._events)
+
+    def total(self, kind: str | None = None) -> float:
+        """Sum over sources (all kinds, or one)."""
+        with self._lock:
+            return sum(v for per in self._events.values() for k, v in per.items() if kind is None or k == kind)
+
+    def export_state(self) -> dict[str, Any]:
+        """Counter values as plain data for the state file."""
+        with self._lock:
+            return {
+                "label_names": list(self.label_names),
+                "sources": [
+                    {"labels": list(labels), "events": self._events[labels], "fatal": self._fatal[labels],
+                     "retracted": self._retracted[labels]}
+                    for labels in self._events
+                ],
+            }  # fmt: skip
+
+    def restore_state(self, raw: Mapping[str, Any]) -> None:
+        """Continue from saved values; ValueError when malformed or saved under other label names."""
+        try:
+            if tuple(raw["label_names"]) != self.label_names:
+                raise ValueError(f"saved with labels {raw['label_names']}, now {list(self.label_names)}")
+            restored = []
+            for entry in raw["sources"]:
+                labels = tuple(str(v) for v in entry["labels"])
+                events = {str(k): float(v) for k, v in dict(entry["events"]).items()}
+                fatal = {str(k): float(v) for k, v in dict(entry["fatal"]).items()}
+                if len(labels) != len(self.label_names) or any(v < 0 for v in (*events.values(), *fatal.values())):
+                    raise ValueError(f"bad entry {entry!r}")
+                restored.append((labels, events, fatal, float(entry["retracted"])))
+        except (KeyError, TypeError, AttributeError) as exc:
+            raise ValueError(f"bad counter state: {exc!r}") from exc
+        with self._lock:
+            for labels, events, fatal, retracted in restored:
+                self._ensure(labels)
+                for kind, value in events.items():
+                    self._events[labels][kind] = value
+                for kind, value in fatal.items():
+                    self._fatal[labels][kind] = value
+                self._retracted[labels] = retracted
+
+    def families(self) -> Iterator[Metric]:
+        """The event families, from one consistent snapshot."""
+        names = ["kind", *self.label_names]
+        events = CounterMetricFamily(
+            f"{NAMESPACE}_events", "SGLang OOM events seen in the logs, one per server-level failure.", labels=names
+        )
+        fatal = CounterMetricFamily(
+            f"{NAMESPACE}_fatal_events", "SGLang OOM events that crashed the server (or its scheduler).", labels=names
+        )
+        retracted = CounterMetricFamily(
+            f"{NAMESPACE}_retracted_requests",
+            "Requests retracted by KV-cache-full retractions (counted once per event, not per rank).",
+            labels=list(self.label_names),
+        )
+        last_ts = GaugeMetricFamily(
+            f"{NAMESPACE}_last_event_timestamp_seconds", "When the exporter saw the last event of a kind.", labels=names
+        )
+        last_req = GaugeMetricFamily(
+            f"{NAMESPACE}_last_event_requested_tokens", "Tokens the last failed allocation asked for.", labels=names
+        )
+        last_avail = GaugeMetricFamily(
+            f"{NAMESPACE}_last_event_available_tokens",
+            "Tokens available (free + evictable) in the pool that ran out, at the last event.",
+            labels=names,
+        )
+        with self._lock:
+            for labels, per in self._events.items():
+                for kind in self.kinds:
+                    events.add_metric([kind, *labels], per.get(kind, 0.0))
+                    fatal.add_metric([kind, *labels], self._fatal[labels].get(kind, 0.0))
+                retracted.add_metric(list(labels), self._retracted[labels])
+            for (labels, kind), last in self._last.items():
+                last_ts.add_metric([kind, *labels], last.timestamp)
+                if last.requested is not None:
+                    last_req.add_metric([kind, *labels], last.requested)
+                if last.available is not None:
+                    last_avail.add_metric([kind, *labels], last.available)
+        yield from (events, fatal, retracted, last_ts, last_req, last_avail)
+
+
+@dataclass(slots=True)
+class SourceStats:
+    """Read statistics of one source (summed over the files that share its labels)."""
+
+    labels: Labels
+    files: int = 0
+    bytes_read: float = 0.0
+    lines_read: float = 0.0
+    read_errors: float = 0.0
+    oversized_lines: float = 0.0
+    lag_bytes: float = 0.0
+    last_read: float | None = None
+    resets: dict[str, float] = field(default_factory=lambda: dict.fromkeys(RESET_REASONS, 0.0))
+
+
+class ExporterCollector(Collector):
+    """Yields the event families and the exporter's own health at scrape time."""
+
+    def __init__(
+        self,
+        counts: EventCounts,
+        sources: Callable[[], Iterable[SourceStats]],
+        extra: Callable[[], Mapping[str, float]] = dict,
+    ) -> None:
+        self._counts = counts
+        self._sources = sources
+        self._extra = extra
+
+    def describe(self) -> Iterable[Metric]:
+        """Nothing up front: the registry then never calls collect() at registration."""
+        return []
+
+    def collect(self) -> Iterator[Metric]:
+        """One scrape."""
+        yield from self._counts.families()
+        yield from self._source_families(list(self._sources()))
+        extra = self._extra()
+        yield _info()
+        for name, value in sorted(extra.items()):
+            if name.endswith("_total"):
+                yield CounterMetricFamily(f"{SELF}_{name[:-6]}", _EXTRA_HELP.get(name, name), value=value)
+            else:
+                yield _gauge(name, _EXTRA_HELP.get(name, name), value)
+
+    def _source_families(self, stats: list[SourceStats]) -> Iterator[Metric]:
+        names = list(self._counts.label_names)
+        files = GaugeMetricFamily(
+            f"{SELF}_files_watched", "Log files being followed.", value=sum(s.files for s in stats)
+        )
+        fams: dict[str, CounterMetricFamily | GaugeMetricFamily] = {
+            "bytes": CounterMetricFamily(f"{SELF}_read_bytes", "Bytes read from the logs.", labels=names),
+            "lines": CounterMetricFamily(f"{SELF}_lines_read", "Lines read from the logs.", labels=names),
+            "errors": CounterMetricFamily(
+                f"{SELF}_read_errors", "Errors opening or reading log files.", labels=names
+            ),
+            "oversized": CounterMetricFamily(
+                f"{SELF}_oversized_lines", "Lines longer than the line limit, cut.", labels=names
+            ),
+            "resets": CounterMetricFamily(
+                f"{SELF}_file_resets", "Rotations, truncations, re-creations and deletions seen.",
+                labels=[*names, "reason"],
+            ),
+            "lag": GaugeMetricFamily(
+                f"{SELF}_file_lag_bytes", "Bytes written to the logs but not read yet.", labels=names
+            ),
+            "last": GaugeMetricFamily(
+                f"{SELF}_last_read_timestamp_seconds", "When new bytes were last read.", labels=names
+            ),
+        }  # fmt: skip
+        for s in stats:
+            labels = list(s.labels)
+            fams["bytes"].add_metric(labels, s.bytes_read)
+            fams["lines"].add_metric(labels, s.lines_read)
+            fams["errors"].add_metric(labels, s.read_errors)
+            fams["oversized"].add_metric(labels, s.oversized_lines)
+            fams["lag"].add_metric(labels, s.lag_bytes)
+            for reason in RESET_REASONS:
+                fams["resets"].add_metric([*labels, reason], s.resets.get(reason, 0.0))
+            if s.last_read is not None:
+                fams["last"].add_metric(labels, s.last_read)
+        yield files
+        yield from fams.values()
+
+
+_EXTRA_HELP = {
+    "state_saves_total": "Successful saves of the state file.",
+    "state_errors_total": "Failed loads or saves of the state file (the exporter keeps running).",
+    "loop_timestamp_seconds": "When the main loop last completed a pass (a stalled loop stops moving).",
+    "pending_events": "Events waiting for their traceback or for other ranks.",
+    "event_sink_errors_total": "Events that could not be recorded.",
+}
+
+
+def _gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
+    return GaugeMetricFamily(f"{SELF}_{name}", doc, value=value)
+
+
+def _info() -> GaugeMetricFamily:
+    info = GaugeMetricFamily(
+        f"{SELF}_build_info", "Version of the exporter; the value is always 1.", labels=["version", "python_version"]
+    )
+    info.add_metric([__version__, platform.python_version()], 1.0)
+    return info
+
+
+def label_names_for(kubernetes: bool) -> tuple[str, ...]:
+    """Source label names: namespace/pod/container in Kubernetes mode, else one logical source name."""
+    return KUBERNETES_LABELS if kubernetes else FILE_LABELS

@@ -1,0 +1,345 @@
+"""End to end: the real `serve` process on real files, scraped over loopback.
+
+Each scenario writes OOM blocks with distinct timestamps and asserts the exact counter value. Nothing
+sleeps to synchronise: the tests poll /metrics until a condition holds or a deadline passes. Where a
+scenario needs the daemon not to look between two writes (a burst, a rename with unread blocks), the
+daemon is paused with SIGSTOP and resumed with SIGCONT. The only sleeps are the scenario's own delays
+(a path missing for a second, a line finished a second later).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Callable, Iterator
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(60)]
+
+_SECOND = [0]
+
+
+def oom_block(*, traceback: bool = True, rank: str = "TP0", kind: str = "Prefill") -> str:
+    """A fatal OOM (logged block, then its traceback) with a timestamp no other block in the test has."""
+    _SECOND[0] += 3
+    ts = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(1_780_000_000 + _SECOND[0]))
+    text = f"{kind} out of memory. Try to lower your batch size.\nTry to allocate {_SECOND[0]} tokens.\n"
+    out = f"[{ts} {rank}] {text}\n"
+    if traceback:
+        out += (
+            f"[{ts} {rank}] Scheduler hit an exception: Traceback (most recent call last):\n"
+            '  File "/usr/lib/python3/dist-packages/sglang/srt/managers/scheduler.py", line 9, in prepare_for_extend\n'
+            "    x()\n"
+            f"RuntimeError: {text}\n\n"
+        )
+    return out
+
+
+def cri(text: str) -> str:
+    """The same lines as a containerd CRI log."""
+    return "".join(f"2026-03-14T22:07:33.{i:09d}Z stderr F {line}\n" for i, line in enumerate(text.splitlines()))
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class Daemon:
+    """A running `sglang-oom-exporter serve` process."""
+
+    def __init__(self, args: list[str], state_dir: str) -> None:
+        self.args = args
+        self.state_dir = state_dir
+        self.port = _free_port()
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> Daemon:
+        cmd = [sys.executable, "-m", "sglang_oom_exporter", "serve", "--listen", f"127.0.0.1:{self.port}",
+               "--state-dir", self.state_dir, "--poll-interval", "0.5s", "--traceback-wait", "1s", *self.args]  # fmt: skip
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        wait_for(lambda: self.healthy() is not None, what="the daemon to answer /healthz")
+        return self
+
+    def healthy(self) -> bool | None:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/healthz", timeout=2) as r:
+                return bool(r.status == 200)
+        except urllib.error.HTTPError:
+            return False
+        except OSError:
+            assert self.proc is not None
+            assert self.proc.poll() is None, self.stderr()
+            return None
+
+    def metrics(self) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/metrics", timeout=5) as r:
+            text = r.read().decode()
+        out = {}
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                out[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
+        return out
+
+    def count(self, kind: str = "prefill", **labels: str) -> float:
+        key = ("sglang_oom_events_total", tuple(sorted({"kind": kind, **labels}.items())))
+        return self.metrics().get(key, -1.0)
+
+    def total(self, kind: str = "prefill") -> float:
+        return sum(
+            v for (name, labels), v in self.metrics().items()
+            if name == "sglang_oom_events_total" and dict(labels)["kind"] == kind
+        )  # fmt: skip
+
+    def send(self, sig: int) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(sig)
+
+    def stop(self, sig: int = signal.SIGTERM) -> int:
+        assert self.proc is not None
+        self.proc.send_signal(sig)
+        code = self.proc.wait(timeout=20)
+        self.proc.stdout and self.proc.stdout.close()  # type: ignore[func-returns-value]
+        self.proc.stderr and self.proc.stderr.close()  # type: ignore[func-returns-value]
+        return code
+
+    def stderr(self) -> str:
+        if self.proc is None or self.proc.poll() is None:
+            return ""
+        assert self.proc.stderr is not None
+        return self.proc.stderr.read().decode(errors="replace")
+
+
+def wait_for(cond: Callable[[], object], *, timeout: float = 15.0, what: str = "condition") -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if cond():
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def settle(daemon: Daemon, expected: float, kind: str = "prefill") -> None:
+    """Wait until the total reaches expected, then make sure it stays there (no late double count)."""
+    wait_for(lambda: daemon.total(kind) >= expected, what=f"{kind} total {expected}")
+    # A double count would come from the same pass or the next traceback wait; two waits cover both.
+    deadline = time.monotonic() + 2.5
+    while time.monotonic() < deadline:
+        assert daemon.total(kind) == expected
+        time.sleep(0.1)
+
+
+@pytest.fixture
+def daemon_factory(tmp_path) -> Iterator[Callable[..., Daemon]]:
+    started: list[Daemon] = []
+
+    def make(*args: str) -> Daemon:
+        d = Daemon(list(args), str(tmp_path / "state"))
+        started.append(d)
+        return d.start()
+
+    yield make
+    for d in started:
+        if d.proc is not None and d.proc.poll() is None:
+            d.proc.kill()
+            d.proc.wait()
+        for stream in (d.proc.stdout, d.proc.stderr) if d.proc else ():
+            if stream:
+                stream.close()
+
+
+def append(path, text: str) -> None:
+    with open(path, "a") as fh:
+        fh.write(text)
+
+
+def test_appends(tmp_path, daemon_factory):
+    log = tmp_path / "server.log"
+    log.write_text("[2026-03-14 22:00:00 TP0] started\n")
+    d = daemon_factory(str(log))
+    assert d.count(source="server") == 0  # zero-initialised before any event
+    for _ in range(3):
+        append(log, oom_block())
+    settle(d, 3)
+
+
+def test_new_file_burst_written_between_looks(tmp_path, daemon_factory):
+    d = daemon_factory(str(tmp_path / "*.log"))
+    d.send(signal.SIGSTOP)
+    (tmp_path / "late.log").write_text("".join(oom_block() for _ in range(4)))
+    d.send(signal.SIGCONT)
+    settle(d, 4)
+    assert d.count(source="late") == 4
+
+
+def test_rename_and_create_with_five_unread_blocks(tmp_path, daemon_factory):
+    log = tmp_path / "0.log"
+    log.write_text(oom_block())
+    d = daemon_factory("--from-beginning", str(tmp_path / "*.log"))
+    settle(d, 1)
+    d.send(signal.SIGSTOP)
+    append(log, "".join(oom_block() for _ in range(5)))
+    os.rename(log, tmp_path / "0.log.20260314-220733")
+    log.write_text(oom_block() + oom_block())
+    d.send(signal.SIGCONT)
+    settle(d, 8)
+
+
+def test_path_absent_for_a_second_then_recreated(tmp_path, daemon_factory):
+    log = tmp_path / "server.log"
+    log.write_text(oom_block())
+    d = daemon_factory("--from-beginning", str(log))
+    settle(d, 1)
+    os.unlink(log)
+    wait_for(lambda: d.metrics().get(("sglang_oom_exporter_file_resets_total",
+                                      (("reason", "deleted"), ("source", "server")))) == 1, what="the deletion")  # fmt: skip
+    time.sleep(1.0)  # the scenario: the path stays missing for a second
+    log.write_text(oom_block() + oom_block() + oom_block())
+    settle(d, 4)
+
+
+@pytest.mark.parametrize("larger", [False, True], ids=["smaller", "larger"])
+def test_copytruncate(tmp_path, daemon_factory, larger):
+    log = tmp_path / "server.log"
+    log.write_text(oom_block() + oom_block())
+    d = daemon_factory("--from-beginning", str(log))
+    settle(d, 2)
+    d.send(signal.SIGSTOP)
+    with open(log, "r+") as fh:
+        fh.truncate(0)
+    # Smaller: one block. Larger: the new content outgrows the old offset before the next look.
+    log.write_text("".join(oom_block() for _ in range(4 if larger else 1)))
+    d.send(signal.SIGCONT)
+    settle(d, 6 if larger else 3)
+
+
+def test_line_split_across_two_writes_a_second_apart(tmp_path, daemon_factory):
+    log = tmp_path / "server.log"
+    log.write_text("")
+    d = daemon_factory(str(log))
+    block = oom_block(traceback=False)
+    append(log, block[:30])
+    time.sleep(1.0)  # the scenario: the rest of the line comes a second later
+    append(log, block[30:])
+    settle(d, 1)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL], ids=["sigterm", "sigkill"])
+def test_restart_counts_what_was_written_while_down_once(tmp_path, daemon_factory, sig):
+    log = tmp_path / "server.log"
+    log.write_text(oom_block() + oom_block())
+    d = daemon_factory("--from-beginning", str(log))
+    settle(d, 2)
+    if sig == signal.SIGKILL:
+        # The state is saved every few seconds; make sure a save happened after the count.
+        wait_for(lambda: d.metrics().get(("sglang_oom_exporter_state_saves", ())) is not None
+                 or d.metrics().get(("sglang_oom_exporter_state_saves_total", ()), 0) >= 2, what="a state save")  # fmt: skip
+    assert d.stop(sig) == (0 if sig == signal.SIGTERM else -signal.SIGKILL)
+    append(log, "".join(oom_block() for _ in range(5)))
+    d2 = daemon_factory(str(log))
+    settle(d2, 7)  # the total, not just what the new process saw
+
+
+def test_restart_between_a_block_and_its_traceback(tmp_path, daemon_factory):
+    log = tmp_path / "server.log"
+    block = oom_block()
+    head, tail = block.split("[", 2)[1], "[" + block.split("[", 2)[2]
+    log.write_text("[" + head)
+    d = daemon_factory("--from-beginning", "--traceback-wait", "30s", str(log))
+    wait_for(lambda: d.metrics().get(("sglang_oom_exporter_pending_events", ())) == 1, what="the pending block")
+    assert d.stop(signal.SIGTERM) == 0
+    append(log, tail)
+    d2 = daemon_factory(str(log))
+    settle(d2, 1)
+
+
+def test_cri_pod_logs_rotation_and_restart_in_kubernetes_mode(tmp_path, daemon_factory):
+    root = tmp_path / "pods"
+    container = root / "llm_sglang-0_0d7c" / "sglang"
+    container.mkdir(parents=True)
+    (root / "kube-system_coredns-1_aa" / "coredns").mkdir(parents=True)
+    (root / "kube-system_coredns-1_aa" / "coredns" / "0.log").write_text(cri(oom_block()))  # filtered out
+    log = container / "0.log"
+    log.write_text(cri("[2026-03-14 22:00:00 TP0] Load weight end."))
+    d = daemon_factory("--kubernetes-logs", str(root))
+    labels = {"namespace": "llm", "pod": "sglang-0", "container": "sglang"}
+    append(log, cri(oom_block()))
+    settle(d, 1)
+    # kubelet rotation: 0.log -> 0.log.<ts> with an unread block, then a restarted container writes 1.log.
+    d.send(signal.SIGSTOP)
+    append(log, cri(oom_block()))
+    os.rename(log, container / "0.log.20260314-220733")
+    (container / "1.log").write_text(cri(oom_block() + oom_block()))
+    d.send(signal.SIGCONT)
+    settle(d, 4)
+    assert d.count(**labels) == 4
+    assert d.stop(signal.SIGTERM) == 0
+    append(container / "1.log", cri(oom_block(kind="Decode")))
+    d2 = daemon_factory("--kubernetes-logs", str(root))
+    settle(d2, 1, kind="decode")
+    assert d2.count(**labels) == 4
+    assert d2.count("decode", **labels) == 1
+
+
+def test_stdin_passes_through_and_counts(tmp_path):
+    port = _free_port()
+    cmd = [sys.executable, "-m", "sglang_oom_exporter", "serve", "--listen", f"127.0.0.1:{port}", "-"]
+    proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        d = Daemon([], str(tmp_path))
+        d.port, d.proc = port, proc
+        wait_for(lambda: d.healthy() is not None, what="/healthz")
+        text = oom_block() + oom_block(traceback=False)
+        assert proc.stdin is not None
+        assert proc.stdout is not None
+        proc.stdin.write(text.encode())
+        proc.stdin.flush()
+        settle(d, 2)
+        assert proc.stdout.read(len(text)).decode() == text
+        assert d.stop(signal.SIGTERM) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()
+        for stream in (proc.stdin, proc.stdout, proc.stderr):
+            if stream:
+                stream.close()
+
+
+def test_corrupt_state_file_is_a_warning_not_a_crash(tmp_path, daemon_factory):
+    state = tmp_path / "state"
+    state.mkdir()
+    (state / "state.json").write_bytes(b"\x00{not json")
+    log = tmp_path / "server.log"
+    log.write_text(oom_block())
+    d = daemon_factory(str(log))
+    append(log, oom_block())
+    settle(d, 1)  # the documented fallback: a first start, existing content read from its end
+    assert d.metrics()[("sglang_oom_exporter_state_errors_total", ())] >= 0
+    assert any(name.startswith("state.json.corrupt") for name in os.listdir(state))
+
+
+def test_check_config_and_bad_config(tmp_path):
+    good = tmp_path / "good.yaml"
+    good.write_text("paths: ['/var/log/sglang/*.log']\npoll_interval: 2s\n")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("paths: ['/x']\npoll_interval: 2\ncolour: red\n")
+    run = lambda *a: subprocess.run([sys.executable, "-m", "sglang_oom_exporter", "serve", *a],  # noqa: E731
+                                    capture_output=True, timeout=30, check=False)  # fmt: skip
+    ok = run("--check-config", "--config", str(good))
+    assert ok.returncode == 0, ok.stderr
+    assert b"configuration ok: 1 path(s)" in ok.stdout
+    res = run("--check-config", "--config", str(bad))
+    assert res.returncode == 1
+    err = res.stderr.decode()
+    assert "colour: unknown key" in err
+    assert "poll_interval: '2' is not a duration with a unit" in err
+    assert run("--config", str(bad)).returncode == 2
