@@ -123,6 +123,7 @@ class App:
             self._state_error(f"cannot read the state file: {exc}")
             return
         if data is None:
+            self.extra["state_errors_total"] += self._state.rejected
             return
         try:
             if data.get("state_version") != STATE_VERSION:

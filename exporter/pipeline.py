@@ -24,6 +24,7 @@ TRACEBACK_OPENERS = ("Traceback (most recent call last)",)
 # A CRI partial record can cut an anchor in two ("Out of mem" | "ory."): no piece holds the literal, so
 # every partial record is a hit of its own; they are rare (long lines, or a write without its newline).
 CRI_PARTIAL_LITERALS = (" stdout P ", " stderr P ")
+CRI_SPANS = ((" stdout P ", " stdout F "), (" stderr P ", " stderr F "))
 # Not searched for (a block's detail lines follow its anchor line), but they keep the window open.
 DETAIL_LITERALS = (
     'File "',
@@ -71,6 +72,7 @@ class Pipeline:
             (*anchors, *CRI_PARTIAL_LITERALS),
             openers=TRACEBACK_OPENERS,
             extenders=DETAIL_LITERALS,
+            spans=CRI_SPANS,
             finder=finder,
             prefilter=prefilter,
         )

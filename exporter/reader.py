@@ -19,6 +19,7 @@ from sglang_oom_exporter.model import Gap, RawLine
 DEFAULT_AFTER = 32  # after a traceback opens: its header lines; each frame line then extends the window
 DEFAULT_AFTER_SHORT = 4  # after an anchor or detail line: the next detail line, or the closing blank line
 DEFAULT_BEFORE = 4  # look-back: a CRI line cut into partial records ahead of the one holding the anchor
+MAX_SPAN_LINES = 100_000  # an unclosed span (a cut file) stops holding the window open after this many lines
 MAX_LINE = 256 * 1024
 
 
@@ -113,6 +114,7 @@ class LineReader:
         *,
         openers: Sequence[str] = (),
         extenders: Sequence[str] = (),
+        spans: Sequence[tuple[str, str]] = (),
         finder: str = "auto",
         prefilter: bool = True,
         after: int = DEFAULT_AFTER,
@@ -121,6 +123,11 @@ class LineReader:
         max_line: int = MAX_LINE,
     ) -> None:
         self._openers = minimal_literals(openers)
+        # A span (a CRI partial record up to its stream's F record) keeps the window open until it closes,
+        # however many other-stream lines come in between: the F may hold the rest of an anchor.
+        self._spans = tuple((o.encode(), c.encode()) for o, c in spans)
+        self._open_spans: set[int] = set()
+        self._span_lines = 0
         self._extenders = minimal_literals(extenders)
         self._finder = make_finder(minimal_literals((*literals, *openers)), prefer=finder)
         self._prefilter = prefilter
@@ -231,6 +238,22 @@ class LineReader:
             return self._after if any(op in line for op in self._openers) else self._after_short
         return self._after_short if any(ex in line for ex in self._extenders) else 0
 
+    def _span_holds(self, line: bytes) -> bool:
+        """Track open spans; True while one is open (and not past its bound)."""
+        for i, (opener, closer) in enumerate(self._spans):
+            if opener in line:
+                self._open_spans.add(i)
+            elif closer in line:
+                self._open_spans.discard(i)
+        if not self._open_spans:
+            self._span_lines = 0
+            return False
+        self._span_lines += 1
+        if self._span_lines > MAX_SPAN_LINES:
+            self._open_spans.clear()
+            return False
+        return True
+
     def _walk(self, buf: bytes, lo: int, hi: int) -> Iterator[RawLine | Gap]:
         """Split buf[lo:hi] (newline-terminated) into lines near hits, and gaps."""
         if not self._prefilter:
@@ -248,6 +271,8 @@ class LineReader:
                 if self._prefilter:
                     is_hit = h < len(hits) and hits[h] < end
                     self._window = max(self._window - 1, self._window_after(line.data, is_hit))
+                    if self._spans and self._span_holds(line.data):
+                        self._window = max(self._window, 1)
                 pos = end + 1
                 yield line
                 continue

@@ -37,6 +37,7 @@ class StateStore:
         self.directory = os.fspath(directory)
         self.path = os.path.join(self.directory, STATE_FILENAME)
         self._clock = clock
+        self.rejected = 0  # state files found unusable and moved aside
 
     def load(self) -> dict[str, Any] | None:
         """Return the saved data, or None for a first run (missing, corrupt, unreadable, other version)."""
@@ -92,6 +93,7 @@ class StateStore:
             os.close(dir_fd)
 
     def _reject(self, reason: str) -> None:
+        self.rejected += 1
         aside = f"{self.path}.corrupt-{int(self._clock())}"
         try:
             os.replace(self.path, aside)

@@ -239,9 +239,9 @@ def test_restart_counts_what_was_written_while_down_once(tmp_path, daemon_factor
     d = daemon_factory("--from-beginning", str(log))
     settle(d, 2)
     if sig == signal.SIGKILL:
-        # The state is saved every few seconds; make sure a save happened after the count.
-        wait_for(lambda: d.metrics().get(("sglang_oom_exporter_state_saves", ())) is not None
-                 or d.metrics().get(("sglang_oom_exporter_state_saves_total", ()), 0) >= 2, what="a state save")  # fmt: skip
+        # SIGKILL leaves only the periodic save (every 5 s); whatever came after it is re-read and
+        # counted again from that save's counters, so one save is all the scenario needs.
+        wait_for(lambda: d.metrics().get(("sglang_oom_exporter_state_saves_total", ()), 0) >= 1, what="a state save")
     assert d.stop(sig) == (0 if sig == signal.SIGTERM else -signal.SIGKILL)
     append(log, "".join(oom_block() for _ in range(5)))
     d2 = daemon_factory(str(log))
@@ -323,7 +323,7 @@ def test_corrupt_state_file_is_a_warning_not_a_crash(tmp_path, daemon_factory):
     d = daemon_factory(str(log))
     append(log, oom_block())
     settle(d, 1)  # the documented fallback: a first start, existing content read from its end
-    assert d.metrics()[("sglang_oom_exporter_state_errors_total", ())] >= 0
+    assert d.metrics()[("sglang_oom_exporter_state_errors_total", ())] == 1
     assert any(name.startswith("state.json.corrupt") for name in os.listdir(state))
 
 

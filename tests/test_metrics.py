@@ -1,0 +1,117 @@
+"""Metrics: zero-initialisation, counting, restore, retention, and the exposition promtool accepts."""
+
+from __future__ import annotations
+
+import os
+import platform
+import shutil
+import subprocess
+
+import pytest
+from prometheus_client import CollectorRegistry, generate_latest
+
+from sglang_oom_exporter import __version__
+from sglang_oom_exporter.metrics import EventCounts, ExporterCollector, SourceStats
+from sglang_oom_exporter.model import OomEvent
+from tests.helpers import CATALOG
+
+HERE = os.path.dirname(__file__)
+GOLDEN = os.path.join(HERE, "data", "exposition", "basic.prom")
+
+
+def _event(kind: str, fatal: bool = True, **numbers: object) -> OomEvent:
+    return OomEvent(kind=kind, fatal=fatal, source="s", location="s.log:1", time=None, ranks=("TP0",), message="m",
+                    excerpt="m", numbers=dict(numbers))  # fmt: skip
+
+
+def _registry(counts: EventCounts, stats: list[SourceStats]) -> CollectorRegistry:
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(ExporterCollector(counts, lambda: stats, lambda: {"state_saves_total": 3.0,
+                                                                        "pending_events": 0.0}))  # fmt: skip
+    return registry
+
+
+def _sample(registry: CollectorRegistry, name: str, **labels: str) -> float | None:
+    return registry.get_sample_value(name, labels)
+
+
+def test_every_kind_is_zero_before_the_first_event():
+    counts = EventCounts(CATALOG.ids, ("source",))
+    counts.ensure(("sglang-0",))
+    registry = _registry(counts, [])
+    for kind in CATALOG.ids:
+        assert _sample(registry, "sglang_oom_events_total", kind=kind, source="sglang-0") == 0.0
+
+
+def test_events_fatal_events_retractions_and_last_numbers():
+    counts = EventCounts(CATALOG.ids, ("source",))
+    counts.record(("a",), _event("prefill", requested_tokens=16384, available_tokens=6100), 1000.0)
+    counts.record(("a",), _event("decode", fatal=False), 1001.0)
+    counts.record(("a",), _event("retract", fatal=False, retracted_requests=3), 1002.0)
+    counts.record(("a",), _event("retract", fatal=False, retracted_requests=2), 1003.0)
+    registry = _registry(counts, [])
+    assert _sample(registry, "sglang_oom_events_total", kind="prefill", source="a") == 1.0
+    assert _sample(registry, "sglang_oom_events_total", kind="decode", source="a") == 1.0
+    assert _sample(registry, "sglang_oom_fatal_events_total", kind="decode", source="a") == 0.0
+    assert _sample(registry, "sglang_oom_events_total", kind="retract", source="a") == 2.0
+    assert _sample(registry, "sglang_oom_retracted_requests_total", source="a") == 5.0
+    assert _sample(registry, "sglang_oom_last_event_requested_tokens", kind="prefill", source="a") == 16384.0
+    assert _sample(registry, "sglang_oom_last_event_available_tokens", kind="prefill", source="a") == 6100.0
+    assert _sample(registry, "sglang_oom_last_event_timestamp_seconds", kind="retract", source="a") == 1003.0
+
+
+def test_restore_continues_from_saved_values_and_rejects_garbage():
+    counts = EventCounts(CATALOG.ids, ("source",))
+    counts.record(("a",), _event("prefill"), 1.0)
+    saved = counts.export_state()
+    again = EventCounts(CATALOG.ids, ("source",))
+    again.restore_state(saved)
+    again.record(("a",), _event("prefill"), 2.0)
+    assert again.total("prefill") == 2.0
+    for bad in ({}, {"label_names": ["pod"], "sources": []}, {"label_names": ["source"], "sources": [{"labels": 1}]},
+                {"label_names": ["source"], "sources": [{"labels": ["a"], "events": {"prefill": -1}, "fatal": {},
+                                                          "retracted": 0}]}):  # fmt: skip
+        with pytest.raises(ValueError, match=r"labels|bad"):
+            EventCounts(CATALOG.ids, ("source",)).restore_state(bad)
+
+
+def test_dropped_source_loses_its_series():
+    counts = EventCounts(CATALOG.ids, ("source",))
+    counts.ensure(("gone",))
+    counts.ensure(("kept",))
+    counts.drop(("gone",))
+    registry = _registry(counts, [])
+    assert _sample(registry, "sglang_oom_events_total", kind="prefill", source="gone") is None
+    assert _sample(registry, "sglang_oom_events_total", kind="prefill", source="kept") == 0.0
+
+
+def _exposition() -> str:
+    counts = EventCounts(CATALOG.ids, ("namespace", "pod", "container"))
+    labels = ("llm", "sglang-0", "sglang")
+    counts.ensure(labels)
+    counts.record(labels, _event("decode", requested_tokens=96, available_tokens=40), 1_780_000_000.0)
+    stats = SourceStats(labels, files=2, bytes_read=9467, lines_read=125, lag_bytes=0, last_read=1_780_000_000.0)
+    stats.resets["rotated"] = 1
+    text = generate_latest(_registry(counts, [stats])).decode()
+    return text.replace(f'python_version="{platform.python_version()}"', 'python_version="X"').replace(
+        f'version="{__version__}"', 'version="V"'
+    )
+
+
+def test_exposition_matches_the_golden_file():
+    text = _exposition()
+    if os.environ.get("UPDATE_GOLDEN"):
+        with open(GOLDEN, "w") as fh:
+            fh.write(text)
+    with open(GOLDEN) as fh:
+        assert text == fh.read()
+
+
+@pytest.mark.needs_promtool
+@pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool (Debian package prometheus) is not installed")
+def test_promtool_accepts_the_exposition():
+    proc = subprocess.run(["promtool", "check", "metrics"], input=_exposition(), capture_output=True, text=True,
+                          timeout=60, check=False)  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.stdout.strip() == "", proc.stdout
+    assert proc.stderr.strip() == "", proc.stderr
