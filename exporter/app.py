@@ -31,8 +31,10 @@ from sglang_oom_exporter.model import OomEvent
 from sglang_oom_exporter.pipeline import Pipeline
 from sglang_oom_exporter.server import EventStore, Health
 from sglang_oom_exporter.sources.discover import KubernetesFilter, dirs_to_watch, discover_pods, expand
+from sglang_oom_exporter.sources.scrape import TargetScraper
 from sglang_oom_exporter.sources.tail import FileTailer, TailPosition, TailReset
 from sglang_oom_exporter.state import StateStore
+from sglang_oom_exporter.suggest import with_suggestions
 
 log = logging.getLogger(__name__)
 
@@ -108,6 +110,7 @@ class App:
         self._stdin_thread: threading.Thread | None = None
         self._stdin_done = False
         self._kfilter = self._filter(config)
+        self.scrapers = [TargetScraper(url, timeout=config.scrape_timeout) for url in config.sglang_urls]
         self.extra = {"state_saves_total": 0.0, "state_errors_total": 0.0, "event_sink_errors_total": 0.0}
         self._problem = ""
 
@@ -346,8 +349,34 @@ class App:
         # Files that exist at the very first start are history; files that appear later are read from 0.
         return not self._discovered_once
 
+    def target_for(self, source: LogSource) -> TargetScraper | None:
+        """The SGLang endpoint that serves this log: named in the config, or the only one there is."""
+        owners = self.config.target_sources
+        names = {source.label_map.get("source"), source.label_map.get("container"), source.label_map.get("pod")}
+        for scraper in self.scrapers:
+            if owners.get(scraper.url) in names:
+                return scraper
+        if len(self.scrapers) == 1 and not owners:
+            return self.scrapers[0]
+        return None
+
+    def targets(self) -> list[TargetAdapter]:
+        """The scraped endpoints, as the collector reads them."""
+        return [TargetAdapter(s) for s in self.scrapers]
+
+    def _with_context(self, source: LogSource, event: OomEvent) -> OomEvent:
+        scraper = self.target_for(source)
+        if scraper is None:
+            return with_suggestions(event, None, None)
+        snapshot = scraper.snapshot_before(self._wall())
+        info = scraper.server_info
+        return with_suggestions(
+            event, dict(info.args) if info else None, snapshot.as_dict() if snapshot else None, scraper.url
+        )
+
     def _record(self, source: LogSource, event: OomEvent) -> None:
         try:
+            event = self._with_context(source, event)
             self.counts.record(source.labels, event, self._wall())
             self.store.add(event, source.label_map)
         except Exception:  # a sink failure must never kill the loop or lose the rest
@@ -503,6 +532,39 @@ class App:
             source.pipeline.close_open(now)
             source.close_at = None
         source.pipeline.tick(now)
+
+
+class TargetAdapter:
+    """A TargetScraper seen through metrics.TargetView."""
+
+    def __init__(self, scraper: TargetScraper) -> None:
+        self._s = scraper
+        self.url = scraper.url
+
+    @property
+    def up(self) -> bool:
+        """Whether the last scrape worked."""
+        return self._s.up
+
+    @property
+    def duration(self) -> float:
+        """Seconds the last scrape took."""
+        return self._s.duration
+
+    @property
+    def errors_total(self) -> dict[str, int]:
+        """Failed scrapes by reason."""
+        return dict(self._s.errors_total)
+
+    def snapshot_values(self) -> dict[str, float]:
+        """The last good KV snapshot's values."""
+        snap = self._s.snapshot
+        return {k: float(v) for k, v in snap.as_dict().items() if isinstance(v, int | float)} if snap else {}
+
+    def server_args(self) -> dict[str, Any]:
+        """The last server-info args."""
+        info = self._s.server_info
+        return dict(info.args) if info else {}
 
 
 def _asdict(config: Config) -> dict[str, Any]:

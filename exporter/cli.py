@@ -17,14 +17,15 @@ from typing import Any
 from sglang_oom_exporter import __version__
 from sglang_oom_exporter.catalog import CatalogError, load_catalog
 from sglang_oom_exporter.config import DEFAULT_LISTEN
-from sglang_oom_exporter.scan import InputError, format_text, scan_paths
+from sglang_oom_exporter.scan import InputError, format_text, load_server_args, scan_paths
 
 EXIT_OK, EXIT_OOM, EXIT_USAGE = 0, 1, 2
 
 
-def sample_path() -> str:
-    """The bundled synthetic sample log (several SGLang eras, TP=2, every fatal kind, retractions)."""
-    return str(resources.files("sglang_oom_exporter").joinpath("samples/sample.log"))
+def sample_path(name: str = "sample.log") -> str:
+    """A bundled sample: the synthetic log (several SGLang eras, TP=2, every fatal kind, retractions), or
+    the server-info JSON that goes with it."""
+    return str(resources.files("sglang_oom_exporter").joinpath(f"samples/{name}"))
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -48,7 +49,8 @@ def build_parser() -> argparse.ArgumentParser:
     scan.add_argument("paths", nargs="*", metavar="PATH", help="log files to read; '-' reads stdin")
     scan.add_argument("--format", choices=("text", "json"), default="text", help="output format (default: text)")
     scan.add_argument("--fail-on-oom", action="store_true", help="exit 1 when any fatal OOM event was found")
-    scan.add_argument("--sample", action="store_true", help="scan the bundled synthetic sample log")
+    scan.add_argument("--sample", action="store_true",
+                      help="scan the bundled synthetic sample log (with its bundled server args)")  # fmt: skip
     scan.add_argument("--catalog", metavar="FILE", help="use this catalog instead of the built-in one")
     scan.add_argument(
         "--prefix-regex",
@@ -58,6 +60,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="an extra log-prefix pattern (named groups ts and ranks) for custom SGLang logging configs; repeatable",
     )
     scan.add_argument("--no-prefilter", action="store_true", help="parse every line (slower; for debugging)")
+    scan.add_argument("--server-args", metavar="FILE",
+                      help="JSON from SGLang's /server_info (or /get_server_info): suggestions then start from the "
+                      "server's current flag values")  # fmt: skip
     _serve_parser(sub)
     return parser
 
@@ -113,6 +118,15 @@ def _serve_parser(sub: Any) -> None:
     serve.add_argument("--log-level", choices=("debug", "info", "warning", "error"), help="default info")
     serve.add_argument("--catalog", metavar="FILE", help="use this catalog instead of the built-in one")
     serve.add_argument("--prefix-regex", action="append", metavar="REGEX", help="extra log-prefix pattern; repeatable")
+    serve.add_argument(
+        "--sglang-url",
+        action="append",
+        metavar="URL",
+        help="SGLang base URL to scrape (/metrics, /server_info), e.g. http://127.0.0.1:30000; "
+        "repeatable. One URL serves every log source; map several with 'targets:' in the config file",
+    )
+    serve.add_argument("--scrape-interval", metavar="DURATION", help="how often to scrape each SGLang (default 15s)")
+    serve.add_argument("--scrape-timeout", metavar="DURATION", help="give up on one scrape after this (default 5s)")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -138,6 +152,7 @@ def _scan(args: argparse.Namespace) -> int:
     paths = list(args.paths)
     if args.sample:
         paths.insert(0, sample_path())
+        args.server_args = args.server_args or sample_path("server_info.json")
     if not paths:
         return _fail("scan: give at least one PATH, '-' for stdin, or --sample")
     try:
@@ -152,7 +167,9 @@ def _scan(args: argparse.Namespace) -> int:
         except regex.error as exc:
             return _fail(f"--prefix-regex {rx!r}: {exc}")
     try:
-        result = scan_paths(catalog, paths, prefilter=not args.no_prefilter, extra_prefixes=args.prefix_regex)
+        server_args = load_server_args(args.server_args) if args.server_args else None
+        result = scan_paths(catalog, paths, prefilter=not args.no_prefilter, extra_prefixes=args.prefix_regex,
+                            server_args=server_args)  # fmt: skip
     except InputError as exc:
         return _fail(str(exc))
     if args.format == "json":

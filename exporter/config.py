@@ -69,6 +69,10 @@ class Config:
     prefix_regex: tuple[str, ...] = ()
     web_config: str | None = None
     log_level: str = "info"
+    sglang_urls: tuple[str, ...] = ()  # SGLang base URLs to scrape (/metrics, /server_info)
+    target_sources: Mapping[str, str] = field(default_factory=dict)  # url -> source name it serves
+    scrape_interval: float = 15.0
+    scrape_timeout: float = 5.0
 
 
 def parse_duration(text: str) -> float:
@@ -79,11 +83,15 @@ def parse_duration(text: str) -> float:
     return sum(float(n) * _UNITS[u] for n, u in _DURATION_PART.findall(text))
 
 
-_DURATION_KEYS = ("poll_interval", "discover_interval", "state_interval", "traceback_wait", "source_retention")
+_DURATION_KEYS = (
+    "poll_interval", "discover_interval", "state_interval", "traceback_wait", "source_retention", "scrape_interval",
+    "scrape_timeout",
+)  # fmt: skip
 _BOOL_KEYS = ("from_beginning", "force_polling")
 _STR_KEYS = ("listen", "state_dir", "catalog", "web_config", "log_level")
 _FILE_KEYS = frozenset({*_DURATION_KEYS, *_BOOL_KEYS, *_STR_KEYS, "paths", "sources", "kubernetes", "prefix_regex",
-                        "recent_events"})  # fmt: skip
+                        "recent_events", "targets"})  # fmt: skip
+_URL = regex.compile(r"^https?://[^\s/]+(?:/[^\s]*)?$")
 _K8S_KEYS = frozenset({"logs_root", "namespace", "pod", "container"})
 _LEVELS = ("debug", "info", "warning", "error")
 
@@ -189,6 +197,30 @@ def _read_file(builder: _Builder, path: str) -> None:
     k8s = data.get("kubernetes")
     if k8s is not None:
         _kubernetes(builder, f"{path}: kubernetes", k8s)
+    _targets(builder, f"{path}: targets", data.get("targets"))
+
+
+def _targets(builder: _Builder, where: str, raw: Any) -> None:
+    """targets: [{url: http://127.0.0.1:30000, source: name}]: which SGLang serves which log source."""
+    if raw is None:
+        return
+    if not isinstance(raw, list):
+        builder.problems.append(f"{where}: must be a list of {{url, source}}")
+        return
+    urls: list[str] = []
+    owners: dict[str, str] = {}
+    for i, entry in enumerate(raw):
+        if not isinstance(entry, dict) or set(entry) - {"url", "source"} or not isinstance(entry.get("url"), str):
+            builder.problems.append(f"{where}[{i}]: needs 'url' and an optional 'source', nothing else")
+            continue
+        if not _URL.match(entry["url"]):
+            builder.problems.append(f"{where}[{i}].url: {entry['url']!r} is not an http(s) URL")
+            continue
+        urls.append(entry["url"].rstrip("/"))
+        if entry.get("source"):
+            owners[entry["url"].rstrip("/")] = str(entry["source"])
+    builder.values["sglang_urls"] = tuple(urls)
+    builder.values["target_sources"] = owners
 
 
 def _str_list(builder: _Builder, where: str, value: Any) -> list[str]:
@@ -231,6 +263,8 @@ def load_config(
             builder.set(name, key, env[name])
     if env.get(ENV_PREFIX + "PATHS"):
         builder.values["paths"] = tuple(p for p in env[ENV_PREFIX + "PATHS"].split(",") if p)
+    if env.get(ENV_PREFIX + "SGLANG_URL"):
+        builder.values["sglang_urls"] = tuple(u.rstrip("/") for u in env[ENV_PREFIX + "SGLANG_URL"].split(",") if u)
     if env.get(ENV_PREFIX + "KUBERNETES_LOGS"):
         base = builder.values.get("kubernetes")
         root = env[ENV_PREFIX + "KUBERNETES_LOGS"]
@@ -244,6 +278,11 @@ def load_config(
         elif key == "kubernetes_logs":
             base = builder.values.get("kubernetes")
             builder.values["kubernetes"] = replace(base, logs_root=value) if base else KubernetesConfig(value)
+        elif key == "sglang_url":
+            bad = [u for u in value if not _URL.match(u)]
+            builder.problems.extend(f"--sglang-url: {u!r} is not an http(s) URL" for u in bad)
+            if value and not bad:
+                builder.values["sglang_urls"] = tuple(u.rstrip("/") for u in value)
         elif key == "prefix_regex":
             for i, rx in enumerate(value):
                 _regex_ok(builder, f"--prefix-regex[{i}]", rx)

@@ -21,7 +21,7 @@ import platform
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
@@ -56,6 +56,7 @@ class EventCounts:
         self._fatal: dict[Labels, dict[str, float]] = {}
         self._retracted: dict[Labels, float] = {}
         self._last: dict[tuple[Labels, str], _Last] = {}
+        self._flags: dict[tuple[Labels, str, str], tuple[float | None, float]] = {}
 
     def ensure(self, labels: Labels) -> None:
         """Zero-initialise every kind for this source, so increase() sees its first event."""
@@ -84,6 +85,12 @@ class EventCounts:
                 float(requested) if isinstance(requested, int | float) else None,
                 float(available) if isinstance(available, int | float) else None,
             )
+            for s in event.suggestions:
+                if s.suggested is not None:
+                    # The first suggestion per flag is the primary one (an unknown phase lists prefill first).
+                    key = (labels, event.kind, s.flag.lstrip("-"))
+                    if key not in self._flags or s is event.suggestions[0]:
+                        self._flags[key] = (s.current, s.suggested)
 
     def drop(self, labels: Labels) -> None:
         """Forget a source whose logs are gone (after the retention)."""
@@ -93,6 +100,8 @@ class EventCounts:
             self._retracted.pop(labels, None)
             for key in [k for k in self._last if k[0] == labels]:
                 del self._last[key]
+            for fkey in [k for k in self._flags if k[0] == labels]:
+                del self._flags[fkey]
 
     def known(self) -> list[Labels]:
         """Label values of every source with series."""
@@ -165,7 +174,21 @@ class EventCounts:
             "Tokens available (free + evictable) in the pool that ran out, at the last event.",
             labels=names,
         )
+        flag_names = [*names, "flag"]
+        suggested = GaugeMetricFamily(
+            f"{NAMESPACE}_suggested_flag_value",
+            "The value the last event of a kind suggests for an SGLang flag (flag without its leading dashes).",
+            labels=flag_names,
+        )
+        current = GaugeMetricFamily(
+            f"{NAMESPACE}_current_flag_value", "The flag's value on the server when that event happened.",
+            labels=flag_names,
+        )  # fmt: skip
         with self._lock:
+            for (labels, kind, flag), (cur, sug) in self._flags.items():
+                suggested.add_metric([kind, *labels, flag], sug)
+                if cur is not None:
+                    current.add_metric([kind, *labels, flag], cur)
             for labels, per in self._events.items():
                 for kind in self.kinds:
                     events.add_metric([kind, *labels], per.get(kind, 0.0))
@@ -177,7 +200,7 @@ class EventCounts:
                     last_req.add_metric([kind, *labels], last.requested)
                 if last.available is not None:
                     last_avail.add_metric([kind, *labels], last.available)
-        yield from (events, fatal, retracted, last_ts, last_req, last_avail)
+        yield from (events, fatal, retracted, last_ts, last_req, last_avail, suggested, current)
 
 
 @dataclass(slots=True)
@@ -195,6 +218,72 @@ class SourceStats:
     resets: dict[str, float] = field(default_factory=lambda: dict.fromkeys(RESET_REASONS, 0.0))
 
 
+class TargetView(Protocol):
+    """What the collector reads of one scraped SGLang endpoint (sources/scrape.TargetScraper)."""
+
+    url: str
+
+    @property
+    def up(self) -> bool: ...
+    @property
+    def duration(self) -> float: ...
+    @property
+    def errors_total(self) -> Mapping[str, int]: ...
+    def snapshot_values(self) -> Mapping[str, float]: ...
+    def server_args(self) -> Mapping[str, Any]: ...
+
+
+# Mirrored SGLang values under our own names (never `sglang:` names): snapshot key -> (name, type, help).
+TARGET_VALUES = {
+    "token_usage": ("token_usage", "gauge", "SGLang's token usage: used (not evictable) over capacity, worst rank."),
+    "num_used_tokens": ("used_tokens", "gauge", "KV tokens in use (SGLang's num_used_tokens)."),
+    "max_total_num_tokens": ("max_total_tokens", "gauge", "KV pool capacity in tokens (max_total_num_tokens)."),
+    "kv_available_tokens": ("kv_available_tokens", "gauge", "Free KV slots (0.5.16+)."),
+    "kv_evictable_tokens": ("kv_evictable_tokens", "gauge", "Evictable radix-cache KV slots (0.5.16+)."),
+    "kv_used_tokens": ("kv_used_tokens", "gauge", "Used KV slots (0.5.16+)."),
+    "running_requests": ("running_requests", "gauge", "Requests in the running batch."),
+    "queued_requests": ("queued_requests", "gauge", "Requests waiting in the queue."),
+    "retracted_reqs": ("retracted_requests_last_step", "gauge", "Requests retracted in the last step."),
+    "new_token_ratio": ("new_token_ratio", "gauge", "The scheduler's new-token ratio (jumps after a retraction)."),
+    "retracted_requests_total": ("retracted_requests", "counter", "Requests retracted (SGLang 0.5.8+)."),
+    "aborted_requests_total": ("aborted_requests", "counter", "Requests aborted (SGLang 0.4.8+)."),
+}
+SERVER_ARGS = ("chunked_prefill_size", "max_prefill_tokens", "max_running_requests", "mem_fraction_static",
+               "page_size", "context_length", "max_total_num_tokens", "speculative_num_draft_tokens",
+               "schedule_conservativeness", "cuda_graph_max_bs")  # fmt: skip
+SCRAPE_REASONS = ("refused", "timeout", "http_status", "not_metrics", "truncated", "too_large", "bad_json", "error")
+
+
+def target_families(targets: Iterable[TargetView]) -> Iterator[Metric]:
+    """Health and mirrored KV values of every scraped SGLang endpoint."""
+    targets = list(targets)
+    up = GaugeMetricFamily(f"{NAMESPACE}_target_up", "1 when the last scrape of the SGLang endpoint worked.",
+                           labels=["target"])  # fmt: skip
+    duration = GaugeMetricFamily(f"{NAMESPACE}_target_scrape_duration_seconds", "How long the last scrape took.",
+                                 labels=["target"])  # fmt: skip
+    errors = CounterMetricFamily(f"{NAMESPACE}_target_scrape_errors", "Failed scrapes, by reason.",
+                                 labels=["target", "reason"])  # fmt: skip
+    args = GaugeMetricFamily(f"{NAMESPACE}_target_server_arg", "Numeric SGLang server args from /server_info.",
+                             labels=["target", "arg"])  # fmt: skip
+    values: dict[str, GaugeMetricFamily | CounterMetricFamily] = {}
+    for key, (name, typ, doc) in TARGET_VALUES.items():
+        family = CounterMetricFamily if typ == "counter" else GaugeMetricFamily
+        values[key] = family(f"{NAMESPACE}_target_{name}", doc, labels=["target"])
+    for t in targets:
+        up.add_metric([t.url], 1.0 if t.up else 0.0)
+        duration.add_metric([t.url], t.duration)
+        for reason in SCRAPE_REASONS:
+            errors.add_metric([t.url, reason], float(t.errors_total.get(reason, 0)))
+        for key, value in t.snapshot_values().items():
+            if key in values:
+                values[key].add_metric([t.url], value)
+        for arg, value in t.server_args().items():
+            if arg in SERVER_ARGS and isinstance(value, int | float) and not isinstance(value, bool):
+                args.add_metric([t.url, arg], float(value))
+    if targets:
+        yield from (up, duration, errors, args, *values.values())
+
+
 class ExporterCollector(Collector):
     """Yields the event families and the exporter's own health at scrape time."""
 
@@ -203,10 +292,12 @@ class ExporterCollector(Collector):
         counts: EventCounts,
         sources: Callable[[], Iterable[SourceStats]],
         extra: Callable[[], Mapping[str, float]] = dict,
+        targets: Callable[[], Iterable[TargetView]] = list,
     ) -> None:
         self._counts = counts
         self._sources = sources
         self._extra = extra
+        self._targets = targets
 
     def describe(self) -> Iterable[Metric]:
         """Nothing up front: the registry then never calls collect() at registration."""
@@ -216,6 +307,7 @@ class ExporterCollector(Collector):
         """One scrape."""
         yield from self._counts.families()
         yield from self._source_families(list(self._sources()))
+        yield from target_families(self._targets())
         extra = self._extra()
         yield _info()
         for name, value in sorted(extra.items()):

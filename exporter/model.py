@@ -78,6 +78,26 @@ class PoolState:
 
 
 @dataclass(frozen=True, slots=True)
+class Suggestion:
+    """A concrete flag change for one event, with the rule that produced the number."""
+
+    flag: str  # e.g. "--chunked-prefill-size"
+    current: float | None  # the server's value, when known
+    suggested: float | None  # None: the advice has no number (the inputs were missing)
+    rule: str  # how the number was computed, in words, with the inputs
+    when: str = ""  # the condition it applies under, when not always
+
+    def as_dict(self) -> dict[str, Any]:
+        """Plain data for JSON."""
+        return {"flag": self.flag, "current": _num(self.current), "suggested": _num(self.suggested),
+                "rule": self.rule, "when": self.when}  # fmt: skip
+
+
+def _num(value: float | None) -> float | int | None:
+    return int(value) if value is not None and float(value).is_integer() else value
+
+
+@dataclass(frozen=True, slots=True)
 class OomEvent:
     """One server-level OOM (or near-OOM) event: the unit that the counter counts once."""
 
@@ -96,3 +116,5 @@ class OomEvent:
     pools: tuple[PoolState, ...] = ()
     epoch: float | None = None  # seconds used for ordering and the dedupe window; not serialised
     offset: int = 0  # byte offset of the first line in its file generation: with the file identity, its key
+    context: dict[str, Any] = field(default_factory=dict)  # KV state before it and the server args, when known
+    suggestions: tuple[Suggestion, ...] = ()

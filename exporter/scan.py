@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import gzip
 import io
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import IO, Any, BinaryIO
 
@@ -15,6 +15,7 @@ from sglang_oom_exporter.catalog import Catalog
 from sglang_oom_exporter.match import Matcher
 from sglang_oom_exporter.model import OomEvent
 from sglang_oom_exporter.pipeline import Pipeline, PipelineStats
+from sglang_oom_exporter.suggest import with_suggestions
 
 CHUNK = 4 * 1024 * 1024
 _GZIP_MAGIC = b"\x1f\x8b"
@@ -90,6 +91,8 @@ def event_json(event: OomEvent, catalog: Catalog) -> dict[str, Any]:
         ],
         "excerpt": event.excerpt,
         "remediation": kind.remediation(),
+        "suggestions": [s.as_dict() for s in event.suggestions],
+        "context": event.context,
     }
 
 
@@ -145,8 +148,28 @@ def scan_stream(
     return events, pipe.stats()
 
 
+def load_server_args(path: str) -> dict[str, Any]:
+    """The JSON that SGLang's /server_info (or /get_server_info) returns, saved to a file."""
+    from sglang_oom_exporter.sources.scrape import ScrapeError, parse_server_info
+
+    try:
+        with open(path, "rb") as fh:
+            body = fh.read()
+    except OSError as exc:
+        raise InputError(f"cannot read {path}: {exc.strerror or exc}") from exc
+    try:
+        return dict(parse_server_info(body).args)
+    except ScrapeError as exc:
+        raise InputError(f"{path}: not server-info JSON: {exc}") from exc
+
+
 def scan_paths(
-    catalog: Catalog, paths: Iterable[str], *, prefilter: bool = True, extra_prefixes: Iterable[str] = ()
+    catalog: Catalog,
+    paths: Iterable[str],
+    *,
+    prefilter: bool = True,
+    extra_prefixes: Iterable[str] = (),
+    server_args: Mapping[str, Any] | None = None,
 ) -> ScanResult:
     """Scan every path in order; InputError on the first unreadable one."""
     matcher = Matcher(catalog)
@@ -158,7 +181,7 @@ def scan_paths(
         finally:
             if fh is not None and name != "-":
                 fh.close()
-        result.events.extend(events)
+        result.events.extend(with_suggestions(e, server_args) for e in events)
         result.stats.append((name, stats))
     return result
 
@@ -199,6 +222,14 @@ def format_text(result: ScanResult) -> str:
         if facts:
             out.append("    " + " ".join(facts))
         out.append(f"    fix: {kind.summary}")
+        for s in e.suggestions:
+            if s.suggested is not None:
+                change = (
+                    f"{s.flag} {_fmt(s.current)} -> {_fmt(s.suggested)}"
+                    if s.current is not None
+                    else (f"{s.flag} {_fmt(s.suggested)}")
+                )
+                out.append(f"    suggest: {change}  ({s.rule}" + (f"; when {s.when}" if s.when else "") + ")")
     counts = result.counts()
     out.append("")
     out.append("kind           events")
@@ -212,3 +243,9 @@ def format_text(result: ScanResult) -> str:
         f"{len(retract)} retraction events retracting {requests} requests, {lines} lines read"
     )
     return "\n".join(out) + "\n"
+
+
+def _fmt(value: float | None) -> str:
+    if value is None:
+        return "?"
+    return str(int(value)) if float(value).is_integer() else f"{value:g}"

@@ -18,13 +18,15 @@ from sglang_oom_exporter.catalog import CatalogError, load_catalog
 from sglang_oom_exporter.config import Config, ConfigError, load_config
 from sglang_oom_exporter.metrics import ExporterCollector
 from sglang_oom_exporter.server import ExporterServer, parse_address
+from sglang_oom_exporter.sources.scrape import ScrapeLoop
 from sglang_oom_exporter.sources.watch import Waker
 from sglang_oom_exporter.webconfig import WebConfig, load_web_config
 
 log = logging.getLogger("sglang_oom_exporter")
 
 _FLAG_KEYS = ("listen", "state_dir", "from_beginning", "kubernetes_logs", "config", "force_polling", "poll_interval",
-              "traceback_wait", "source_retention", "web_config", "log_level", "catalog", "prefix_regex")  # fmt: skip
+              "traceback_wait", "source_retention", "web_config", "log_level", "catalog", "prefix_regex",
+              "sglang_url", "scrape_interval", "scrape_timeout")  # fmt: skip
 
 
 def _flags(args: argparse.Namespace) -> dict[str, Any]:
@@ -62,7 +64,7 @@ def serve(args: argparse.Namespace) -> int:
                            "paths": tuple(p for p in config.paths if p != "-")})  # fmt: skip
     app = App(config, catalog, stdin=stdin, stdout=stdout)
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(ExporterCollector(app.counts, app.source_stats, app.extra_metrics))
+    registry.register(ExporterCollector(app.counts, app.source_stats, app.extra_metrics, app.targets))
     server = ExporterServer(address, registry=registry, catalog=catalog, events=app.store, health=app.health,
                             web_config=web)  # fmt: skip
     stop = threading.Event()
@@ -92,6 +94,9 @@ def serve(args: argparse.Namespace) -> int:
     app.load_state()
     app.start_stdin()
     waker.start()
+    # One thread per SGLang endpoint, so a hanging endpoint never delays another or the log tailing.
+    scrape_loop = ScrapeLoop(app.scrapers, config.scrape_interval)
+    scrape_loop.start()
 
     def wait(timeout: float) -> bool:
         woke = waker.wait(timeout)
@@ -112,6 +117,7 @@ def serve(args: argparse.Namespace) -> int:
         waker.watch_dirs(app.watch_dirs())
         app.run(stop, wake=wait)
     finally:
+        scrape_loop.stop()
         app.shutdown()
         waker.stop()
         server.stop()

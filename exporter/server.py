@@ -324,8 +324,41 @@ def _event_row(index: int, stored: StoredEvent, catalog: Catalog) -> str:
         f"{fatal}"
         f"<td>{_e(e.source)}<br><code>{_e(e.location)}</code>{labels}</td>"
         f"<td>{_e(' '.join(e.ranks) or '-')}</td><td>{_numbers(e)}</td>"
-        f"<td>{_e(kind.summary)}<ol>{steps}</ol></td></tr>"
+        f"<td>{_suggestions(e)}{_e(kind.summary)}<ol>{steps}</ol>{_context(e)}</td></tr>"
     )
+
+
+def _suggestions(e: OomEvent) -> str:
+    """The concrete flag changes first: they are what the on-call engineer came for."""
+    items = []
+    for s in e.suggestions:
+        if s.suggested is None:
+            continue
+        change = f"{_fmt(s.current)} &rarr; {_fmt(s.suggested)}" if s.current is not None else _fmt(s.suggested)
+        when = f" <em>(when {_e(s.when)})</em>" if s.when else ""
+        items.append(f'<li class="suggestion"><strong><code>{_e(s.flag)}</code> {change}</strong>{when}<br>'
+                     f"<small>{_e(s.rule)}</small></li>")  # fmt: skip
+    return f'<ul class="suggestions">{"".join(items)}</ul>' if items else ""
+
+
+def _context(e: OomEvent) -> str:
+    if not e.context:
+        return ""
+    rows = []
+    for part in ("kv", "server_args"):
+        values = e.context.get(part) or {}
+        if values:
+            text = ", ".join(f"{k}={v}" for k, v in sorted(values.items()))
+            rows.append(f"<b>{_e(part)}</b>: {_e(text)}")
+    if e.context.get("target"):
+        rows.insert(0, f"<b>target</b>: {_e(e.context['target'])}")
+    return f"<details><summary>context</summary>{'<br>'.join(rows)}</details>" if rows else ""
+
+
+def _fmt(value: float | None) -> str:
+    if value is None:
+        return "?"
+    return _e(int(value) if float(value).is_integer() else value)
 
 
 def _numbers(e: OomEvent) -> str:

@@ -114,3 +114,27 @@ def test_help_names_every_option(capsys):
     out = capsys.readouterr().out
     for option in ("--format", "--fail-on-oom", "--sample", "--catalog", "--prefix-regex", "--no-prefilter"):
         assert option in out
+
+
+def test_server_args_turn_the_fix_into_numbers(tmp_path):
+    log, info = tmp_path / "a.log", tmp_path / "server_info.json"
+    log.write_text(OOM)
+    info.write_text(json.dumps({"chunked_prefill_size": 16384, "max_running_requests": 512, "version": "0.5.6"}))
+    data = json.loads(_cli("scan", "--format", "json", "--server-args", str(info), str(log)).stdout)
+    (event,) = data["events"]
+    assert event["context"]["server_args"]["chunked_prefill_size"] == 16384
+    assert event["suggestions"][0] == {
+        "flag": "--chunked-prefill-size", "current": 16384, "suggested": 4096, "when": "",
+        "rule": "the largest power of two that fits the 6100 available tokens (the prefill asked for 16384), "
+                "never below 512",
+    }  # fmt: skip
+    text = _cli("scan", "--server-args", str(info), str(log)).stdout.decode()
+    assert "suggest: --chunked-prefill-size 16384 -> 4096" in text
+
+
+def test_server_args_that_are_not_json_exit_2(tmp_path):
+    info = tmp_path / "server_info.json"
+    info.write_text("<html>nope</html>")
+    proc = _cli("scan", "--server-args", str(info), "-", stdin=b"")
+    assert proc.returncode == 2
+    assert "not server-info JSON" in proc.stderr.decode()

@@ -6,6 +6,7 @@ import os
 import platform
 import shutil
 import subprocess
+from typing import ClassVar
 
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
@@ -13,6 +14,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from sglang_oom_exporter import __version__
 from sglang_oom_exporter.metrics import EventCounts, ExporterCollector, SourceStats
 from sglang_oom_exporter.model import OomEvent
+from sglang_oom_exporter.suggest import with_suggestions
 from tests.helpers import CATALOG
 
 HERE = os.path.dirname(__file__)
@@ -24,10 +26,24 @@ def _event(kind: str, fatal: bool = True, **numbers: object) -> OomEvent:
                     excerpt="m", numbers=dict(numbers))  # fmt: skip
 
 
-def _registry(counts: EventCounts, stats: list[SourceStats]) -> CollectorRegistry:
+class FakeTarget:
+    url = "http://127.0.0.1:30000"
+    up = False
+    duration = 0.25
+    errors_total: ClassVar[dict[str, int]] = {"timeout": 2}
+
+    def snapshot_values(self):
+        return {"token_usage": 0.97, "max_total_num_tokens": 61440.0, "retracted_requests_total": 12.0, "time": 5.0}
+
+    def server_args(self):
+        return {"chunked_prefill_size": 16384, "model_path": "m", "speculative_algorithm": None}
+
+
+def _registry(counts: EventCounts, stats: list[SourceStats], targets: list | None = None) -> CollectorRegistry:
     registry = CollectorRegistry(auto_describe=False)
     registry.register(ExporterCollector(counts, lambda: stats, lambda: {"state_saves_total": 3.0,
-                                                                        "pending_events": 0.0}))  # fmt: skip
+                                                                        "pending_events": 0.0},
+                                        lambda: targets or []))  # fmt: skip
     return registry
 
 
@@ -75,6 +91,24 @@ def test_restore_continues_from_saved_values_and_rejects_garbage():
             EventCounts(CATALOG.ids, ("source",)).restore_state(bad)
 
 
+def test_target_values_and_suggested_flags():
+    counts = EventCounts(CATALOG.ids, ("source",))
+    event = with_suggestions(_event("prefill", requested_tokens=16384, available_tokens=6100),
+                             {"chunked_prefill_size": 16384})  # fmt: skip
+    counts.record(("a",), event, 1.0)
+    registry = _registry(counts, [], [FakeTarget()])
+    flag = {"kind": "prefill", "source": "a", "flag": "chunked-prefill-size"}
+    assert _sample(registry, "sglang_oom_suggested_flag_value", **flag) == 4096.0
+    assert _sample(registry, "sglang_oom_current_flag_value", **flag) == 16384.0
+    target = {"target": FakeTarget.url}
+    assert _sample(registry, "sglang_oom_target_up", **target) == 0.0
+    assert _sample(registry, "sglang_oom_target_token_usage", **target) == 0.97
+    assert _sample(registry, "sglang_oom_target_retracted_requests_total", **target) == 12.0
+    assert _sample(registry, "sglang_oom_target_scrape_errors_total", reason="timeout", **target) == 2.0
+    assert _sample(registry, "sglang_oom_target_server_arg", arg="chunked_prefill_size", **target) == 16384.0
+    assert _sample(registry, "sglang_oom_target_server_arg", arg="model_path", **target) is None
+
+
 def test_dropped_source_loses_its_series():
     counts = EventCounts(CATALOG.ids, ("source",))
     counts.ensure(("gone",))
@@ -89,10 +123,11 @@ def _exposition() -> str:
     counts = EventCounts(CATALOG.ids, ("namespace", "pod", "container"))
     labels = ("llm", "sglang-0", "sglang")
     counts.ensure(labels)
-    counts.record(labels, _event("decode", requested_tokens=96, available_tokens=40), 1_780_000_000.0)
+    event = _event("decode", requested_tokens=96, available_tokens=40)
+    counts.record(labels, with_suggestions(event, {"max_running_requests": 256}), 1_780_000_000.0)
     stats = SourceStats(labels, files=2, bytes_read=9467, lines_read=125, lag_bytes=0, last_read=1_780_000_000.0)
     stats.resets["rotated"] = 1
-    text = generate_latest(_registry(counts, [stats])).decode()
+    text = generate_latest(_registry(counts, [stats], [FakeTarget()])).decode()
     return text.replace(f'python_version="{platform.python_version()}"', 'python_version="X"').replace(
         f'version="{__version__}"', 'version="V"'
     )

@@ -1,0 +1,79 @@
+"""Concrete suggestions: one row per rule, with the inputs and the exact number expected."""
+
+from __future__ import annotations
+
+import pytest
+
+from sglang_oom_exporter.model import OomEvent
+from sglang_oom_exporter.suggest import suggest
+
+
+def _event(kind: str, subphase: str | None = None, message: str = "m", **numbers: object) -> OomEvent:
+    return OomEvent(kind=kind, fatal=True, source="s", location="s:1", time=None, ranks=(), message=message,
+                    excerpt="", subphase=subphase, numbers=dict(numbers))  # fmt: skip
+
+
+CASES = [
+    # (case id, event, server args, kv snapshot, [(flag, current, suggested)])
+    ("prefill-fits-4096", _event("prefill", requested_tokens=16384, available_tokens=6100),
+     {"chunked_prefill_size": 16384}, {}, [("--chunked-prefill-size", 16384, 4096)]),
+    ("prefill-below-floor", _event("prefill", requested_tokens=8192, available_tokens=300),
+     {"chunked_prefill_size": 8192, "max_running_requests": 128}, {},
+     [("--chunked-prefill-size", 8192, 512), ("--max-running-requests", 128, None)]),
+    ("prefill-fit-not-below-current", _event("prefill", requested_tokens=12000, available_tokens=9000),
+     {"chunked_prefill_size": 8192}, {}, [("--chunked-prefill-size", 8192, 4096)]),
+    ("prefill-no-numbers", _event("prefill"), {"chunked_prefill_size": 8192}, {},
+     [("--chunked-prefill-size", 8192, 4096)]),
+    ("prefill-chunking-off", _event("prefill", requested_tokens=30000, available_tokens=20000),
+     {"chunked_prefill_size": -1}, {}, [("--chunked-prefill-size", -1, 16384)]),
+    ("decode-sized-from-kv", _event("decode", requested_tokens=64, available_tokens=10),
+     {"max_running_requests": 256, "max_total_num_tokens": 61440}, {"running_requests": 64, "num_used_tokens": 60000},
+     [("--max-running-requests", 256, 56)]),
+    ("decode-no-kv", _event("decode", requested_tokens=64, available_tokens=10), {"max_running_requests": 256}, {},
+     [("--max-running-requests", 256, 192)]),
+    ("decode-spec-verify", _event("decode", subphase="spec_verify"),
+     {"max_running_requests": 32, "speculative_algorithm": "EAGLE", "speculative_num_draft_tokens": 8}, {},
+     [("--max-running-requests", 32, 24), ("--speculative-num-draft-tokens", 8, 4)]),
+    ("req-slots-0-free-at-512", _event("req_slots", req_slots_available=0, req_slots_requested=3),
+     {"max_running_requests": 512}, {}, [("--max-running-requests", 512, 504)]),
+    ("req-slots-unknown-limit", _event("req_slots", req_slots_available=0, req_slots_requested=3), {}, {},
+     [("--max-running-requests", None, None)]),
+    ("cuda-oom", _event("cuda_oom"), {"mem_fraction_static": 0.88}, {}, [("--mem-fraction-static", 0.88, 0.83)]),
+    ("startup-from-message", _event("startup", mem_fraction_static=0.62), {}, {},
+     [("--mem-fraction-static", 0.62, 0.67)]),
+    ("startup-cuda-graph", _event("startup", message="Capture cuda graph failed: boom"), {"cuda_graph_max_bs": 160},
+     {}, [("--cuda-graph-max-bs", 160, 80)]),
+    ("pool-smaller-than-context", _event("prefill", requested_tokens=70000, available_tokens=61000),
+     {"chunked_prefill_size": 8192, "max_total_num_tokens": 61440, "context_length": 131072}, {},
+     [("--chunked-prefill-size", 8192, 4096), ("--context-length", 131072, 61440)]),
+    ("retract-default", _event("retract"), {}, {}, [("--schedule-conservativeness", None, 1.3)]),
+    ("retract-raised", _event("retract"), {"schedule_conservativeness": 1.4}, {}, [("--schedule-conservativeness", 1.4, 1.7)]),
+    ("mamba", _event("mamba"), {"max_mamba_cache_size": 100}, {}, [("--max-mamba-cache-size", 100, 150)]),
+    ("memory-leak-has-no-number", _event("memory_leak"), {"max_running_requests": 8}, {}, []),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("event", "args", "kv", "expected"), [c[1:] for c in CASES], ids=[c[0] for c in CASES])
+def test_suggestion_table(event, args, kv, expected):
+    got = suggest(event, args, kv)
+    assert [(s.flag, s.current, s.suggested) for s in got] == expected
+    for s in got:
+        assert s.rule  # every suggestion says how it was computed
+
+
+def test_rules_name_their_inputs():
+    (s,) = suggest(_event("prefill", requested_tokens=16384, available_tokens=6100), {"chunked_prefill_size": 16384})
+    assert "6100 available tokens" in s.rule
+    assert "16384" in s.rule
+    assert "never below 512" in s.rule
+
+
+def test_unknown_phase_gives_both_fixes_with_their_condition():
+    got = suggest(_event("unknown", requested_tokens=96, available_tokens=40),
+                  {"chunked_prefill_size": 8192, "max_running_requests": 64})  # fmt: skip
+    assert [(s.flag, s.current, s.suggested) for s in got] == [
+        ("--chunked-prefill-size", 8192, 512),
+        ("--max-running-requests", 64, None),
+        ("--max-running-requests", 64, 48),
+    ]
+    assert [s.when.rsplit(" ", 2)[-2:] for s in got] == [["a", "prefill"], ["a", "prefill"], ["decode", "batch"]]

@@ -1,0 +1,107 @@
+"""End to end: the real daemon scraping a fake SGLang over loopback, and OOM events carrying context
+and concrete suggestions. target_up flips with the endpoint, and a hanging endpoint does not slow tailing.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+import urllib.request
+
+import pytest
+
+from tests.fake_sglang import FakeSGLang
+from tests.test_serve_e2e import Daemon, append, settle, wait_for
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(90)]
+
+HERE = os.path.dirname(__file__)
+METRICS = open(os.path.join(HERE, "data", "scrape", "v0.5.16-dp2.prom"), "rb").read()
+INFO = {
+    "chunked_prefill_size": 16384, "max_prefill_tokens": 16384, "max_running_requests": 256,
+    "mem_fraction_static": 0.88, "page_size": 1, "context_length": 32768, "max_total_num_tokens": 61440,
+    "version": "0.5.16", "internal_states": [{"last_gen_throughput": 1.0}],
+}  # fmt: skip
+PREFILL = (
+    "[2026-03-14 22:10:{s:02d} TP0] Prefill out of memory. Try to lower your batch size.\n"
+    "Try to allocate 16384 tokens.\nAvailable tokens: 6100 (available_size=5980 + evictable_size=120)\n\n"
+)
+
+
+@pytest.fixture
+def fake():
+    server = FakeSGLang()
+    server.metrics_body = METRICS
+    server.info_body = json.dumps(INFO).encode()
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def daemon(tmp_path, fake):
+    log = tmp_path / "server.log"
+    log.write_text("")
+    d = Daemon(["--sglang-url", fake.url, "--scrape-interval", "0.3s", "--scrape-timeout", "1s", str(log)],
+               str(tmp_path / "state"))  # fmt: skip
+    d.start()
+    yield d, log
+    if d.proc is not None and d.proc.poll() is None:
+        d.stop()
+
+
+def _metric(d: Daemon, name: str, **labels: str) -> float | None:
+    return d.metrics().get((name, tuple(sorted(labels.items()))))
+
+
+def test_event_carries_kv_context_server_args_and_a_concrete_suggestion(daemon, fake):
+    d, log = daemon
+    wait_for(lambda: _metric(d, "sglang_oom_target_up", target=fake.url) == 1.0, what="target up")
+    wait_for(lambda: _metric(d, "sglang_oom_target_server_arg", target=fake.url, arg="chunked_prefill_size") == 16384,
+             what="server args")  # fmt: skip
+    append(log, PREFILL.format(s=1))
+    settle(d, 1)
+    with urllib.request.urlopen(f"http://127.0.0.1:{d.port}/events", timeout=5) as r:
+        (event,) = json.loads(r.read())["events"]
+    assert event["context"]["target"] == fake.url
+    assert event["context"]["server_args"]["chunked_prefill_size"] == 16384
+    assert event["context"]["kv"], "the KV snapshot before the event"
+    first = event["suggestions"][0]
+    assert (first["flag"], first["current"], first["suggested"]) == ("--chunked-prefill-size", 16384, 4096)
+    labels = {"kind": "prefill", "source": "server", "flag": "chunked-prefill-size"}
+    assert _metric(d, "sglang_oom_suggested_flag_value", **labels) == 4096
+    assert _metric(d, "sglang_oom_current_flag_value", **labels) == 16384
+    with urllib.request.urlopen(f"http://127.0.0.1:{d.port}/", timeout=5) as r:
+        page = r.read().decode()
+    assert "<code>--chunked-prefill-size</code> 16384 &rarr; 4096" in page
+
+
+def test_target_up_flips_with_the_endpoint_and_says_why(daemon, fake):
+    d, _ = daemon
+    wait_for(lambda: _metric(d, "sglang_oom_target_up", target=fake.url) == 1.0, what="target up")
+    fake.mode = "http500"
+    wait_for(lambda: _metric(d, "sglang_oom_target_up", target=fake.url) == 0.0, what="target down")
+    assert _metric(d, "sglang_oom_target_scrape_errors_total", target=fake.url, reason="http_status") >= 1
+    fake.mode = "html"
+    wait_for(lambda: (_metric(d, "sglang_oom_target_scrape_errors_total", target=fake.url, reason="not_metrics")
+                      or 0) >= 1, what="not_metrics")  # fmt: skip
+    assert _metric(d, "sglang_oom_target_up", target=fake.url) == 0.0
+    fake.mode = "ok"
+    wait_for(lambda: _metric(d, "sglang_oom_target_up", target=fake.url) == 1.0, what="target up again")
+
+
+def test_a_hanging_endpoint_does_not_slow_log_tailing(daemon, fake):
+    d, log = daemon
+    wait_for(lambda: _metric(d, "sglang_oom_target_up", target=fake.url) == 1.0, what="target up")
+    fake.mode = "hang"
+    wait_for(lambda: (_metric(d, "sglang_oom_target_scrape_errors_total", target=fake.url, reason="timeout")
+                      or 0) >= 1, what="a timed-out scrape")  # fmt: skip
+    started = time.monotonic()
+    append(log, PREFILL.format(s=2))
+    wait_for(lambda: d.total() == 1, what="the event while the target hangs")
+    elapsed = time.monotonic() - started
+    # The block waits --traceback-wait (1 s in these tests) for a traceback that never comes; the hanging
+    # scrape runs in its own thread and adds nothing, so the issue's 3 s latency bound still holds.
+    assert elapsed < 3.0, elapsed
+    print(f"\nlatency with a hanging target: {elapsed:.2f}s")
