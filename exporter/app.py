@@ -61,6 +61,7 @@ class LogSource:
     gone_since: float | None = None
     oversized_seen: int = 0
     resets: dict[str, int] = field(default_factory=dict)
+    directory: str = ""  # absolute, to match the directories file events name
 
     def lag_bytes(self) -> int:
         """Bytes in the file not read yet (0 when unknown)."""
@@ -101,6 +102,11 @@ class App:
         self._had_state = False
         self._last_discover = -1e18
         self._discovered_once = False
+        self._watch_dirs: set[str] | None = None
+        self._changed: set[str] | None = set()
+        self._discover_requested = False
+        self._last_sweep = -1e18
+        self._saved_mark: tuple[float, float] | None = None  # (bytes read, events) at the last save
         self._last_save = clock()
         self._last_loop = wall()
         self._lock = threading.RLock()  # the loop and scrapes/healthz share the sources
@@ -142,9 +148,17 @@ class App:
             self._state_error(f"ignoring the state file: {exc}")
             self._saved_files = {}
 
-    def save_state(self) -> None:
-        """Write positions, counters and dedupe memory atomically; a failure is counted and logged."""
+    def save_state(self, *, force: bool = True) -> None:
+        """Write positions, counters and dedupe memory atomically; a failure is counted and logged.
+
+        With force=False (the periodic save) nothing is written while nothing was read or counted: an idle
+        node with 1,000 files should not fsync a state file every few seconds.
+        """
         if self._state is None:
+            return
+        mark = (sum(s.tailer.stats.bytes_read for s in self.sources.values() if s.tailer), self.counts.total())
+        if not force and mark == self._saved_mark:
+            self._last_save = self._clock()
             return
         with self._lock:
             files = {}
@@ -156,6 +170,7 @@ class App:
         try:
             self._state.save(data)
             self.extra["state_saves_total"] += 1
+            self._saved_mark = mark
         except (OSError, TypeError, ValueError) as exc:
             self._state_error(f"cannot save the state file: {exc}")
         self._last_save = self._clock()
@@ -190,48 +205,79 @@ class App:
         """Discover files, read what is new, emit what is due, save the state when due."""
         now = self._clock()
         with self._lock:
-            if now - self._last_discover >= self.config.discover_interval:
+            since = now - self._last_discover
+            # Asked for by a file event at most once a second (a busy log wakes us all the time), else
+            # every discover_interval.
+            if since >= self.config.discover_interval or (self._discover_requested and since >= 1.0):
                 self.discover()
                 self._last_discover = now
+                self._discover_requested = False
+            sweep = now - self._last_sweep >= self.config.sweep_interval or self._changed is None
+            if sweep:
+                self._last_sweep = now
             for source in list(self.sources.values()):
-                self._poll(source, now)
+                # File events name their directory: between safety sweeps, only those files are looked at,
+                # and only sources with something pending are ticked. An idle node costs almost nothing.
+                if sweep or source.directory in self._changed:  # type: ignore[operator]
+                    self._poll(source, now)
+                elif source.close_at is not None or source.pipeline.pending():
+                    self._tick(source, now)
+            self._changed = set()
             self._drain_stdin(now)
-            self._retire(now)
         if now - self._last_save >= self.config.state_interval:
-            self.save_state()
+            self.save_state(force=False)
         self._last_loop = self._wall()
 
+    def mark_changed(self, dirs: set[str] | None) -> None:
+        """File events happened in these directories (None: in too many to say); poll their files next."""
+        with self._lock:
+            if dirs is None or self._changed is None:
+                self._changed = None
+            else:
+                self._changed |= {os.path.abspath(d) for d in dirs}
+
     def request_discover(self) -> None:
-        """Discover on the next step (a directory changed)."""
-        self._last_discover = -1e18
+        """Discover soon (a directory changed): on the next step at most a second after the last one."""
+        self._discover_requested = True
 
     def discover(self) -> None:
         """Find the files to follow now: paths and globs, and Kubernetes pod logs."""
-        found: dict[str, tuple[tuple[str, ...], dict[str, str]]] = {}
+        found: dict[str, tuple[tuple[str, ...], dict[str, str]] | None] = {}
         k8s = self.config.kubernetes is not None
         for path in expand(self.config.paths):
-            name = self._source_name(path)
-            labels: tuple[str, ...] = ("", "", name) if k8s else (name,)
-            found[path] = (labels, {"source": name})
+            found[path] = None  # named below, once, when it is new: naming is not free with 1,000 files
         if self.config.kubernetes is not None and self._kfilter is not None:
             for ref in discover_pods(self.config.kubernetes.logs_root, self._kfilter):
                 found[ref.path] = (
                     (ref.namespace, ref.pod, ref.container),
                     {"namespace": ref.namespace, "pod": ref.pod, "container": ref.container},
                 )
-        for path, (labels, label_map) in found.items():
-            if path not in self.sources:
-                self.sources[path] = self._new_source(path, labels, label_map)
+        for path, known in found.items():
+            if path in self.sources:
+                continue
+            if known is None:
+                name = self._source_name(path)
+                known = (("", "", name) if k8s else (name,), {"source": name})
+            self.sources[path] = self._new_source(path, *known)
+            self._watch_dirs = None
         self._discovered_once = True
         self._problem = self._discovery_problem(found)
+        self._retire(self._clock(), set(found))
 
     def watch_dirs(self) -> set[str]:
-        """Directories whose events should wake the loop."""
+        """Directories whose events should wake the loop (recomputed only when the sources change)."""
         with self._lock:
-            dirs = dirs_to_watch(self.config.paths, [p for p in self.sources if p != "-"])
-        if self.config.kubernetes is not None and os.path.isdir(self.config.kubernetes.logs_root):
-            dirs.add(os.path.abspath(self.config.kubernetes.logs_root))
-        return dirs
+            if self._watch_dirs is not None:
+                return self._watch_dirs
+            k = self.config.kubernetes
+            # In Kubernetes mode the pod root is watched recursively: one watch (and one watchdog thread)
+            # instead of one per container directory.
+            plain = [p for p, s in self.sources.items() if p != "-" and ("namespace" not in s.label_map)]
+            dirs = dirs_to_watch(self.config.paths, plain)
+            if k is not None and os.path.isdir(k.logs_root):
+                dirs.add(os.path.abspath(k.logs_root))
+            self._watch_dirs = dirs
+            return dirs
 
     def reload(self, config: Config) -> None:
         """Apply a new configuration (SIGHUP): paths, filters, intervals; counters and files stay."""
@@ -242,6 +288,8 @@ class App:
             self.config = config
             self._kfilter = self._filter(config)
             self._last_discover = -1e18
+            self._last_sweep = -1e18
+            self._watch_dirs = None
         log.info("configuration reloaded paths=%d kubernetes=%s", len(config.paths), config.kubernetes is not None)
 
     # --- health and metrics ------------------------------------------------------------------
@@ -297,11 +345,14 @@ class App:
                 return name
         base = os.path.basename(path)
         stem = base[:-4] if base.endswith(".log") else base
-        taken = {s.labels[-1] for p, s in self.sources.items() if p != path}
+        taken = self._names_in_use()
         if stem in taken:
             parent = os.path.basename(os.path.dirname(path))
             return f"{parent}/{stem}" if parent else path
         return stem
+
+    def _names_in_use(self) -> set[str]:
+        return {s.label_map.get("source", "") for s in self.sources.values()}
 
     def _new_source(self, path: str, labels: tuple[str, ...], label_map: dict[str, str] | None) -> LogSource:
         label_map = label_map or dict(zip(self.counts.label_names, labels, strict=False))
@@ -342,6 +393,7 @@ class App:
             resume_lineno=resume_lineno,
             resume_offset=resume_offset,
             epoch=epoch,
+            directory=os.path.abspath(os.path.dirname(path)),
         )
         return source
 
@@ -419,7 +471,11 @@ class App:
         if fed:
             source.close_at = now + IDLE_CLOSE_SECONDS
             source.gone_since = None
-        elif source.close_at is not None and now >= source.close_at:
+        self._tick(source, now)
+
+    def _tick(self, source: LogSource, now: float) -> None:
+        """Close records of a quiet source and emit the events whose wait is over."""
+        if source.close_at is not None and now >= source.close_at:
             source.pipeline.close_open(now)
             source.close_at = None
         source.pipeline.tick(now)
@@ -457,10 +513,15 @@ class App:
             "dedupe": source.pipeline.export_state(),
         }  # fmt: skip
 
-    def _retire(self, now: float) -> None:
-        """Drop sources whose file is gone, and their series once the retention is over."""
+    def _retire(self, now: float, found: set[str]) -> None:
+        """Drop sources whose file is gone, and their series once the retention is over.
+
+        Runs at discovery's pace, not every pass: it costs a stat per file. A configured plain path is
+        never retired (it is followed even while missing).
+        """
         for path, source in list(self.sources.items()):
-            if path == "-" or source.tailer is None or os.path.exists(path):
+            configured = path in found and path in self.config.paths
+            if path == "-" or source.tailer is None or configured or os.path.exists(path):
                 source.gone_since = None
                 continue
             if source.pipeline.pending():
@@ -470,6 +531,7 @@ class App:
             elif now - source.gone_since >= self.config.source_retention:
                 source.tailer.close()
                 del self.sources[path]
+                self._watch_dirs = None
                 if not any(s.labels == source.labels for s in self.sources.values()):
                     self.counts.drop(source.labels)
                 log.info("source retired path=%s after %.0fs without its file", path, now - source.gone_since)

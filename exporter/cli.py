@@ -103,7 +103,16 @@ def _serve_parser(sub: Any) -> None:
         default=None,
         help="poll instead of inotify (network and overlay filesystems)",
     )
-    serve.add_argument("--poll-interval", metavar="DURATION", help="safety poll interval (default 1s)")
+    serve.add_argument(
+        "--poll-interval",
+        metavar="DURATION",
+        help="loop tick, and the polling interval with --force-polling (default 1s)",
+    )
+    serve.add_argument(
+        "--sweep-interval",
+        metavar="DURATION",
+        help="stat every followed file this often even without a file event (default 10s)",
+    )
     serve.add_argument(
         "--traceback-wait",
         metavar="DURATION",

@@ -59,7 +59,8 @@ class Config:
     from_beginning: bool = False
     kubernetes: KubernetesConfig | None = None
     force_polling: bool = False
-    poll_interval: float = 1.0
+    poll_interval: float = 1.0  # the loop's tick, and the polling observer's interval with force_polling
+    sweep_interval: float = 10.0  # stat every followed file even without a file event (a missed event)
     discover_interval: float = 5.0
     state_interval: float = 5.0
     traceback_wait: float = 2.5
@@ -84,8 +85,8 @@ def parse_duration(text: str) -> float:
 
 
 _DURATION_KEYS = (
-    "poll_interval", "discover_interval", "state_interval", "traceback_wait", "source_retention", "scrape_interval",
-    "scrape_timeout",
+    "poll_interval", "sweep_interval", "discover_interval", "state_interval", "traceback_wait", "source_retention",
+    "scrape_interval", "scrape_timeout",
 )  # fmt: skip
 _BOOL_KEYS = ("from_beginning", "force_polling")
 _STR_KEYS = ("listen", "state_dir", "catalog", "web_config", "log_level")

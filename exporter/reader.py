@@ -95,7 +95,22 @@ def minimal_literals(literals: Sequence[str]) -> tuple[bytes, ...]:
 
 
 def make_finder(literals: Sequence[bytes], *, prefer: str = "auto") -> Finder:
-    """Hyperscan where it is installed, bytes.find everywhere else: the same lines either way."""
+    """Hyperscan where it is installed, bytes.find everywhere else: the same lines either way.
+
+    Finders are shared by every reader with the same literals (a daemon with 1,000 files compiles one
+    database, not 1,000). Sharing is safe because every reader runs on the one pipeline thread.
+    """
+    key = (tuple(literals), prefer)
+    finder = _FINDERS.get(key)
+    if finder is None:
+        finder = _FINDERS[key] = _build_finder(literals, prefer)
+    return finder
+
+
+_FINDERS: dict[tuple[tuple[bytes, ...], str], Finder] = {}
+
+
+def _build_finder(literals: Sequence[bytes], prefer: str) -> Finder:
     if prefer in ("auto", "hyperscan"):
         try:
             return HyperscanFinder(literals)

@@ -25,6 +25,7 @@ from sglang_oom_exporter.webconfig import WebConfig, load_web_config
 log = logging.getLogger("sglang_oom_exporter")
 
 _FLAG_KEYS = ("listen", "state_dir", "from_beginning", "kubernetes_logs", "config", "force_polling", "poll_interval",
+              "sweep_interval",
               "traceback_wait", "source_retention", "web_config", "log_level", "catalog", "prefix_regex",
               "sglang_url", "scrape_interval", "scrape_timeout")  # fmt: skip
 
@@ -98,6 +99,8 @@ def serve(args: argparse.Namespace) -> int:
     scrape_loop = ScrapeLoop(app.scrapers, config.scrape_interval)
     scrape_loop.start()
 
+    watched: list[set[str] | None] = [None]
+
     def wait(timeout: float) -> bool:
         woke = waker.wait(timeout)
         if reload_requested.is_set():
@@ -107,9 +110,14 @@ def serve(args: argparse.Namespace) -> int:
                 app.reload(new)
             except (ConfigError, CatalogError, ValueError) as exc:
                 log.error("reload failed, keeping the running configuration: %s", str(exc).replace("\n", "; "))
-        if waker.take_changed():
+        changed = waker.take_changed()
+        app.mark_changed(changed)
+        if changed is None or changed:
             app.request_discover()
-        waker.watch_dirs(app.watch_dirs())
+        dirs = app.watch_dirs()
+        if dirs is not watched[0]:  # the app hands back the same set until its sources change
+            waker.watch_dirs(dirs)
+            watched[0] = dirs
         return woke
 
     try:

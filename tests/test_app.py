@@ -23,7 +23,7 @@ class Clock:
 def _app(tmp_path, **overrides) -> tuple[App, Clock]:
     clock = Clock()
     fields = {"paths": (str(tmp_path / "*.log"),), "state_dir": str(tmp_path / "state"), "traceback_wait": 1.0,
-              "discover_interval": 5.0, "state_interval": 5.0, **overrides}  # fmt: skip
+              "discover_interval": 5.0, "state_interval": 5.0, "sweep_interval": 1.0, **overrides}  # fmt: skip
     return App(Config(**fields), CATALOG, clock=clock, wall=clock), clock
 
 
@@ -101,6 +101,7 @@ def test_health_says_why(tmp_path):
     assert (health.ok, health.reason) == (False, "no log file matches the configured paths yet")
     (tmp_path / "a.log").write_text("")
     app.request_discover()
+    clock.now += 1.0  # a requested discovery runs at most once a second
     app.step()
     assert app.health().ok
     clock.now += 1000  # the loop stops moving
@@ -133,3 +134,22 @@ def test_state_with_other_labels_is_a_warning_and_a_fresh_start(tmp_path):
     assert app.extra["state_errors_total"] == 1
     _run(app, clock, 1)
     assert app.counts.total() == 0
+
+
+def test_between_sweeps_only_files_in_changed_directories_are_read(tmp_path):
+    other = tmp_path / "other"
+    other.mkdir()
+    (tmp_path / "a.log").write_text("")
+    (other / "b.log").write_text("")
+    app, clock = _app(tmp_path, paths=(str(tmp_path / "*.log"), str(other / "*.log")), sweep_interval=600.0)
+    _run(app, clock, 1)
+    with open(tmp_path / "a.log", "a") as fh:
+        fh.write(BLOCK.format(s=1))
+    with open(other / "b.log", "a") as fh:
+        fh.write(BLOCK.format(s=2))
+    app.mark_changed({str(other)})  # what the waker reports for the event in other/
+    _run(app, clock, 3)
+    assert app.counts.total("decode") == 1  # b.log only: a.log's directory had no event yet
+    app.mark_changed(None)  # too many events to track: read everything
+    _run(app, clock, 3)
+    assert app.counts.total("decode") == 2
