@@ -1,0 +1,300 @@
+"""Shared helpers for the daemon benchmarks (bench_latency.py, bench_idle.py, bench_catchup.py).
+
+Processes: every child is started in its own session (its own process group) and registered, and
+`Children.stop_all()` (called from each script's `finally`, and at exit) sends SIGTERM to each group it
+started, by id, then SIGKILL after a deadline. Network: only 127.0.0.1, ports found by binding port 0.
+/proc readers: CPU seconds (utime + stime of the whole process, all threads, exited ones included) and
+VmRSS / VmHWM.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import http.client
+import math
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any, TypeVar
+
+BENCH_DIR = Path(__file__).resolve().parent
+MTAIL_PROG = BENCH_DIR / "oom.mtail"
+LOOPBACK = "127.0.0.1"
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+T = TypeVar("T")
+
+
+# --- ports and HTTP on loopback -----------------------------------------------------------------
+
+
+def free_port() -> int:
+    """A TCP port that was free on 127.0.0.1 a moment ago (bind port 0, read it, close)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((LOOPBACK, 0))
+        return int(s.getsockname()[1])
+
+
+def http_get(port: int, path: str, timeout: float = 5.0) -> tuple[int, str] | None:
+    """GET http://127.0.0.1:port/path; (status, body), or None when nothing answers in time."""
+    conn = http.client.HTTPConnection(LOOPBACK, port, timeout=timeout)
+    try:
+        conn.request("GET", path, headers={"Connection": "close"})
+        resp = conn.getresponse()
+        return resp.status, resp.read().decode("utf-8", "replace")
+    except (OSError, http.client.HTTPException):
+        return None
+    finally:
+        conn.close()
+
+
+_SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{([^}]*)\})?\s+(\S+)", re.M)
+_LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
+
+
+def parse_prom(text: str) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
+    """Prometheus text exposition -> {(name, labels): value}; comments are skipped."""
+    out: dict[tuple[str, frozenset[tuple[str, str]]], float] = {}
+    for m in _SAMPLE.finditer(text):
+        labels = frozenset(_LABEL.findall(m.group(2) or ""))
+        try:
+            out[(m.group(1), labels)] = float(m.group(3))
+        except ValueError:
+            continue
+    return out
+
+
+def metric(samples: dict[tuple[str, frozenset[tuple[str, str]]], float], name: str, **labels: str) -> float | None:
+    """Sum of the samples named `name` whose labels include `labels`; None when there is none."""
+    want = set(labels.items())
+    found = [v for (n, ls), v in samples.items() if n == name and want <= ls]
+    return sum(found) if found else None
+
+
+# --- deadlines --------------------------------------------------------------------------------------
+
+
+def wait_for(pred: Callable[[], T | None], timeout: float, interval: float = 0.05, what: str = "condition") -> T:
+    """Call pred every `interval` until it returns a truthy value; TimeoutError after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = pred()
+        if value:
+            return value
+        now = time.monotonic()
+        if now >= deadline:
+            raise TimeoutError(f"timed out after {timeout:g}s waiting for {what}")
+        time.sleep(min(interval, deadline - now))
+
+
+# --- child processes --------------------------------------------------------------------------------
+
+
+@dataclass
+class Child:
+    name: str
+    proc: subprocess.Popen[bytes]
+    log_path: Path
+    log_fh: IO[bytes]
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def tail(self, n: int = 3000) -> str:
+        try:
+            return self.log_path.read_bytes()[-n:].decode("utf-8", "replace")
+        except OSError:
+            return ""
+
+
+class Children:
+    """The processes this benchmark started; stop_all() ends exactly those (their process groups)."""
+
+    def __init__(self) -> None:
+        self._children: list[Child] = []
+        atexit.register(self.stop_all)
+
+    def start(self, name: str, argv: Sequence[str], log_path: Path, env: dict[str, str] | None = None) -> Child:
+        fh = open(log_path, "wb")  # noqa: SIM115 - closed in stop()
+        proc = subprocess.Popen(
+            list(argv), stdin=subprocess.DEVNULL, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True, env=env
+        )
+        child = Child(name, proc, log_path, fh)
+        self._children.append(child)
+        return child
+
+    def stop(self, child: Child, sig: int = signal.SIGTERM, timeout: float = 15.0) -> int | None:
+        """Signal the child's process group, wait up to timeout, then SIGKILL it; returns the exit status."""
+        rc = child.proc.poll()
+        if rc is None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(child.pid, sig)
+            try:
+                rc = child.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(child.pid, signal.SIGKILL)
+                rc = child.proc.wait(10)
+        # Anything the child left in its group (it has none here, but be sure).
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(child.pid, signal.SIGKILL)
+        with contextlib.suppress(OSError):
+            child.log_fh.close()
+        if child in self._children:
+            self._children.remove(child)
+        return rc
+
+    def stop_all(self) -> None:
+        for child in list(self._children):
+            with contextlib.suppress(Exception):
+                self.stop(child, timeout=5.0)
+
+
+def raise_on_signals() -> None:
+    """SIGTERM/SIGHUP become KeyboardInterrupt, so `finally` blocks clean up."""
+
+    def handler(signum: int, _frame: Any) -> None:
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, handler)
+
+
+def raise_nofile(want: int = 8192) -> tuple[int, int]:
+    """Raise this process's soft RLIMIT_NOFILE (children inherit it); returns (soft, hard) after."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    new = want if hard == resource.RLIM_INFINITY else min(want, hard)
+    if soft != resource.RLIM_INFINITY and soft < new:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (new, hard))
+    return resource.getrlimit(resource.RLIMIT_NOFILE)
+
+
+# --- command lines ----------------------------------------------------------------------------------
+
+
+def ours_argv(port: int, paths: Iterable[str], *, state_dir: str | None = None, extra: Sequence[str] = ()) -> list[str]:
+    argv = [sys.executable, "-m", "sglang_oom_exporter", "serve", "--listen", f"{LOOPBACK}:{port}"]
+    if state_dir:
+        argv += ["--state-dir", state_dir]
+    return [*argv, *extra, *paths]
+
+
+def ours_provenance() -> str:
+    """Which sglang_oom_exporter the daemon will import (set PYTHONPATH to benchmark another tree)."""
+    try:
+        r = subprocess.run(
+            [sys.executable, "-c", "import sglang_oom_exporter as m; print(m.__version__, m.__file__)"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+    except subprocess.TimeoutExpired:
+        return "unknown (import timed out)"
+    return r.stdout.strip() if r.returncode == 0 else f"import failed: {r.stderr.strip().splitlines()[-1:]}"
+
+
+def mtail_argv(mtail: str, port: int, logs: str) -> list[str]:
+    """The daemon form of bench_scan.py's mtail: same program, loopback listener, glog to stderr."""
+    return [
+        mtail,
+        "--progs",
+        str(MTAIL_PROG),
+        "--logs",
+        logs,
+        "--address",
+        LOOPBACK,
+        "--port",
+        str(port),
+        "--logtostderr",
+    ]
+
+
+def ours_ready(port: int, files: int | None = None) -> bool:
+    """/healthz answers 200 and, if files is given, sglang_oom_exporter_files_watched == files."""
+    r = http_get(port, "/healthz", timeout=2.0)
+    if r is None or r[0] != 200:
+        return False
+    if files is None:
+        return True
+    m = http_get(port, "/metrics", timeout=5.0)
+    if m is None or m[0] != 200:
+        return False
+    return metric(parse_prom(m[1]), "sglang_oom_exporter_files_watched") == files
+
+
+def mtail_answers(port: int) -> bool:
+    r = http_get(port, "/metrics", timeout=2.0)
+    return r is not None and r[0] == 200 and "mtail_" in r[1]
+
+
+def check_alive(*children: Child) -> None:
+    for c in children:
+        rc = c.proc.poll()
+        if rc is not None:
+            raise RuntimeError(f"{c.name} exited early with status {rc}; its output ends with:\n{c.tail()}")
+
+
+# --- /proc -------------------------------------------------------------------------------------------
+
+
+def cpu_seconds(pid: int) -> float:
+    """utime + stime of the whole process (every thread, including exited ones), in seconds."""
+    raw = Path(f"/proc/{pid}/stat").read_text()
+    fields = raw[raw.rindex(")") + 2 :].split()
+    # fields[0] is field 3 (state); utime and stime are fields 14 and 15.
+    return (int(fields[11]) + int(fields[12])) / CLK_TCK
+
+
+def proc_status(pid: int) -> dict[str, int]:
+    """VmRSS, VmHWM (KiB) and Threads from /proc/<pid>/status."""
+    out: dict[str, int] = {}
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        key, _, value = line.partition(":")
+        if key in ("VmRSS", "VmHWM", "Threads"):
+            out[key] = int(value.split()[0])
+    return out
+
+
+def open_fds_under(pid: int, root: str) -> int:
+    """How many of the process's open file descriptors point at files under root."""
+    prefix = os.path.realpath(root) + os.sep
+    n = 0
+    try:
+        names = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        return 0
+    for name in names:
+        try:
+            if os.readlink(f"/proc/{pid}/fd/{name}").startswith(prefix):
+                n += 1
+        except OSError:
+            continue
+    return n
+
+
+# --- statistics --------------------------------------------------------------------------------------
+
+
+def percentile(values: Sequence[float], p: float) -> float:
+    """Nearest-rank percentile (the smallest value with at least p% of the values at or below it)."""
+    if not values:
+        return math.nan
+    s = sorted(values)
+    k = max(1, math.ceil(p / 100.0 * len(s)))
+    return s[k - 1]
+
+
+def fmt_s(x: float | None) -> str:
+    return "n/a" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.3f}"
