@@ -28,6 +28,7 @@ import json
 import os
 import random
 import shutil
+import socket
 import statistics
 import sys
 import tempfile
@@ -211,6 +212,36 @@ def print_phase(phase: Phase, target: float, stat: str) -> bool:
     return met
 
 
+class _HangingServer:
+    """A TCP listener on loopback that accepts connections and never answers them."""
+
+    def __init__(self) -> None:
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(64)
+        self.port = int(self.sock.getsockname()[1])
+        self.held: list[socket.socket] = []
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._accept, daemon=True)
+        self.thread.start()
+
+    def _accept(self) -> None:
+        self.sock.settimeout(0.2)
+        while not self.stop.is_set():
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                continue
+            self.held.append(conn)
+
+    def close(self) -> None:
+        self.stop.set()
+        self.thread.join(2)
+        for conn in self.held:
+            conn.close()
+        self.sock.close()
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--trials", type=int, default=50, help="OOMs with block + traceback (default 50)")
@@ -224,6 +255,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--mtail", default="/usr/bin/mtail", help="mtail binary ('' to skip mtail)")
     ap.add_argument("--ours-arg", action="append", default=[], help="extra flag for ours (repeatable)")
     ap.add_argument("--seed", type=int, default=20260314)
+    ap.add_argument(
+        "--hanging-target",
+        action="store_true",
+        help="give ours an SGLang endpoint on loopback that accepts and never answers (issue 4: tailing "
+        "latency must not change while a target hangs)",
+    )
     ap.add_argument("--keep-tmp", action="store_true", help="keep the temp dir (logs of both daemons)")
     ap.add_argument("--results", type=Path, help="also write the results as JSON to this file")
     args = ap.parse_args(argv)
@@ -237,7 +274,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"SKIP mtail: {args.mtail} not found", file=sys.stderr)
     fd = -1
     status = 0
+    hang = None
     try:
+        if args.hanging_target:
+            hang = _HangingServer()
+            args.ours_arg += ["--sglang-url", f"http://127.0.0.1:{hang.port}", "--scrape-interval", "1s"]
+            print(f"hanging SGLang target on 127.0.0.1:{hang.port} (accepts, never answers)")
         log = tmp / "sglang-0.log"
         log.write_bytes(preamble(20))
         state = tmp / "state"
@@ -344,6 +386,8 @@ def main(argv: list[str] | None = None) -> int:
         if fd >= 0:
             os.close(fd)
         children.stop_all()
+        if hang is not None:
+            hang.close()
         if args.keep_tmp:
             print(f"kept {tmp}", file=sys.stderr)
         else:

@@ -435,7 +435,8 @@ class App:
             self.extra["event_sink_errors_total"] += 1
             log.exception("cannot record event kind=%s source=%s", event.kind, event.location)
             return
-        level = logging.WARNING if event.fatal else logging.INFO
+        # Fatal events are rare and matter; retraction ticks can come every few seconds, so they stay at DEBUG.
+        level = logging.WARNING if event.fatal else logging.DEBUG
         log.log(
             level, "oom event kind=%s fatal=%s location=%s ranks=%s requested=%s available=%s",
             event.kind, event.fatal, event.location, ",".join(event.ranks) or "-",

@@ -343,3 +343,20 @@ def test_check_config_and_bad_config(tmp_path):
     assert "colour: unknown key" in err
     assert "poll_interval: '2' is not a duration with a unit" in err
     assert run("--config", str(bad)).returncode == 2
+
+
+def test_sighup_reloads_the_config(tmp_path, daemon_factory):
+    first, second = tmp_path / "first", tmp_path / "second"
+    first.mkdir()
+    second.mkdir()
+    (second / "b.log").write_text("")
+    config = tmp_path / "exporter.yaml"
+    config.write_text(f"paths: ['{first}/*.log']\n")
+    d = daemon_factory("--config", str(config))
+    assert d.healthy() is False  # nothing matches yet, and /healthz says so
+    config.write_text(f"paths: ['{second}/*.log']\n")
+    d.send(signal.SIGHUP)
+    wait_for(lambda: d.healthy() is True, what="the reloaded paths to be followed")
+    append(second / "b.log", oom_block())
+    settle(d, 1)
+    assert d.count(source="b") == 1

@@ -105,3 +105,24 @@ def test_a_hanging_endpoint_does_not_slow_log_tailing(daemon, fake):
     # scrape runs in its own thread and adds nothing, so the 3 s latency bound still holds.
     assert elapsed < 3.0, elapsed
     print(f"\nlatency with a hanging target: {elapsed:.2f}s")
+
+
+ERAS = ["v0.3.6.prom", "v0.4.8.prom", "v0.4.10.prom", "v0.5.6.prom", "v0.5.16-dp2.prom", "v0.5.23-hybrid.prom"]
+
+
+@pytest.mark.parametrize("era", ERAS)
+def test_every_era_of_metrics_is_mirrored(tmp_path, fake, era):
+    fake.metrics_body = open(os.path.join(HERE, "data", "scrape", era), "rb").read()
+    import yaml
+
+    expected = yaml.safe_load(open(os.path.join(HERE, "data", "scrape", era[:-5] + ".expected.yaml")))
+    log = tmp_path / "server.log"
+    log.write_text("")
+    d = Daemon(["--sglang-url", fake.url, "--scrape-interval", "0.3s", str(log)], str(tmp_path / "state"))
+    d.start()
+    try:
+        wait_for(lambda: _metric(d, "sglang_oom_target_up", target=fake.url) == 1.0, what="target up")
+        usage = _metric(d, "sglang_oom_target_token_usage", target=fake.url)
+        assert usage == pytest.approx(expected["token_usage"])
+    finally:
+        d.stop()
