@@ -213,20 +213,9 @@ def _finish(rec: _Open) -> Record | None:
     prefix = rec.prefix
     time = prefix.time if prefix else None
     ranks = prefix.ranks if prefix else ""
-    if rec.kind == "block":
-        return Record(
-            "block",
-            rec.lineno,
-            time,
-            ranks,
-            rec.stream,
-            tuple(rec.lines),
-            runtime_time=rec.runtime_time,
-            offset=rec.offset,
-        )
-    if not rec.exceptions and not rec.frames:
-        # A header alone: a header line that quotes the OOM text ("... hit an exception: <text>")
-        # is still a one-line block for the matcher.
+    # A header alone (no frames, no exception) is a one-line block for the matcher: a header line that
+    # quotes the OOM text ("... hit an exception: <text>") still names it.
+    if rec.kind == "block" or (not rec.exceptions and not rec.frames):
         return Record(
             "block",
             rec.lineno,

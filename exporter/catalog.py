@@ -17,6 +17,8 @@ from typing import Any
 import regex
 import yaml
 
+from sglang_oom_exporter.errors import ProblemsError
+
 # Named groups a pattern may capture: the numeric and textual fields of an event. Anything else is a typo.
 EVENT_FIELDS = frozenset(
     {
@@ -62,12 +64,8 @@ _KIND_KEYS = frozenset(
 _TOP_KEYS = frozenset({"version", "phase_frames", "allocator_frames", "kinds", "__line__"})
 
 
-class CatalogError(ValueError):
+class CatalogError(ProblemsError):
     """Every problem found in a catalog file, one per line."""
-
-    def __init__(self, problems: list[str]) -> None:
-        super().__init__("\n".join(problems))
-        self.problems = problems
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,6 +15,8 @@ from typing import Any
 import regex
 import yaml
 
+from sglang_oom_exporter.errors import ProblemsError
+
 DEFAULT_PORT = 9877
 DEFAULT_LISTEN = f":{DEFAULT_PORT}"
 ENV_PREFIX = "SGLANG_OOM_EXPORTER_"
@@ -30,12 +32,8 @@ DEFAULT_K8S_POD = r".*"
 DEFAULT_K8S_CONTAINER = r"(?i)(?!.*oom-exporter).*(sglang|server|engine|inference|llm|worker|leader|prefill|decode).*"
 
 
-class ConfigError(ValueError):
+class ConfigError(ProblemsError):
     """Every problem found in the configuration, one per line."""
-
-    def __init__(self, problems: list[str]) -> None:
-        super().__init__("\n".join(problems))
-        self.problems = problems
 
 
 @dataclass(frozen=True, slots=True)

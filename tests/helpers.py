@@ -3,6 +3,11 @@
 from __future__ import annotations
 
 import io
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
 
 from sglang_oom_exporter.catalog import load_catalog
 from sglang_oom_exporter.match import Matcher
@@ -32,3 +37,21 @@ def summary(events: list[OomEvent]) -> list[tuple[str, bool, tuple[str, ...], st
 def frames(*funcs: str, path: str = "/usr/local/lib/python3.12/dist-packages/sglang/srt/managers/scheduler.py") -> str:
     """Traceback frame lines for these functions."""
     return "".join(f'  File "{path}", line {100 + i}, in {f}\n    do_it()\n' for i, f in enumerate(funcs))
+
+
+OPENSSL_REQ = ("openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
+               "-days", "1")  # fmt: skip
+SAN_127 = ("-addext", "subjectAltName=IP:127.0.0.1,DNS:localhost")
+
+
+def openssl_cert(directory: Path, name: str = "server") -> tuple[Path, Path]:
+    """A throwaway self-signed certificate for 127.0.0.1; skips when the openssl CLI is missing."""
+    if shutil.which("openssl") is None:
+        pytest.skip("the openssl CLI is needed to make a test certificate")
+    cert, key = directory / f"{name}.crt", directory / f"{name}.key"
+    subprocess.run(
+        [*OPENSSL_REQ, "-keyout", str(key), "-out", str(cert), "-subj", f"/CN={name}", *SAN_127],
+        check=True,
+        capture_output=True,
+    )
+    return cert, key

@@ -31,6 +31,7 @@ from sglang_oom_exporter.server import (
     render_page,
 )
 from sglang_oom_exporter.webconfig import WebConfig
+from tests.helpers import openssl_cert
 
 HOSTILE = "<script>document.title='pwned'</script>"
 CHROMIUM = "/usr/bin/chromium"
@@ -43,19 +44,6 @@ CHROMIUM_HEADLESS = (
     "--no-first-run",
     "--disable-dev-shm-usage",
 )
-OPENSSL_REQ = (
-    "openssl",
-    "req",
-    "-x509",
-    "-newkey",
-    "ec",
-    "-pkeyopt",
-    "ec_paramgen_curve:prime256v1",
-    "-nodes",
-    "-days",
-    "1",
-)
-SAN_127 = ("-addext", "subjectAltName=IP:127.0.0.1,DNS:localhost")
 
 
 @pytest.fixture(scope="module")
@@ -123,19 +111,6 @@ def get(server, path, headers=None, *, context=None, method="GET"):
         return response.status, response.headers, response.read()
     finally:
         conn.close()
-
-
-def openssl_cert(directory, name="server"):
-    """A throwaway self-signed certificate for 127.0.0.1; skips when the openssl CLI is missing."""
-    if shutil.which("openssl") is None:
-        pytest.skip("the openssl CLI is needed to make a test certificate")
-    cert, key = directory / f"{name}.crt", directory / f"{name}.key"
-    subprocess.run(
-        [*OPENSSL_REQ, "-keyout", str(key), "-out", str(cert), "-subj", f"/CN={name}", *SAN_127],
-        check=True,
-        capture_output=True,
-    )
-    return cert, key
 
 
 # EventStore

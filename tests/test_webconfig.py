@@ -3,42 +3,15 @@
 from __future__ import annotations
 
 import base64
-import shutil
-import subprocess
 import textwrap
 
 import pytest
 
 from sglang_oom_exporter import webconfig
 from sglang_oom_exporter.webconfig import BasicAuth, WebConfig, WebConfigError, load_web_config
-
-OPENSSL_REQ = (
-    "openssl",
-    "req",
-    "-x509",
-    "-newkey",
-    "ec",
-    "-pkeyopt",
-    "ec_paramgen_curve:prime256v1",
-    "-nodes",
-    "-days",
-    "1",
-)
+from tests.helpers import openssl_cert
 
 bcrypt = pytest.importorskip("bcrypt", reason="basic auth needs the bcrypt package")
-
-
-def openssl_cert(directory, name="server"):
-    """A throwaway self-signed certificate; skips when the openssl CLI is missing."""
-    if shutil.which("openssl") is None:
-        pytest.skip("the openssl CLI is needed to make a test certificate")
-    cert, key = directory / f"{name}.crt", directory / f"{name}.key"
-    subprocess.run(
-        [*OPENSSL_REQ, "-keyout", str(key), "-out", str(cert), "-subj", f"/CN={name}"],
-        check=True,
-        capture_output=True,
-    )
-    return cert, key
 
 
 def hashed(password=b"s3cret"):
