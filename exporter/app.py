@@ -29,11 +29,11 @@ from sglang_oom_exporter.match import Matcher
 from sglang_oom_exporter.metrics import EventCounts, SourceStats, label_names_for
 from sglang_oom_exporter.model import OomEvent
 from sglang_oom_exporter.pipeline import Pipeline
-from sglang_oom_exporter.server import EventStore, Health
 from sglang_oom_exporter.sources.discover import KubernetesFilter, dirs_to_watch, discover_pods, expand
 from sglang_oom_exporter.sources.scrape import TargetScraper
 from sglang_oom_exporter.sources.tail import FileTailer, TailPosition, TailReset
 from sglang_oom_exporter.state import StateStore
+from sglang_oom_exporter.store import EventStore, Health
 from sglang_oom_exporter.suggest import with_suggestions
 
 log = logging.getLogger(__name__)
