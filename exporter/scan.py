@@ -150,7 +150,8 @@ def scan_stream(
 
 def load_server_args(path: str) -> dict[str, Any]:
     """The JSON that SGLang's /server_info (or /get_server_info) returns, saved to a file."""
-    from sglang_oom_exporter.sources.scrape import ScrapeError, parse_server_info
+    from sglang_oom_exporter.sources.http import ScrapeError
+    from sglang_oom_exporter.sources.scrape import parse_server_info
 
     try:
         with open(path, "rb") as fh:

@@ -8,13 +8,11 @@ from pathlib import Path
 import pytest
 import yaml
 
+from sglang_oom_exporter.sources.http import REASONS, ScrapeError, fetch
 from sglang_oom_exporter.sources.scrape import (
-    REASONS,
     KvSnapshot,
-    ScrapeError,
     ScrapeLoop,
     TargetScraper,
-    fetch,
     parse_metrics,
     parse_server_info,
 )
