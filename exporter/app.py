@@ -20,59 +20,26 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
 from typing import Any, BinaryIO
 
 from sglang_oom_exporter.catalog import Catalog
 from sglang_oom_exporter.config import Config
+from sglang_oom_exporter.logsource import IDLE_CLOSE_SECONDS, LogSource
 from sglang_oom_exporter.match import Matcher
 from sglang_oom_exporter.metrics import EventCounts, SourceStats, label_names_for
 from sglang_oom_exporter.model import OomEvent
 from sglang_oom_exporter.pipeline import Pipeline
 from sglang_oom_exporter.sources.discover import KubernetesFilter, dirs_to_watch, discover_pods, expand
 from sglang_oom_exporter.sources.scrape import TargetScraper
-from sglang_oom_exporter.sources.tail import FileTailer, TailPosition, TailReset
+from sglang_oom_exporter.sources.tail import FileTailer, TailPosition
 from sglang_oom_exporter.state import StateStore
 from sglang_oom_exporter.store import EventStore, Health
 from sglang_oom_exporter.suggest import with_suggestions
 
 log = logging.getLogger(__name__)
 
-IDLE_CLOSE_SECONDS = 1.0  # a record with no new line for this long is complete (a cut traceback)
 BUSY_WAIT_SECONDS = 0.2  # loop tick while events wait for their traceback
-LINE_COUNT_LIMIT = 256 * 1024 * 1024  # count lines before a start-at-end offset up to this many bytes
 STATE_VERSION = 1
-
-
-@dataclass(slots=True)
-class LogSource:
-    """One followed file (or stdin): its tailer, its pipeline, and the labels its events carry."""
-
-    path: str
-    labels: tuple[str, ...]
-    label_map: dict[str, str]
-    pipeline: Pipeline
-    tailer: FileTailer | None
-    generation: str | None = None
-    resume_lineno: int | None = None  # line number at the restored offset
-    resume_offset: int | None = None  # the restored offset: a first chunk before it means truncated while down
-    epoch: int = 0  # copytruncate generations of one inode: part of every event key
-    close_at: float | None = None  # when to close records left open by a quiet source
-    gone_since: float | None = None
-    oversized_seen: int = 0
-    resets: dict[str, int] = field(default_factory=dict)
-    directory: str = ""  # absolute, to match the directories file events name
-
-    def lag_bytes(self) -> int:
-        """Bytes in the file not read yet (0 when unknown)."""
-        if self.tailer is None:
-            return 0
-        pos = self.tailer.position
-        try:
-            size = os.stat(self.path).st_size
-        except OSError:
-            return 0
-        return max(0, size - (pos.offset if pos else 0))
 
 
 class App:
@@ -163,7 +130,7 @@ class App:
         with self._lock:
             files = {}
             for source in self.sources.values():
-                saved = self._source_state(source)
+                saved = source.state()
                 if saved is not None:
                     files[source.path] = saved
             data = {"state_version": STATE_VERSION, "counters": self.counts.export_state(), "files": files}
@@ -219,9 +186,9 @@ class App:
                 # File events name their directory: between safety sweeps, only those files are looked at,
                 # and only sources with something pending are ticked. An idle node costs almost nothing.
                 if sweep or source.directory in self._changed:  # type: ignore[operator]
-                    self._poll(source, now)
+                    source.poll(now)
                 elif source.close_at is not None or source.pipeline.pending():
-                    self._tick(source, now)
+                    source.tick(now)
             self._changed = set()
             self._drain_stdin(now)
         if now - self._last_save >= self.config.state_interval:
@@ -412,9 +379,9 @@ class App:
             return self.scrapers[0]
         return None
 
-    def targets(self) -> list[TargetAdapter]:
-        """The scraped endpoints, as the collector reads them."""
-        return [TargetAdapter(s) for s in self.scrapers]
+    def targets(self) -> list[TargetScraper]:
+        """The scraped endpoints; each is a metrics.TargetView."""
+        return list(self.scrapers)
 
     def _with_context(self, source: LogSource, event: OomEvent) -> OomEvent:
         scraper = self.target_for(source)
@@ -442,77 +409,6 @@ class App:
             event.kind, event.fatal, event.location, ",".join(event.ranks) or "-",
             event.numbers.get("requested_tokens"), event.numbers.get("available_tokens"),
         )  # fmt: skip
-
-    def _poll(self, source: LogSource, now: float) -> None:
-        tailer = source.tailer
-        if tailer is None:
-            source.pipeline.tick(now)
-            return
-        fed = False
-        for item in tailer.poll():
-            if isinstance(item, TailReset):
-                source.resets[item.reason] = source.resets.get(item.reason, 0) + 1
-                source.pipeline.close_open(now)
-                source.generation = None
-                if item.reason == "truncated":
-                    source.epoch += 1  # same inode, new bytes at old offsets: the keys must differ
-                continue
-            if source.resume_offset is not None:
-                if item.offset < source.resume_offset:
-                    source.epoch += 1  # truncated while we were down
-                    source.resume_lineno = None
-                source.resume_offset = None
-            generation = f"{item.dev}:{item.ino}:{source.epoch}"
-            if generation != source.generation:
-                lineno = self._lineno_at(source, item.offset)
-                source.pipeline.start_generation(generation, item.offset, lineno)
-                source.generation = generation
-            source.pipeline.feed(item.data, now)
-            fed = True
-        if fed:
-            source.close_at = now + IDLE_CLOSE_SECONDS
-            source.gone_since = None
-        self._tick(source, now)
-
-    def _tick(self, source: LogSource, now: float) -> None:
-        """Close records of a quiet source and emit the events whose wait is over."""
-        if source.close_at is not None and now >= source.close_at:
-            source.pipeline.close_open(now)
-            source.close_at = None
-        source.pipeline.tick(now)
-
-    def _lineno_at(self, source: LogSource, offset: int) -> int:
-        if source.resume_lineno is not None:
-            lineno, source.resume_lineno = source.resume_lineno, None
-            return lineno
-        if offset <= 0 or offset > LINE_COUNT_LIMIT:
-            return 1
-        try:
-            with open(source.path, "rb") as fh:
-                count, left = 0, offset
-                while left > 0 and (block := fh.read(min(left, 1 << 20))):
-                    count += block.count(b"\n")
-                    left -= len(block)
-            return count + 1
-        except OSError:
-            return 1
-
-    def _source_state(self, source: LogSource) -> dict[str, Any] | None:
-        if source.tailer is None:
-            return None
-        pos = source.tailer.position
-        if pos is None:
-            return None
-        lineno = 1
-        if source.generation == f"{pos.dev}:{pos.ino}:{source.epoch}":
-            offset, lineno = source.pipeline.resume_point()
-            pos = TailPosition(
-                pos.path, pos.dev, pos.ino, min(offset, pos.offset), pos.fingerprint, pos.fingerprint_len
-            )
-        return {
-            "position": pos.to_dict(), "lineno": lineno, "epoch": source.epoch,
-            "dedupe": source.pipeline.export_state(),
-        }  # fmt: skip
 
     def _retire(self, now: float, found: set[str]) -> None:
         """Drop sources whose file is gone, and their series once the retention is over.
@@ -595,39 +491,6 @@ class App:
             source.pipeline.close_open(now)
             source.close_at = None
         source.pipeline.tick(now)
-
-
-class TargetAdapter:
-    """A TargetScraper seen through metrics.TargetView."""
-
-    def __init__(self, scraper: TargetScraper) -> None:
-        self._s = scraper
-        self.url = scraper.url
-
-    @property
-    def up(self) -> bool:
-        """Whether the last scrape worked."""
-        return self._s.up
-
-    @property
-    def duration(self) -> float:
-        """Seconds the last scrape took."""
-        return self._s.duration
-
-    @property
-    def errors_total(self) -> dict[str, int]:
-        """Failed scrapes by reason."""
-        return dict(self._s.errors_total)
-
-    def snapshot_values(self) -> dict[str, float]:
-        """The last good KV snapshot's values."""
-        snap = self._s.snapshot
-        return {k: float(v) for k, v in snap.as_dict().items() if isinstance(v, int | float)} if snap else {}
-
-    def server_args(self) -> dict[str, Any]:
-        """The last server-info args."""
-        info = self._s.server_info
-        return dict(info.args) if info else {}
 
 
 def _asdict(config: Config) -> dict[str, Any]:

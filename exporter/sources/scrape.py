@@ -314,6 +314,18 @@ class TargetScraper:
         with self._lock:
             return dict(self._info_errors)
 
+    def snapshot_values(self) -> dict[str, float]:
+        """The last good snapshot's numeric values (metrics.TargetView)."""
+        snap = self.snapshot
+        if snap is None:
+            return {}
+        return {k: float(v) for k, v in snap.as_dict().items() if isinstance(v, int | float) and k != "time"}
+
+    def server_args(self) -> dict[str, Any]:
+        """The last server info's args (metrics.TargetView)."""
+        info = self.server_info
+        return dict(info.args) if info else {}
+
 
 class ScrapeLoop:
     """One daemon thread per target, each calling scrape_once every interval seconds."""

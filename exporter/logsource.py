@@ -1,0 +1,123 @@
+"""One followed log file (or stdin): its tailer, its pipeline, and the labels its events carry.
+
+Sits between a source and the pipeline: it turns TailChunks and TailResets into file generations (a
+rotation, a copytruncate, a restart resuming mid-file), numbers their lines, closes records when the file
+goes quiet, and says what to save so that a restart re-reads exactly what was still in flight.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+from sglang_oom_exporter.pipeline import Pipeline
+from sglang_oom_exporter.sources.tail import FileTailer, TailPosition, TailReset
+
+IDLE_CLOSE_SECONDS = 1.0  # a record with no new line for this long is complete (a cut traceback)
+LINE_COUNT_LIMIT = 256 * 1024 * 1024  # count lines before a start-at-end offset up to this many bytes
+
+
+@dataclass(slots=True)
+class LogSource:
+    """One followed file (or stdin): its tailer, its pipeline, and the labels its events carry."""
+
+    path: str
+    labels: tuple[str, ...]
+    label_map: dict[str, str]
+    pipeline: Pipeline
+    tailer: FileTailer | None
+    generation: str | None = None
+    resume_lineno: int | None = None  # line number at the restored offset
+    resume_offset: int | None = None  # the restored offset: a first chunk before it means truncated while down
+    epoch: int = 0  # copytruncate generations of one inode: part of every event key
+    close_at: float | None = None  # when to close records left open by a quiet source
+    gone_since: float | None = None
+    oversized_seen: int = 0
+    resets: dict[str, int] = field(default_factory=dict)
+    directory: str = ""  # absolute, to match the directories file events name
+
+    def lag_bytes(self) -> int:
+        """Bytes in the file not read yet (0 when unknown)."""
+        if self.tailer is None:
+            return 0
+        pos = self.tailer.position
+        try:
+            size = os.stat(self.path).st_size
+        except OSError:
+            return 0
+        return max(0, size - (pos.offset if pos else 0))
+
+    def poll(self, now: float) -> None:
+        """Read what is new, feed the pipeline generation by generation, then tick."""
+        tailer = self.tailer
+        if tailer is None:
+            self.pipeline.tick(now)
+            return
+        fed = False
+        for item in tailer.poll():
+            if isinstance(item, TailReset):
+                self.resets[item.reason] = self.resets.get(item.reason, 0) + 1
+                self.pipeline.close_open(now)
+                self.generation = None
+                if item.reason == "truncated":
+                    self.epoch += 1  # same inode, new bytes at old offsets: the keys must differ
+                continue
+            if self.resume_offset is not None:
+                if item.offset < self.resume_offset:
+                    self.epoch += 1  # truncated while we were down
+                    self.resume_lineno = None
+                self.resume_offset = None
+            generation = f"{item.dev}:{item.ino}:{self.epoch}"
+            if generation != self.generation:
+                lineno = self._lineno_at(item.offset)
+                self.pipeline.start_generation(generation, item.offset, lineno)
+                self.generation = generation
+            self.pipeline.feed(item.data, now)
+            fed = True
+        if fed:
+            self.close_at = now + IDLE_CLOSE_SECONDS
+            self.gone_since = None
+        self.tick(now)
+
+    def tick(self, now: float) -> None:
+        """Close records of a quiet source and emit the events whose wait is over."""
+        if self.close_at is not None and now >= self.close_at:
+            self.pipeline.close_open(now)
+            self.close_at = None
+        self.pipeline.tick(now)
+
+    def _lineno_at(self, offset: int) -> int:
+        """The line number at a generation's first byte: restored, or counted (a start at the end)."""
+        if self.resume_lineno is not None:
+            lineno, self.resume_lineno = self.resume_lineno, None
+            return lineno
+        if offset <= 0 or offset > LINE_COUNT_LIMIT:
+            return 1
+        try:
+            with open(self.path, "rb") as fh:
+                count, left = 0, offset
+                while left > 0 and (block := fh.read(min(left, 1 << 20))):
+                    count += block.count(b"\n")
+                    left -= len(block)
+            return count + 1
+        except OSError:
+            return 1
+
+    def state(self) -> dict[str, Any] | None:
+        """Position (at the oldest byte in flight), line number, epoch and dedupe memory for the state file."""
+        if self.tailer is None:
+            return None
+        pos = self.tailer.position
+        if pos is None:
+            return None
+        lineno = 1
+        if self.generation == f"{pos.dev}:{pos.ino}:{self.epoch}":
+            offset, lineno = self.pipeline.resume_point()
+            pos = TailPosition(
+                pos.path, pos.dev, pos.ino, min(offset, pos.offset), pos.fingerprint, pos.fingerprint_len
+            )
+        return {
+            "position": pos.to_dict(), "lineno": lineno, "epoch": self.epoch,
+            "dedupe": self.pipeline.export_state(),
+        }  # fmt: skip
