@@ -242,3 +242,21 @@ def test_cuda_oom_on_every_rank_naming_its_own_gpu_is_one_event():
     )
     events = scan_text(log)
     assert [(e.kind, len(e.ranks), e.numbers["tried_to_allocate"]) for e in events] == [("cuda_oom", 4, "2.00 GiB")]
+
+
+@pytest.mark.parametrize(
+    "log",
+    [
+        "2026-03-14 22:07:33 TP0] Decode out of memory. Try to lower your batch size.\nTry to allocate 9 tokens.\n\n",
+        "2026-03-14T22:07:33.1234567Z [2026-03-14 22:07:33 TP0] Decode out of memory. Try to lower your batch size.\n"
+        "2026-03-14T22:07:33.1234567Z Try to allocate 9 tokens.\n",
+        "(SchedulerActor pid=4242, ip=10.0.0.7) [2026-03-14 22:07:33 TP0] Decode out of memory. Try to lower your "
+        "batch size.\n(SchedulerActor pid=4242, ip=10.0.0.7) Try to allocate 9 tokens.\n",
+    ],
+    ids=["lost-leading-bracket", "github-actions-timestamps", "ray-actor-prefix-every-line"],
+)
+def test_trimmed_and_wrapped_prefixes_keep_rank_time_and_numbers(log):
+    events = scan_text(log)
+    assert [(e.kind, e.ranks, e.time, e.numbers.get("requested_tokens")) for e in events] == [
+        ("decode", ("TP0",), "2026-03-14T22:07:33", 9)
+    ]
