@@ -71,6 +71,7 @@ class App:
         self._discovered_once = False
         self._watch_dirs: set[str] | None = None
         self._changed: set[str] | None = set()
+        self._behind: set[str] = set()  # sources whose read budget ran out: more is waiting
         self._discover_requested = False
         self._last_sweep = -1e18
         self._saved_mark: tuple[float, float] | None = None  # (bytes read, events) at the last save
@@ -182,14 +183,17 @@ class App:
             sweep = now - self._last_sweep >= self.config.sweep_interval or self._changed is None
             if sweep:
                 self._last_sweep = now
+            behind: set[str] = set()
             for source in list(self.sources.values()):
                 # File events name their directory: between safety sweeps, only those files are looked at,
                 # and only sources with something pending are ticked. An idle node costs almost nothing.
-                if sweep or source.directory in self._changed:  # type: ignore[operator]
-                    source.poll(now)
+                if sweep or source.path in self._behind or source.directory in self._changed:  # type: ignore[operator]
+                    if source.poll(now):
+                        behind.add(source.path)
                 elif source.close_at is not None or source.pipeline.pending():
                     source.tick(now)
             self._changed = set()
+            self._behind = behind
             self._drain_stdin(now)
         if now - self._last_save >= self.config.state_interval:
             self.save_state(force=False)
@@ -434,6 +438,8 @@ class App:
                 log.info("source retired path=%s after %.0fs without its file", path, now - source.gone_since)
 
     def _next_timeout(self) -> float:
+        if self._behind:
+            return 0.0  # a backlog is being read in slices: go on at once
         with self._lock:
             busy = any(s.pipeline.pending() or s.close_at is not None for s in self.sources.values())
         return min(self.config.poll_interval, BUSY_WAIT_SECONDS) if busy else self.config.poll_interval

@@ -26,6 +26,10 @@ CROSS_RANK_SECONDS = 1.5  # ranks of one tick straddle a second boundary (R6)
 SAME_RANK_SECONDS = 10.0  # block -> its traceback, with a tree dump printed in between
 NO_TIME_LINES = 50_000  # without timestamps, a join must at least be this close in the file
 RECENT_GROUPS = 256
+# A settled group (every block has its traceback) may also go once the reader is this many lines past its
+# last record: other ranks' copies come within a few records (dumps included), and one that comes later
+# still joins the emitted group. Without it, reading a backlog would wait the wall-clock settle per slice.
+SETTLE_LINES = 5000
 STATE_GROUPS = 64  # emitted groups kept in the state file, for late tracebacks after a restart
 EMITTED_KEYS = 1024  # keys of emitted events kept to suppress their replay after a restart
 
@@ -56,6 +60,7 @@ class _Group:
     lineno: int
     offset: int
     opened_at: float  # caller's clock when the group was opened
+    last_lineno: int = 0  # the latest line of any record in the group
     members: dict[str, _Member] = field(default_factory=dict)
     emitted: bool = False
 
@@ -148,17 +153,27 @@ class Deduper:
         member.reports.append(report)
         if rec.lineno < group.lineno:
             group.lineno, group.offset = rec.lineno, rec.offset
+        group.last_lineno = max(group.last_lineno, rec.lineno)
         if group.epoch is None:
             group.epoch = epoch
 
-    def flush(self, now: float | None = None) -> None:
-        """Emit settled or timed-out groups; with now=None (end of input) emit every pending group."""
+    def flush(self, now: float | None = None, lineno: int | None = None) -> None:
+        """Emit settled or timed-out groups; with now=None (end of input) emit every pending group.
+
+        lineno is how far the reader has got: a settled group far enough behind it goes at once.
+        """
         pending = sorted((g for g in self._groups if not g.emitted), key=lambda g: g.lineno)
         for group in pending:
             if (
                 now is None
                 or now - group.opened_at >= self._wait
-                or (group.settled() and now - group.opened_at >= self._settle)
+                or (
+                    group.settled()
+                    and (
+                        now - group.opened_at >= self._settle
+                        or (lineno is not None and lineno - group.last_lineno >= SETTLE_LINES)
+                    )
+                )
             ):
                 self._emit(group)
 

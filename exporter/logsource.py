@@ -16,6 +16,9 @@ from sglang_oom_exporter.sources.tail import FileTailer, TailPosition, TailReset
 
 IDLE_CLOSE_SECONDS = 1.0  # a record with no new line for this long is complete (a cut traceback)
 LINE_COUNT_LIMIT = 256 * 1024 * 1024  # count lines before a start-at-end offset up to this many bytes
+# Bytes one source may read in one pass of the loop. A 300 MB backlog is read in slices, so scrapes and
+# other sources get their turn in between, and /metrics never waits for a whole catch-up.
+READ_BUDGET = 32 * 1024 * 1024
 
 
 @dataclass(slots=True)
@@ -48,13 +51,18 @@ class LogSource:
             return 0
         return max(0, size - (pos.offset if pos else 0))
 
-    def poll(self, now: float) -> None:
-        """Read what is new, feed the pipeline generation by generation, then tick."""
+    def poll(self, now: float, budget: int | None = None) -> bool:
+        """Read what is new (up to budget bytes), feed the pipeline generation by generation, then tick.
+
+        Returns True when the budget ran out and more may be waiting: poll again soon. Stopping in the
+        middle is safe, because the tailer moves its offsets before it hands out the bytes.
+        """
+        budget = READ_BUDGET if budget is None else budget
         tailer = self.tailer
         if tailer is None:
             self.pipeline.tick(now)
-            return
-        fed = False
+            return False
+        fed = 0
         for item in tailer.poll():
             if isinstance(item, TailReset):
                 self.resets[item.reason] = self.resets.get(item.reason, 0) + 1
@@ -74,11 +82,14 @@ class LogSource:
                 self.pipeline.start_generation(generation, item.offset, lineno)
                 self.generation = generation
             self.pipeline.feed(item.data, now)
-            fed = True
+            fed += len(item.data)
+            if fed >= budget:
+                break
         if fed:
             self.close_at = now + IDLE_CLOSE_SECONDS
             self.gone_since = None
         self.tick(now)
+        return fed >= budget
 
     def tick(self, now: float) -> None:
         """Close records of a quiet source and emit the events whose wait is over."""

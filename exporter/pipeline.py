@@ -130,8 +130,8 @@ class Pipeline:
         self._records_from(self._assembler.close_all())
 
     def tick(self, now: float) -> None:
-        """Emit groups whose wait for a traceback is over."""
-        self._deduper.flush(now)
+        """Emit groups whose wait for a traceback is over, or that the reader has left far behind."""
+        self._deduper.flush(now, self._reader.next_lineno)
 
     def finish(self) -> None:
         """End of input: everything pending becomes an event now."""

@@ -153,3 +153,18 @@ def test_between_sweeps_only_files_in_changed_directories_are_read(tmp_path):
     app.mark_changed(None)  # too many events to track: read everything
     _run(app, clock, 3)
     assert app.counts.total("decode") == 2
+
+
+def test_a_backlog_is_read_in_slices_and_counted_exactly_once(tmp_path, monkeypatch):
+    import sglang_oom_exporter.logsource as logsource
+
+    monkeypatch.setattr(logsource, "READ_BUDGET", 1000)  # bytes per source per pass
+    log = tmp_path / "a.log"
+    filler = "[2026-03-14 22:07:00 TP0] Decode batch, #running-req: 3, token usage: 0.50\n" * 40
+    log.write_text("".join(filler + BLOCK.format(s=s) for s in range(10)))
+    app, clock = _app(tmp_path, from_beginning=True, sweep_interval=600.0)
+    app.step()
+    assert app.counts.total("decode") < 10  # one pass read one slice, not the whole file
+    assert app._next_timeout() == 0.0
+    _run(app, clock, 4)
+    assert app.counts.total("decode") == 10
