@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import logging
 import os
-import queue
 import sys
 import threading
 import time
@@ -31,6 +30,7 @@ from sglang_oom_exporter.model import OomEvent
 from sglang_oom_exporter.pipeline import Pipeline
 from sglang_oom_exporter.sources.discover import KubernetesFilter, dirs_to_watch, discover_pods, expand
 from sglang_oom_exporter.sources.scrape import TargetScraper
+from sglang_oom_exporter.sources.stdin import StdinPump
 from sglang_oom_exporter.sources.tail import FileTailer, TailPosition
 from sglang_oom_exporter.state import StateStore
 from sglang_oom_exporter.store import EventStore, Health
@@ -54,6 +54,7 @@ class App:
         store: EventStore | None = None,
         stdin: BinaryIO | None = None,
         stdout: BinaryIO | None = None,
+        wake: Callable[[], None] = lambda: None,
         clock: Callable[[], float] = time.monotonic,
         wall: Callable[[], float] = time.time,
     ) -> None:
@@ -79,10 +80,7 @@ class App:
         self._last_loop = wall()
         self._lock = threading.RLock()  # the loop and scrapes/healthz share the sources
         self._stdin = stdin
-        self._stdout = stdout
-        self._stdin_queue: queue.Queue[bytes | None] = queue.Queue(maxsize=64)
-        self._stdin_thread: threading.Thread | None = None
-        self._stdin_done = False
+        self._stdin_pump = StdinPump(stdin, stdout, wake) if stdin is not None else None
         self._kfilter = self._filter(config)
         self.scrapers = [TargetScraper(url, timeout=config.scrape_timeout) for url in config.sglang_urls]
         self.extra = {"state_saves_total": 0.0, "state_errors_total": 0.0, "event_sink_errors_total": 0.0}
@@ -145,12 +143,11 @@ class App:
 
     def start_stdin(self) -> None:
         """Read stdin in a thread, passing every byte through to stdout unchanged."""
-        if self._stdin is None:
+        if self._stdin_pump is None:
             return
         source = self._new_source("-", ("stdin",) if self.config.kubernetes is None else ("", "", "stdin"), None)
         self.sources["-"] = source
-        self._stdin_thread = threading.Thread(target=self._read_stdin, name="stdin-reader", daemon=True)
-        self._stdin_thread.start()
+        self._stdin_pump.start()
 
     def run(self, stop: threading.Event, *, wake: Callable[[float], bool] | None = None) -> None:
         """Loop until stop is set; wake(timeout) waits for file events (or just sleeps)."""
@@ -460,43 +457,20 @@ class App:
         self.extra["state_errors_total"] += 1
         log.warning("state: %s", message)
 
-    def _read_stdin(self) -> None:
-        assert self._stdin is not None  # noqa: S101 - started only with stdin
-        fd = self._stdin.fileno()
-        while True:
-            try:
-                data = os.read(fd, 65536)
-            except OSError:
-                data = b""
-            if self._stdout is not None and data:
-                try:
-                    self._stdout.write(data)
-                    self._stdout.flush()
-                except (OSError, ValueError):
-                    self._stdout = None  # the downstream of the pipe went away; keep counting
-            self._stdin_queue.put(data or None)
-            if not data:
-                return
-
     def _drain_stdin(self, now: float) -> None:
         source = self.sources.get("-")
-        if source is None or self._stdin_done:
+        if source is None or self._stdin_pump is None:
             return
-        while True:
-            try:
-                data = self._stdin_queue.get_nowait()
-            except queue.Empty:
-                break
-            if data is None:
-                source.pipeline.finish()
-                self._stdin_done = True
-                return
+        was_done = self._stdin_pump.done
+        chunks, done = self._stdin_pump.drain()
+        for data in chunks:
             source.pipeline.feed(data, now)
             source.close_at = now + IDLE_CLOSE_SECONDS
-        if source.close_at is not None and now >= source.close_at:
-            source.pipeline.close_open(now)
-            source.close_at = None
-        source.pipeline.tick(now)
+        if done:
+            if not was_done:
+                source.pipeline.finish()  # the end of stdin: everything pending counts now
+            return
+        source.tick(now)
 
 
 def _asdict(config: Config) -> dict[str, Any]:

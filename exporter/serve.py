@@ -63,15 +63,15 @@ def serve(args: argparse.Namespace) -> int:
         stdin, stdout = stdio()
         config = Config(**{**{f: getattr(config, f) for f in config.__dataclass_fields__},
                            "paths": tuple(p for p in config.paths if p != "-")})  # fmt: skip
-    app = App(config, catalog, stdin=stdin, stdout=stdout)
+    waker = Waker(force_polling=config.force_polling, polling_interval=config.poll_interval,
+                  recursive=config.kubernetes is not None)  # fmt: skip
+    app = App(config, catalog, stdin=stdin, stdout=stdout, wake=waker.wake)
     registry = CollectorRegistry(auto_describe=False)
     registry.register(ExporterCollector(app.counts, app.source_stats, app.extra_metrics, app.targets))
     server = ExporterServer(address, registry=registry, catalog=catalog, events=app.store, health=app.health,
                             web_config=web)  # fmt: skip
     stop = threading.Event()
     reload_requested = threading.Event()
-    waker = Waker(force_polling=config.force_polling, polling_interval=config.poll_interval,
-                  recursive=config.kubernetes is not None)  # fmt: skip
 
     def on_stop(signum: int, _frame: Any) -> None:
         log.info("signal %s: saving state and exiting", signal.Signals(signum).name)
