@@ -19,6 +19,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterable
+from dataclasses import replace
 from typing import Any, BinaryIO
 
 from sglang_oom_exporter.catalog import Catalog
@@ -252,7 +253,7 @@ class App:
         with self._lock:
             if label_names_for(config.kubernetes is not None) != self.counts.label_names:
                 log.warning("reload: switching Kubernetes mode on or off needs a restart; keeping the old sources")
-                config = Config(**{**_asdict(config), "kubernetes": self.config.kubernetes})
+                config = replace(config, kubernetes=self.config.kubernetes)
             self.config = config
             self._kfilter = self._filter(config)
             self._last_discover = -1e18
@@ -471,10 +472,6 @@ class App:
                 source.pipeline.finish()  # the end of stdin: everything pending counts now
             return
         source.tick(now)
-
-
-def _asdict(config: Config) -> dict[str, Any]:
-    return {name: getattr(config, name) for name in config.__dataclass_fields__}
 
 
 def stdio() -> tuple[BinaryIO, BinaryIO]:

@@ -36,7 +36,6 @@ class LogSource:
     epoch: int = 0  # copytruncate generations of one inode: part of every event key
     close_at: float | None = None  # when to close records left open by a quiet source
     gone_since: float | None = None
-    oversized_seen: int = 0
     resets: dict[str, int] = field(default_factory=dict)
     directory: str = ""  # absolute, to match the directories file events name
 

@@ -92,9 +92,20 @@ class Suggestion:
         return {"flag": self.flag, "current": _num(self.current), "suggested": _num(self.suggested),
                 "rule": self.rule, "when": self.when}  # fmt: skip
 
+    def change(self, arrow: str = "->") -> str:
+        """'16384 -> 4096', or just '4096' when the current value is unknown (for text and HTML)."""
+        if self.current is None:
+            return format_number(self.suggested)
+        return f"{format_number(self.current)} {arrow} {format_number(self.suggested)}"
+
 
 def _num(value: float | None) -> float | int | None:
     return int(value) if value is not None and float(value).is_integer() else value
+
+
+def format_number(value: float | None) -> str:
+    """A flag value as people write it: 4096 rather than 4096.0, 0.83 as is, ? when unknown."""
+    return "?" if value is None else str(_num(value))
 
 
 @dataclass(frozen=True, slots=True)

@@ -64,7 +64,7 @@ def _suggestions(e: OomEvent) -> str:
     for s in e.suggestions:
         if s.suggested is None:
             continue
-        change = f"{_fmt(s.current)} &rarr; {_fmt(s.suggested)}" if s.current is not None else _fmt(s.suggested)
+        change = s.change("&rarr;")  # numbers only: nothing to escape
         when = f" <em>(when {_e(s.when)})</em>" if s.when else ""
         items.append(f'<li class="suggestion"><strong><code>{_e(s.flag)}</code> {change}</strong>{when}<br>'
                      f"<small>{_e(s.rule)}</small></li>")  # fmt: skip
@@ -83,12 +83,6 @@ def _context(e: OomEvent) -> str:
     if e.context.get("target"):
         rows.insert(0, f"<b>target</b>: {_e(e.context['target'])}")
     return f"<details><summary>context</summary>{'<br>'.join(rows)}</details>" if rows else ""
-
-
-def _fmt(value: float | None) -> str:
-    if value is None:
-        return "?"
-    return _e(int(value) if float(value).is_integer() else value)
 
 
 def _numbers(e: OomEvent) -> str:

@@ -162,11 +162,6 @@ class LineReader:
         self.oversized_lines = 0
 
     @property
-    def finder_name(self) -> str:
-        """Which literal search is in use."""
-        return self._finder.name
-
-    @property
     def lines_read(self) -> int:
         """Complete lines consumed so far, over every file generation."""
         return self._earlier_generations + self.next_lineno - 1

@@ -6,7 +6,7 @@ Also the golden-test harness: tests call scan_paths() and compare its JSON with 
 from __future__ import annotations
 
 import gzip
-import io
+import sys
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import IO, Any, BinaryIO
@@ -99,14 +99,12 @@ def event_json(event: OomEvent, catalog: Catalog) -> dict[str, Any]:
 def open_input(path: str) -> tuple[str, BinaryIO]:
     """Open a path (or "-" for stdin) for binary reading, gunzipping by content; InputError if not."""
     if path == "-":
-        import sys
-
         return "-", sys.stdin.buffer
     try:
-        fh: BinaryIO = open(path, "rb")  # noqa: SIM115 - returned to the caller, who closes it
+        fh = open(path, "rb")  # noqa: SIM115 - returned to the caller, who closes it
     except OSError as exc:
         raise InputError(f"cannot read {path}: {exc.strerror or exc}") from exc
-    if fh.peek(2)[:2] == _GZIP_MAGIC if isinstance(fh, io.BufferedReader) else False:
+    if fh.peek(2)[:2] == _GZIP_MAGIC:  # by content, not by name: rotated logs are named either way
         return path, gzip.GzipFile(fileobj=fh, mode="rb")  # type: ignore[return-value]
     return path, fh
 
@@ -180,7 +178,7 @@ def scan_paths(
         try:
             events, stats = scan_stream(catalog, matcher, name, fh, prefilter=prefilter, extra_prefixes=extra_prefixes)
         finally:
-            if fh is not None and name != "-":
+            if name != "-":
                 fh.close()
         result.events.extend(with_suggestions(e, server_args) for e in events)
         result.stats.append((name, stats))
@@ -225,12 +223,9 @@ def format_text(result: ScanResult) -> str:
         out.append(f"    fix: {kind.summary}")
         for s in e.suggestions:
             if s.suggested is not None:
-                change = (
-                    f"{s.flag} {_fmt(s.current)} -> {_fmt(s.suggested)}"
-                    if s.current is not None
-                    else (f"{s.flag} {_fmt(s.suggested)}")
+                out.append(
+                    f"    suggest: {s.flag} {s.change()}  ({s.rule}" + (f"; when {s.when}" if s.when else "") + ")"
                 )
-                out.append(f"    suggest: {change}  ({s.rule}" + (f"; when {s.when}" if s.when else "") + ")")
     counts = result.counts()
     out.append("")
     out.append("kind           events")
@@ -244,9 +239,3 @@ def format_text(result: ScanResult) -> str:
         f"{len(retract)} retraction events retracting {requests} requests, {lines} lines read"
     )
     return "\n".join(out) + "\n"
-
-
-def _fmt(value: float | None) -> str:
-    if value is None:
-        return "?"
-    return str(int(value)) if float(value).is_integer() else f"{value:g}"

@@ -9,6 +9,7 @@ import logging
 import signal
 import sys
 import threading
+from dataclasses import replace
 from typing import Any
 
 from prometheus_client import CollectorRegistry
@@ -61,8 +62,7 @@ def serve(args: argparse.Namespace) -> int:
     stdin = stdout = None
     if "-" in config.paths:
         stdin, stdout = stdio()
-        config = Config(**{**{f: getattr(config, f) for f in config.__dataclass_fields__},
-                           "paths": tuple(p for p in config.paths if p != "-")})  # fmt: skip
+        config = replace(config, paths=tuple(p for p in config.paths if p != "-"))
     waker = Waker(force_polling=config.force_polling, polling_interval=config.poll_interval,
                   recursive=config.kubernetes is not None)  # fmt: skip
     app = App(config, catalog, stdin=stdin, stdout=stdout, wake=waker.wake)
