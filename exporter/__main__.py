@@ -4,6 +4,6 @@ from __future__ import annotations
 
 import sys
 
-from sglang_oom_exporter.cli import main
+from .cli import main
 
 sys.exit(main())

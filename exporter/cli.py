@@ -14,10 +14,10 @@ from collections.abc import Sequence
 from importlib import resources
 from typing import Any
 
-from sglang_oom_exporter import __version__
-from sglang_oom_exporter.catalog import CatalogError, load_catalog
-from sglang_oom_exporter.config import DEFAULT_LISTEN
-from sglang_oom_exporter.scan import InputError, format_text, load_server_args, scan_paths
+from . import __version__
+from .catalog.loader import CatalogError, load_catalog
+from .config import DEFAULT_LISTEN
+from .scan import InputError, format_text, load_server_args, scan_paths
 
 EXIT_OK, EXIT_OOM, EXIT_USAGE = 0, 1, 2
 
@@ -146,7 +146,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help(sys.stderr)
         return EXIT_USAGE
     if args.command == "serve":
-        from sglang_oom_exporter.serve import serve
+        from .daemon.serve import serve
 
         return serve(args)
     return _scan(args)

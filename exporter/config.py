@@ -15,7 +15,7 @@ from typing import Any
 import regex
 import yaml
 
-from sglang_oom_exporter.errors import ProblemsError
+from .errors import ProblemsError
 
 DEFAULT_PORT = 9877
 DEFAULT_LISTEN = f":{DEFAULT_PORT}"

@@ -26,8 +26,8 @@ from typing import Any, Protocol
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from sglang_oom_exporter import __version__
-from sglang_oom_exporter.model import OomEvent
+from . import __version__
+from .detect.model import OomEvent
 
 NAMESPACE = "sglang_oom"
 SELF = f"{NAMESPACE}_exporter"

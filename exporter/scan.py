@@ -11,11 +11,11 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import IO, Any, BinaryIO
 
-from sglang_oom_exporter.catalog import Catalog
-from sglang_oom_exporter.match import Matcher
-from sglang_oom_exporter.model import OomEvent
-from sglang_oom_exporter.pipeline import Pipeline, PipelineStats
-from sglang_oom_exporter.suggest import with_suggestions
+from .advise.suggest import with_suggestions
+from .catalog.loader import Catalog
+from .detect.match import Matcher
+from .detect.model import OomEvent
+from .detect.pipeline import Pipeline, PipelineStats
 
 CHUNK = 4 * 1024 * 1024
 _GZIP_MAGIC = b"\x1f\x8b"
@@ -148,8 +148,8 @@ def scan_stream(
 
 def load_server_args(path: str) -> dict[str, Any]:
     """The JSON that SGLang's /server_info (or /get_server_info) returns, saved to a file."""
-    from sglang_oom_exporter.sources.http import ScrapeError
-    from sglang_oom_exporter.sources.scrape import parse_server_info
+    from .sources.http import ScrapeError
+    from .sources.scrape import parse_server_info
 
     try:
         with open(path, "rb") as fh:

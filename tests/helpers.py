@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from sglang_oom_exporter.catalog import load_catalog
-from sglang_oom_exporter.match import Matcher
-from sglang_oom_exporter.model import OomEvent
+from sglang_oom_exporter.catalog.loader import load_catalog
+from sglang_oom_exporter.detect.match import Matcher
+from sglang_oom_exporter.detect.model import OomEvent
 from sglang_oom_exporter.scan import scan_stream
 
 CATALOG = load_catalog()

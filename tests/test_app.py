@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import json
 
-from sglang_oom_exporter.app import App
 from sglang_oom_exporter.config import Config
-from sglang_oom_exporter.state import StateStore
+from sglang_oom_exporter.daemon.app import App
+from sglang_oom_exporter.daemon.state import StateStore
 from tests.helpers import CATALOG
 
 BLOCK = "[2026-03-14 22:07:{s:02d} TP0] Decode out of memory. Try to lower your batch size.\nTry to allocate {s} tokens.\n\n"
@@ -156,7 +156,7 @@ def test_between_sweeps_only_files_in_changed_directories_are_read(tmp_path):
 
 
 def test_a_backlog_is_read_in_slices_and_counted_exactly_once(tmp_path, monkeypatch):
-    import sglang_oom_exporter.logsource as logsource
+    import sglang_oom_exporter.daemon.logsource as logsource
 
     monkeypatch.setattr(logsource, "READ_BUDGET", 1000)  # bytes per source per pass
     log = tmp_path / "a.log"

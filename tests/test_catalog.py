@@ -7,8 +7,8 @@ import textwrap
 import pytest
 import yaml
 
-from sglang_oom_exporter.catalog import EVENT_FIELDS, CatalogError, default_catalog_path, load_catalog
-from sglang_oom_exporter.match import Matcher
+from sglang_oom_exporter.catalog.loader import EVENT_FIELDS, CatalogError, default_catalog_path, load_catalog
+from sglang_oom_exporter.detect.match import Matcher
 
 CATALOG = load_catalog()
 MATCHER = Matcher(CATALOG)

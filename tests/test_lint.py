@@ -32,15 +32,12 @@ def test_ruff_format_is_clean():
 
 
 @pytest.mark.timeout(300)
-def test_mypy_strict_is_clean(tmp_path):
-    # The source folder is exporter/ but the import name is sglang_oom_exporter: give mypy a path on which
-    # the package has its real name, instead of rewriting every import to be relative.
-    link = tmp_path / "sglang_oom_exporter"
-    os.symlink(os.path.join(ROOT, "exporter"), link)
-    env = {**os.environ, "MYPYPATH": str(tmp_path)}
-    proc = _run(sys.executable, "-m", "mypy", "--no-incremental", "-p", "sglang_oom_exporter", env=env)
+def test_mypy_as_configured_is_clean():
+    # Plain `mypy` from the project root, exactly as a contributor runs it: pyproject's `files` and `strict`.
+    # The package uses relative imports inside exporter/, so no path trick is needed to resolve it.
+    proc = _run(sys.executable, "-m", "mypy", "--no-incremental")
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "Success: no issues found" in proc.stdout
+    assert "Success: no issues found in" in proc.stdout
 
 
 def test_the_tools_are_installed():

@@ -12,9 +12,9 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
 from sglang_oom_exporter import __version__
+from sglang_oom_exporter.advise.suggest import with_suggestions
+from sglang_oom_exporter.detect.model import OomEvent
 from sglang_oom_exporter.metrics import EventCounts, ExporterCollector, SourceStats
-from sglang_oom_exporter.model import OomEvent
-from sglang_oom_exporter.suggest import with_suggestions
 from tests.helpers import CATALOG
 
 HERE = os.path.dirname(__file__)

@@ -6,8 +6,8 @@ import io
 
 import pytest
 
-from sglang_oom_exporter.model import Gap, RawLine
-from sglang_oom_exporter.reader import BytesFinder, LineReader, make_finder, minimal_literals
+from sglang_oom_exporter.detect.model import Gap, RawLine
+from sglang_oom_exporter.detect.reader import BytesFinder, LineReader, make_finder, minimal_literals
 from sglang_oom_exporter.scan import scan_stream
 from tests.helpers import CATALOG, MATCHER, scan_bytes
 

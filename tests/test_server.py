@@ -18,13 +18,13 @@ import time
 import pytest
 from prometheus_client import CollectorRegistry, Counter
 
-from sglang_oom_exporter.catalog import load_catalog
-from sglang_oom_exporter.model import OomEvent, PoolState
-from sglang_oom_exporter.page import render_page
+from sglang_oom_exporter.catalog.loader import load_catalog
+from sglang_oom_exporter.daemon.store import EventStore, Health
+from sglang_oom_exporter.detect.model import OomEvent, PoolState
 from sglang_oom_exporter.scan import event_json
-from sglang_oom_exporter.server import MAX_HEAD_BYTES, MAX_LIMIT, ExporterServer, parse_address
-from sglang_oom_exporter.store import EventStore, Health
-from sglang_oom_exporter.webconfig import WebConfig
+from sglang_oom_exporter.web.page import render_page
+from sglang_oom_exporter.web.server import MAX_HEAD_BYTES, MAX_LIMIT, ExporterServer, parse_address
+from sglang_oom_exporter.web.webconfig import WebConfig
 from tests.helpers import openssl_cert
 
 HOSTILE = "<script>document.title='pwned'</script>"

@@ -8,9 +8,9 @@ import os
 
 import pytest
 
-from sglang_oom_exporter import state as state_module
+from sglang_oom_exporter.daemon import state as state_module
+from sglang_oom_exporter.daemon.state import STATE_VERSION, StateStore, decode_positions, encode_positions
 from sglang_oom_exporter.sources.tail import FileTailer, TailChunk, TailPosition
-from sglang_oom_exporter.state import STATE_VERSION, StateStore, decode_positions, encode_positions
 
 NOW = 1_773_526_053.0
 
@@ -51,7 +51,7 @@ def test_corrupt_state_warns_moves_it_aside_and_starts_fresh(tmp_path, caplog, b
     store = store_in(tmp_path)
     with open(store.path, "wb") as handle:
         handle.write(body)
-    with caplog.at_level(logging.WARNING, logger="sglang_oom_exporter.state"):
+    with caplog.at_level(logging.WARNING, logger="sglang_oom_exporter.daemon.state"):
         assert store.load() is None
     assert reason in caplog.text
     assert "read from their end" in caplog.text
@@ -64,7 +64,7 @@ def test_corrupt_state_warns_moves_it_aside_and_starts_fresh(tmp_path, caplog, b
 def test_unreadable_state_file_is_a_warning(tmp_path, caplog):
     store = store_in(tmp_path)
     os.mkdir(store.path)  # a directory where the file should be: unreadable even for root
-    with caplog.at_level(logging.WARNING, logger="sglang_oom_exporter.state"):
+    with caplog.at_level(logging.WARNING, logger="sglang_oom_exporter.daemon.state"):
         assert store.load() is None
     assert "unreadable" in caplog.text
     assert os.path.isdir(tmp_path / f"state.json.corrupt-{int(NOW)}")
@@ -96,7 +96,7 @@ def test_temp_files_left_by_a_crash_are_removed_on_load(tmp_path):
 def test_positions_decode_skips_bad_entries(caplog):
     good = TailPosition("/logs/0.log", 1, 2, 3, "ab", 1)
     raw = [*encode_positions([good]), {"path": "/logs/1.log"}, "junk"]
-    with caplog.at_level(logging.WARNING, logger="sglang_oom_exporter.state"):
+    with caplog.at_level(logging.WARNING, logger="sglang_oom_exporter.daemon.state"):
         assert decode_positions(raw) == {"/logs/0.log": good}
     assert "index=1" in caplog.text
     assert "index=2" in caplog.text

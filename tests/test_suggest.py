@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from sglang_oom_exporter.model import OomEvent
-from sglang_oom_exporter.suggest import suggest
+from sglang_oom_exporter.advise.suggest import suggest
+from sglang_oom_exporter.detect.model import OomEvent
 
 
 def _event(kind: str, subphase: str | None = None, message: str = "m", **numbers: object) -> OomEvent:

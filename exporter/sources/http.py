@@ -13,7 +13,7 @@ import time
 from collections.abc import Mapping
 from urllib.parse import urlsplit
 
-from sglang_oom_exporter import __version__
+from .. import __version__
 
 REASONS = ("refused", "timeout", "http_status", "not_metrics", "truncated", "too_large", "bad_json", "error")
 _HEAD_LIMIT = 64 << 10

@@ -39,7 +39,7 @@ from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from sglang_oom_exporter.sources.http import REASONS, ScrapeError, fetch
+from ..sources.http import REASONS, ScrapeError, fetch
 
 log = logging.getLogger(__name__)
 

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 
-from sglang_oom_exporter.model import OomEvent
+from ..detect.model import OomEvent
 
 DEFAULT_CAPACITY = 200  # events kept by an EventStore
 _NO_LABELS: Mapping[str, str] = MappingProxyType({})

@@ -17,8 +17,8 @@ from typing import Any
 
 import regex
 
-from sglang_oom_exporter.catalog import Catalog, OomKind, Pattern
-from sglang_oom_exporter.model import PoolState, Record
+from ..catalog.loader import Catalog, OomKind, Pattern
+from ..detect.model import PoolState, Record
 
 MAX_EXCERPT_LINES = 8
 MAX_EXCERPT_LINE = 300

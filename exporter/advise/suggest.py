@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
-from sglang_oom_exporter.model import OomEvent, Suggestion
+from ..detect.model import OomEvent, Suggestion
 
 CHUNKED_PREFILL_FLOOR = 512  # below this, chunked prefill costs more than it saves; shrink the batch instead
 RUNNING_REQUESTS_FLOOR = 1

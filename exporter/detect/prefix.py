@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 import regex
 
-from sglang_oom_exporter.model import Prefix
+from ..detect.model import Prefix
 
 _RAY = regex.compile(r"^\(\w+ pid=\d+(?:, ip=[\d.:a-fA-F]+)?\) ")
 _RANK = r"[A-Z][A-Z_]*\d+"

@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from typing import Any, Protocol, cast
 
-from sglang_oom_exporter.model import Gap, RawLine
+from ..detect.model import Gap, RawLine
 
 DEFAULT_AFTER = 32  # after a traceback opens: its header lines; each frame line then extends the window
 DEFAULT_AFTER_SHORT = 4  # after an anchor or detail line: the next detail line, or the closing blank line

@@ -10,14 +10,13 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
 import regex
 import yaml
 
-from sglang_oom_exporter.errors import ProblemsError
+from ..errors import ProblemsError
 
 # Named groups a pattern may capture: the numeric and textual fields of an event. Anything else is a typo.
 EVENT_FIELDS = frozenset(
@@ -160,7 +159,7 @@ _LineLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _con
 
 def default_catalog_path() -> str:
     """The catalog shipped inside the package."""
-    return str(resources.files("sglang_oom_exporter").joinpath("catalog.yaml"))
+    return str(Path(__file__).with_name("catalog.yaml"))
 
 
 def load_catalog(path: str | None = None) -> Catalog:

@@ -14,14 +14,14 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry
 
-from sglang_oom_exporter.app import App, stdio
-from sglang_oom_exporter.catalog import CatalogError, load_catalog
-from sglang_oom_exporter.config import Config, ConfigError, load_config
-from sglang_oom_exporter.metrics import ExporterCollector
-from sglang_oom_exporter.server import ExporterServer, parse_address
-from sglang_oom_exporter.sources.scrape import ScrapeLoop
-from sglang_oom_exporter.sources.watch import Waker
-from sglang_oom_exporter.webconfig import WebConfig, load_web_config
+from ..catalog.loader import CatalogError, load_catalog
+from ..config import Config, ConfigError, load_config
+from ..daemon.app import App, stdio
+from ..metrics import ExporterCollector
+from ..sources.scrape import ScrapeLoop
+from ..sources.watch import Waker
+from ..web.server import ExporterServer, parse_address
+from ..web.webconfig import WebConfig, load_web_config
 
 log = logging.getLogger("sglang_oom_exporter")
 

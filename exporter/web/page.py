@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import html
 
-from sglang_oom_exporter import __version__
-from sglang_oom_exporter.catalog import Catalog
-from sglang_oom_exporter.model import OomEvent
-from sglang_oom_exporter.store import Health, StoredEvent
+from .. import __version__
+from ..catalog.loader import Catalog
+from ..daemon.store import Health, StoredEvent
+from ..detect.model import OomEvent
 
 
 def _e(value: object) -> str:

@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 
 import regex
 
-from sglang_oom_exporter.model import Gap, LogLine, Prefix, Record
-from sglang_oom_exporter.prefix import PrefixParser
+from ..detect.model import Gap, LogLine, Prefix, Record
+from ..detect.prefix import PrefixParser
 
 MAX_RECORD_LINES = 400  # a record that grows past this is closed (a runaway traceback, not an OOM)
 

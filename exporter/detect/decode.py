@@ -12,7 +12,7 @@ import json
 
 import regex
 
-from sglang_oom_exporter.model import LogLine, RawLine
+from ..detect.model import LogLine, RawLine
 
 MAX_JOINED = 256 * 1024  # a joined CRI line longer than this is cut (a giant line, not an OOM block)
 

@@ -22,20 +22,20 @@ from collections.abc import Callable, Iterable
 from dataclasses import replace
 from typing import Any, BinaryIO
 
-from sglang_oom_exporter.catalog import Catalog
-from sglang_oom_exporter.config import Config
-from sglang_oom_exporter.logsource import IDLE_CLOSE_SECONDS, LogSource
-from sglang_oom_exporter.match import Matcher
-from sglang_oom_exporter.metrics import EventCounts, SourceStats, label_names_for
-from sglang_oom_exporter.model import OomEvent
-from sglang_oom_exporter.pipeline import Pipeline
-from sglang_oom_exporter.sources.discover import KubernetesFilter, dirs_to_watch, discover_pods, expand
-from sglang_oom_exporter.sources.scrape import TargetScraper
-from sglang_oom_exporter.sources.stdin import StdinPump
-from sglang_oom_exporter.sources.tail import FileTailer, TailPosition
-from sglang_oom_exporter.state import StateStore
-from sglang_oom_exporter.store import EventStore, Health
-from sglang_oom_exporter.suggest import with_suggestions
+from ..advise.suggest import with_suggestions
+from ..catalog.loader import Catalog
+from ..config import Config
+from ..daemon.logsource import IDLE_CLOSE_SECONDS, LogSource
+from ..daemon.state import StateStore
+from ..daemon.store import EventStore, Health
+from ..detect.match import Matcher
+from ..detect.model import OomEvent
+from ..detect.pipeline import Pipeline
+from ..metrics import EventCounts, SourceStats, label_names_for
+from ..sources.discover import KubernetesFilter, dirs_to_watch, discover_pods, expand
+from ..sources.scrape import TargetScraper
+from ..sources.stdin import StdinPump
+from ..sources.tail import FileTailer, TailPosition
 
 log = logging.getLogger(__name__)
 

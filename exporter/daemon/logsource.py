@@ -11,8 +11,8 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
-from sglang_oom_exporter.pipeline import Pipeline
-from sglang_oom_exporter.sources.tail import FileTailer, TailPosition, TailReset
+from ..detect.pipeline import Pipeline
+from ..sources.tail import FileTailer, TailPosition, TailReset
 
 IDLE_CLOSE_SECONDS = 1.0  # a record with no new line for this long is complete (a cut traceback)
 LINE_COUNT_LIMIT = 256 * 1024 * 1024  # count lines before a start-at-end offset up to this many bytes

@@ -9,14 +9,14 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
-from sglang_oom_exporter.assemble import Assembler
-from sglang_oom_exporter.catalog import Catalog
-from sglang_oom_exporter.decode import Decoder
-from sglang_oom_exporter.dedupe import Deduper
-from sglang_oom_exporter.match import Matcher
-from sglang_oom_exporter.model import Gap, OomEvent, RawLine, Record
-from sglang_oom_exporter.prefix import PrefixParser
-from sglang_oom_exporter.reader import LineReader
+from ..catalog.loader import Catalog
+from ..detect.assemble import Assembler
+from ..detect.decode import Decoder
+from ..detect.dedupe import Deduper
+from ..detect.match import Matcher
+from ..detect.model import Gap, OomEvent, RawLine, Record
+from ..detect.prefix import PrefixParser
+from ..detect.reader import LineReader
 
 # Every traceback header (0.2.x "Exception in ModelTpServer:" is followed by one) has this line, and
 # the header itself falls in the reader's look-back.

@@ -18,9 +18,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from sglang_oom_exporter.match import Report, excerpt, resolve_kind
-from sglang_oom_exporter.model import OomEvent
-from sglang_oom_exporter.prefix import epoch_of, iso_time
+from ..detect.match import Report, excerpt, resolve_kind
+from ..detect.model import OomEvent
+from ..detect.prefix import epoch_of, iso_time
 
 CROSS_RANK_SECONDS = 1.5  # ranks of one tick straddle a second boundary (R6)
 SAME_RANK_SECONDS = 10.0  # block -> its traceback, with a tree dump printed in between

@@ -32,12 +32,12 @@ from urllib.parse import parse_qs, urlsplit
 from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import choose_encoder, gzip_accepted
 
-from sglang_oom_exporter import __version__
-from sglang_oom_exporter.catalog import Catalog
-from sglang_oom_exporter.page import render_page
-from sglang_oom_exporter.scan import event_json
-from sglang_oom_exporter.store import EventStore, Health
-from sglang_oom_exporter.webconfig import BasicAuth, WebConfig
+from .. import __version__
+from ..catalog.loader import Catalog
+from ..daemon.store import EventStore, Health
+from ..scan import event_json
+from ..web.page import render_page
+from ..web.webconfig import BasicAuth, WebConfig
 
 if TYPE_CHECKING:
     from email.message import Message

@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from .sources.tail import TailPosition
+from ..sources.tail import TailPosition
 
 log = logging.getLogger(__name__)
 
