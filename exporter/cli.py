@@ -1,8 +1,8 @@
 """Command line: argparse, logging setup and exit codes. The only reader of argv and the environment.
 
-Exit codes: 0 success; 1 `scan --fail-on-oom` found a fatal event, or `serve --check-config` found
-problems; 2 usage errors, unreadable input, a bad catalog or a bad configuration at startup, with the
-reason on stderr.
+Exit codes: 0 success; 1 `scan --fail-on-oom` found a fatal event, `serve --check-config` found
+problems, or `render --check` found stale files; 2 usage errors, unreadable input, a bad catalog or a bad
+configuration at startup, with the reason on stderr.
 """
 
 from __future__ import annotations
@@ -64,7 +64,27 @@ def build_parser() -> argparse.ArgumentParser:
                       help="JSON from SGLang's /server_info (or /get_server_info): suggestions then start from the "
                       "server's current flag values")  # fmt: skip
     _serve_parser(sub)
+    _render_parser(sub)
     return parser
+
+
+def _render_parser(sub: Any) -> None:
+    render = sub.add_parser(
+        "render",
+        help="write the alert rules, runbooks, dashboards and chart copies from the catalog",
+        description=(
+            "Render every generated file of the alert pack from the catalog into OUT_DIR (default: the "
+            "current directory, meant to be the repository root). With --check nothing is written: exit 1 and "
+            "name each file that differs from a fresh render."
+        ),
+    )
+    render.add_argument("out_dir", nargs="?", default=".", metavar="OUT_DIR", help="output root (default: .)")
+    render.add_argument("--check", action="store_true", help="exit 1 if any generated file is stale; write nothing")
+    render.add_argument("--catalog", metavar="FILE", help="use this catalog instead of the built-in one")
+    render.add_argument("--runbook-base-url", metavar="URL",
+                        help="where the runbook pages live (default: the runbooks at this release's tag)")  # fmt: skip
+    render.add_argument("--grafana-url", metavar="URL", default="",
+                        help="Grafana base URL: alerts then carry a dashboard_url (default: none)")  # fmt: skip
 
 
 def _serve_parser(sub: Any) -> None:
@@ -149,12 +169,42 @@ def main(argv: Sequence[str] | None = None) -> int:
         from .daemon.serve import serve
 
         return serve(args)
+    if args.command == "render":
+        return _render(args)
     return _scan(args)
 
 
 def _fail(message: str) -> int:
     print(f"sglang-oom-exporter: {message}", file=sys.stderr)
     return EXIT_USAGE
+
+
+def _render(args: argparse.Namespace) -> int:
+    from .render import DEFAULT_RUNBOOK_BASE_URL, RenderOptions, render_all, stale_files, write_files
+
+    try:
+        catalog = load_catalog(args.catalog)
+    except CatalogError as exc:
+        return _fail("bad catalog:\n" + str(exc))
+    options = RenderOptions(
+        runbook_base_url=(args.runbook_base_url or DEFAULT_RUNBOOK_BASE_URL).rstrip("/"),
+        grafana_url=args.grafana_url.rstrip("/"),
+    )
+    files = render_all(catalog, options)
+    if args.check:
+        stale = stale_files(files, args.out_dir)
+        for rel in stale:
+            print(f"stale: {rel} (run: sglang-oom-exporter render)", file=sys.stderr)
+        print(f"render --check: {len(files) - len(stale)} of {len(files)} generated files up to date")
+        return EXIT_OOM if stale else EXIT_OK
+    try:
+        changed = write_files(files, args.out_dir)
+    except OSError as exc:
+        return _fail(f"render: cannot write under {args.out_dir}: {exc}")
+    print(f"render: {len(files)} files, {len(changed)} changed")
+    for rel in changed:
+        print(f"  wrote {rel}")
+    return EXIT_OK
 
 
 def _scan(args: argparse.Namespace) -> int:
