@@ -4,6 +4,10 @@ Outer wrappers come off from the outside in (facts 4 and 7): CRI records (`<ts> 
 with consecutive P records of one stream joined up to their F), docker json-file objects, then a
 docker-compose `service  | ` or a CI timestamp, then a trailing CR. Invalid UTF-8 is replaced, never fatal.
 Detection is per line, because a file can change format (a pasted log, a restarted runtime).
+
+Each line keeps the wrapper stream it came from (the CRI or docker stream, the compose service): records
+are assembled per stream, so another service's line never ends, splits or joins an SGLang record (facts
+10.11).
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ _CRI = regex.compile(
     regex.DOTALL,
 )
 _CI_TIME = regex.compile(r"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d+Z) ")
-_COMPOSE = regex.compile(r"^[\w.-]+ +\| ?")
+_COMPOSE = regex.compile(r"^([\w.-]+) +\| ?")
 _ANSI = regex.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 
 
@@ -45,7 +49,8 @@ class Decoder:
             m = _CI_TIME.match(text)
             if m is not None:
                 return LogLine(raw.lineno, _tail(text[m.end() :]), "", m.group(1), raw.offset)
-        return LogLine(raw.lineno, _tail(_strip_compose(text)), offset=raw.offset)
+        service, text = _strip_compose(text)
+        return LogLine(raw.lineno, _tail(text), service, offset=raw.offset)
 
     def reset(self) -> None:
         """Forget partial records (a gap or a new file generation broke the sequence)."""
@@ -90,7 +95,8 @@ class Decoder:
         return LogLine(lineno, _tail(line), stream, ts, raw.offset)
 
 
-def _strip_compose(text: str) -> str:
+def _strip_compose(text: str) -> tuple[str, str]:
+    """(service, text): the docker-compose service name ("" when none) and the line without its prefix."""
     if "\x1b" in text:  # compose colours its service prefix
         text = _ANSI.sub("", text)
     # A compose prefix never starts with "[" or a space, which SGLang lines and frames do; test the
@@ -98,8 +104,8 @@ def _strip_compose(text: str) -> str:
     if "|" in text[:80]:
         m = _COMPOSE.match(text)
         if m is not None:
-            return text[m.end() :]
-    return text
+            return m.group(1), text[m.end() :]
+    return "", text
 
 
 def _tail(text: str) -> str:

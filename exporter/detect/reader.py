@@ -4,7 +4,9 @@ An OOM needs a handful of rare literals to be anywhere near it ("ut of memory", 
 reader searches each chunk for them with bytes.find (memchr speed) and only splits the lines around a hit
 into RawLines: `before` lines ahead of it (a CRI record split into partial records ahead of its anchor),
 the hit line, and a few lines behind it. Lines that continue a record (a frame, a detail line) keep the
-window open without being searched for, so a traceback of any depth passes through whole. Every
+window open without being searched for, so a traceback of any depth passes through whole. A line of
+another wrapper stream (a compose service, a CRI or docker stream) than the record's neither extends nor
+uses up the window, so a web UI's lines mixed into a block or a traceback never cut it short. Every
 other line is only counted, as a Gap. `scan` and `serve` share this path, so a file read in one piece,
 in 1-byte pieces, or with the prefilter off gives the same events (property-tested).
 """
@@ -14,6 +16,8 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from typing import Any, Protocol, cast
 
+import regex
+
 from ..detect.model import Gap, RawLine
 
 DEFAULT_AFTER = 32  # after a traceback opens: its header lines; each frame line then extends the window
@@ -21,6 +25,10 @@ DEFAULT_AFTER_SHORT = 4  # after an anchor or detail line: the next detail line,
 DEFAULT_BEFORE = 4  # look-back: a CRI line cut into partial records ahead of the one holding the anchor
 MAX_SPAN_LINES = 100_000  # an unclosed span (a cut file) stops holding the window open after this many lines
 MAX_LINE = 256 * 1024
+MAX_FOREIGN_LINES = 256  # other-stream lines held inside an open window before they count against it again
+
+_COMPOSE_TAG = regex.compile(rb"^([\w.-]+) +\|")
+_ANSI_B = regex.compile(rb"\x1b\[[0-9;]*[A-Za-z]")
 
 
 class Finder(Protocol):
@@ -153,6 +161,8 @@ class LineReader:
         self._partial = bytearray()
         self._truncating = False  # discarding the tail of an over-long line until its newline
         self._window = 0  # lines still to pass through after the last hit
+        self._armed: bytes | None = None  # wrapper stream of the line that last armed the window
+        self._foreign = 0  # other-stream lines held since then
         self._held: list[RawLine] = []  # the last few skipped lines, for a later hit's look-back
         self._earlier_generations = 0
         self._pos = 0  # file offset of the next byte fed
@@ -248,6 +258,23 @@ class LineReader:
             return self._after if any(op in line for op in self._openers) else self._after_short
         return self._after_short if any(ex in line for ex in self._extenders) else 0
 
+    def _advance_window(self, line: bytes, is_hit: bool) -> None:
+        """One line of the window went by: a line of another wrapper stream leaves the window as it was."""
+        tag = wrapper_stream(line)
+        if (
+            not is_hit
+            and tag is not None
+            and self._armed is not None
+            and tag != self._armed
+            and self._foreign < MAX_FOREIGN_LINES
+        ):
+            self._foreign += 1
+            return
+        after = self._window_after(line, is_hit)
+        self._window = max(self._window - 1, after)
+        if after:
+            self._armed, self._foreign = tag, 0
+
     def _span_holds(self, line: bytes) -> bool:
         """Track open spans; True while one is open (and not past its bound)."""
         for i, (opener, closer) in enumerate(self._spans):
@@ -280,7 +307,7 @@ class LineReader:
                 line = self._line(buf, pos, end)
                 if self._prefilter:
                     is_hit = h < len(hits) and hits[h] < end
-                    self._window = max(self._window - 1, self._window_after(line.data, is_hit))
+                    self._advance_window(line.data, is_hit)
                     if self._spans and self._span_holds(line.data):
                         self._window = max(self._window, 1)
                 pos = end + 1
@@ -316,6 +343,7 @@ class LineReader:
         items.extend(held)
         # Pass through the look-back lines and the hit line; the hit line re-arms the window.
         self._window = walked + 1
+        self._armed = None
         return items, start
 
     def _skip_to_end(self, buf: bytes, pos: int, hi: int) -> Iterator[RawLine | Gap]:
@@ -336,3 +364,24 @@ class LineReader:
         if gap:
             yield Gap(gap)
         self._held = kept_old + new_held
+
+
+def wrapper_stream(line: bytes) -> bytes | None:
+    """The wrapper stream of a raw line: its compose service, CRI stream or docker json stream; None if bare."""
+    first = line[:1]
+    if first.isdigit():
+        sp = line.find(b" ", 0, 48)
+        if sp > 0 and line[sp + 1 : sp + 8] in (b"stdout ", b"stderr "):
+            return line[sp + 1 : sp + 7]
+    elif first == b"{":
+        i = line.rfind(b'"stream":"')
+        if i >= 0:
+            return line[i + 10 : line.find(b'"', i + 10)]
+        return None
+    head = line[:96]
+    if b"|" not in head:
+        return None
+    if b"\x1b" in head:  # compose colours its service prefix
+        head = _ANSI_B.sub(b"", head)
+    m = _COMPOSE_TAG.match(head)
+    return m.group(1) if m is not None else None
