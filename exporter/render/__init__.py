@@ -52,7 +52,9 @@ Renderer = Callable[[Catalog, RenderOptions, Mapping[str, str]], Files]
 
 def _renderers() -> list[Renderer]:
     """The renderers in order; imported lazily so that `serve` and `scan` never load them."""
-    return []
+    from .dashboards import render_dashboards
+
+    return [render_dashboards]
 
 
 def render_all(catalog: Catalog, options: RenderOptions | None = None) -> Files:

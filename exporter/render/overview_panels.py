@@ -1,0 +1,176 @@
+"""The overview dashboard's query filters and its lower sections: SGLang endpoint context, remediation, health.
+
+Part of the dashboard renderer (render/dashboards.py assembles the dashboard and owns its top half). The filter
+helpers here are shared by every query: `sel` filters a selector by the dashboard variables, `scoped` keeps a
+series without source labels to the exporters that follow the selected sources.
+"""
+
+from __future__ import annotations
+
+from ..catalog import OomKind
+from . import RenderOptions, runbook_kind_url
+from . import grafana as g
+
+# Every series of ours carries either `source` (plain files) or namespace/pod (Kubernetes); the other labels
+# are absent, so the variables' All value is ".*" (an absent label is the empty string, which ".+" rejects).
+ALL_VALUE = ".*"
+SRC = 'namespace=~"$namespace",pod=~"$pod",source=~"$source"'
+KIND = 'kind=~"$kind"'
+BY_SOURCE = "namespace, pod, container, source"
+SOURCE_LEGEND = "{{namespace}} {{pod}} {{container}} {{source}}"
+# Series without source labels (the exporter's globals, the mirrored SGLang endpoint values) are narrowed to
+# the exporter instances that follow the selected sources: in sidecar mode that is the selected pod's endpoint.
+SCOPE = f"on (job, instance) group by (job, instance) (sglang_oom_exporter_file_lag_bytes{{{SRC}}})"
+
+
+def sel(metric: str, *, kind: bool = True, extra: str = "") -> str:
+    """A selector filtered by the dashboard's variables (kind only where the metric has that label)."""
+    matchers = [KIND] if kind else []
+    matchers += [extra] if extra else []
+    return f"{metric}{{{','.join([*matchers, SRC])}}}"
+
+
+def scoped(expr: str) -> str:
+    """An expression over series without source labels, kept to the exporters following the selected sources."""
+    return f"{expr} and {SCOPE}"
+
+
+def _per_target(expr: str) -> str:
+    return f"max by (target) ({scoped(expr)})"
+
+
+def context_panels() -> list[tuple[g.Json, int, int]]:
+    """The mirrored SGLang endpoint values that show the pressure before an OOM (the events are annotations)."""
+    usage = g.timeseries(
+        "KV cache token usage",
+        "SGLang's token usage per endpoint (used, not evictable, over the pool; worst rank). Near 100% just "
+        "before an OOM (red marks) means the pool was full: lower the batch (--max-running-requests, "
+        "--chunked-prefill-size) or give the pool more memory.",
+        [g.target(_per_target("sglang_oom_target_token_usage"), "{{target}}")],
+        g.field_config("percentunit", min=0, max=1, steps=g.thresholds(g.GREEN, (0.9, g.ORANGE), (0.98, g.RED))),
+    )
+    usage["fieldConfig"]["defaults"]["custom"]["thresholdsStyle"] = {"mode": "line"}
+    tokens = g.timeseries(
+        "KV tokens: used vs pool",
+        "KV tokens in use against the pool's capacity (max_total_num_tokens) per endpoint. A small pool relative "
+        "to context_length makes every long request risky.",
+        g.targets((_per_target("sglang_oom_target_used_tokens"), "{{target}} used"),
+                  (_per_target("sglang_oom_target_max_total_tokens"), "{{target}} pool")),
+        g.field_config("short"),
+    )  # fmt: skip
+    requests = g.timeseries(
+        "Running and queued requests",
+        "Requests in the running batch and waiting in the queue per endpoint. A running batch that keeps growing "
+        "until an OOM says --max-running-requests is too high for the pool.",
+        g.targets((_per_target("sglang_oom_target_running_requests"), "{{target}} running"),
+                  (_per_target("sglang_oom_target_queued_requests"), "{{target}} queued")),
+        g.field_config("short"),
+    )  # fmt: skip
+    retracted = g.timeseries(
+        "Retracted requests",
+        "Requests retracted to free KV slots, per second: from the SGLang endpoint's own counter (0.5.8+) and "
+        "from the retraction lines in the logs (every version). Sustained retractions are the warning before a "
+        "decode OOM: raise --schedule-conservativeness or lower --max-running-requests.",
+        g.targets(
+            (f"sum by (target) ({scoped('rate(sglang_oom_target_retracted_requests_total[$__rate_interval])')})",
+             "{{target}} (endpoint)"),
+            (f"sum by ({BY_SOURCE}) (rate({sel('sglang_oom_retracted_requests_total', kind=False)}"
+             "[$__rate_interval]))", f"{SOURCE_LEGEND} (logs)"),
+        ),
+        g.field_config("reqps"),
+    )  # fmt: skip
+    aborted = g.timeseries(
+        "Aborted requests",
+        "Requests the SGLang endpoint aborted, per second (SGLang 0.4.8+). A burst at an OOM mark is the "
+        "user-visible damage: those requests failed.",
+        [g.target(f"sum by (target) ({scoped('rate(sglang_oom_target_aborted_requests_total[$__rate_interval])')})",
+                  "{{target}}")],
+        g.field_config("reqps"),
+    )  # fmt: skip
+    return [(usage, 8, 8), (tokens, 8, 8), (requests, 8, 8), (retracted, 12, 8), (aborted, 12, 8)]
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def remediation_panel(kind: OomKind, options: RenderOptions) -> g.Json:
+    """One kind's remediation from the catalog as a markdown panel, linking to its runbook section."""
+    url = runbook_kind_url(options, kind.id)
+    fatal = {"true": "yes", "false": "no (the server survives)", "raised": "when raised"}.get(kind.fatal, kind.fatal)
+    lines = [
+        f"**{kind.title}.** Fatal: {fatal}. Alert severity: {kind.severity}.",
+        "",
+        kind.summary,
+        "",
+        "| # | flag | action | when |",
+        "|---|---|---|---|",
+        *(f"| {i} | `{_cell(s.flag)}` | {_cell(s.action)} | {_cell(s.when)} |" for i, s in enumerate(kind.steps, 1)),
+        "",
+        f"[Runbook section `{kind.id}`]({url})",
+    ]
+    return g.text(
+        kind.id,
+        f"What the OOM catalog says to change after a {kind.id} event, safest step first; the same text as the "
+        "runbook section this panel links to.",
+        "\n".join(lines),
+        [g.link(f"Runbook: {kind.id}", url)],
+    )
+
+
+def health_panels() -> list[tuple[g.Json, int, int]]:
+    """The exporter's own health: whether it can see OOMs at all."""
+    files = g.timeseries(
+        "Files followed",
+        "Log files each exporter instance follows. A drop to 0 means it lost its logs (wrong glob or hostPath, "
+        "pods gone): no OOM can be counted.",
+        [g.target(f"sum by (instance) ({scoped('sglang_oom_exporter_files_watched')})", "{{instance}}")],
+        g.field_config("short", decimals=0),
+    )
+    lag = g.timeseries(
+        "Bytes behind",
+        "Bytes written to the logs but not read yet, per source. Growing: the exporter cannot keep up, and "
+        "events reach Prometheus late.",
+        [g.target(f"sum by ({BY_SOURCE}) ({sel('sglang_oom_exporter_file_lag_bytes', kind=False)})",
+                  SOURCE_LEGEND)],
+        g.field_config("bytes"),
+    )  # fmt: skip
+    errors = g.timeseries(
+        "Read and state errors",
+        "Errors opening or reading log files (permission denied...) per source, and failed loads or saves of the "
+        "state file per instance, per $__rate_interval window. Any is worth a look: read errors hide OOMs, state "
+        "errors risk recounting them after a restart.",
+        g.targets(
+            (f"sum by ({BY_SOURCE}) (increase({sel('sglang_oom_exporter_read_errors_total', kind=False)}"
+             "[$__rate_interval]))", f"read: {SOURCE_LEGEND}"),
+            (f"sum by (instance) ({scoped('increase(sglang_oom_exporter_state_errors_total[$__rate_interval])')})",
+             "state: {{instance}}"),
+        ),
+        g.field_config("short", decimals=0),
+    )  # fmt: skip
+    pending = g.timeseries(
+        "Pending events",
+        "Events waiting for their traceback or for other ranks before they are counted (normally 0 or briefly "
+        "1). Stuck above 0: a traceback never arrived; the event counts after --traceback-wait.",
+        [g.target(f"sum by (instance) ({scoped('sglang_oom_exporter_pending_events')})", "{{instance}}")],
+        g.field_config("short", decimals=0),
+    )
+    scrape = g.timeseries(
+        "SGLang scrape errors by reason",
+        "Failed scrapes of the SGLang endpoints per $__rate_interval window, by reason (refused, timeout, "
+        "http_status, not_metrics...). Empty when every scrape worked. Errors here mean events lose their "
+        "KV context and concrete suggestions.",
+        [g.target(f"sum by (target, reason) "
+                  f"({scoped('increase(sglang_oom_target_scrape_errors_total[$__rate_interval])')}) > 0",
+                  "{{target}} {{reason}}")],
+        g.field_config("short", decimals=0),
+    )  # fmt: skip
+    loop = g.timeseries(
+        "Main loop age",
+        "Seconds since each exporter's main loop last completed a pass. Above a minute the loop is stalled and "
+        "/healthz fails: events are not being counted.",
+        [g.target(f"time() - max by (instance) ({scoped('sglang_oom_exporter_loop_timestamp_seconds')})",
+                  "{{instance}}")],
+        g.field_config("s", steps=g.thresholds(g.GREEN, (60, g.RED))),
+    )  # fmt: skip
+    return [(files, 8, 7), (lag, 8, 7), (errors, 8, 7), (pending, 8, 7), (scrape, 8, 7), (loop, 8, 7)]

@@ -1,0 +1,346 @@
+"""The generated Grafana dashboards: schema, the dashboard-linter rules, PromQL, conventions, catalog-derived parts.
+
+Static and offline: the committed dashboards/*.json are validated against the vendored Grafana schema
+(tests/schemas/dashboard.jsonschema.json) and linted by tests/dashboard_lint.py with the exclusions in
+dashboards/.lint; each lint rule is also shown to catch a dashboard broken on purpose. The end-to-end test
+against a real Prometheus is test_dashboards_e2e.py.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import re
+from collections.abc import Callable, Iterator
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import pytest
+
+from sglang_oom_exporter.catalog import load_catalog
+from sglang_oom_exporter.render import (
+    DASHBOARD_URL_VARIABLES,
+    OVERVIEW_DASHBOARD_UID,
+    RenderOptions,
+    render_all,
+    runbook_kind_url,
+)
+from sglang_oom_exporter.render.dashboards import OVERVIEW_PATH, overview
+from tests.dashboard_lint import apply_exclusions, interpolate, lint, load_exclusions, panels, parse
+
+ROOT = Path(__file__).resolve().parent.parent
+SCHEMA = json.loads((ROOT / "tests" / "schemas" / "dashboard.jsonschema.json").read_text())
+LINT_FILE = ROOT / "dashboards" / ".lint"
+DASHBOARD_FILES = sorted((ROOT / "dashboards").glob("*.json"))
+FATAL_PANEL = "Fatal OOMs in the picked range, by kind"
+# Grafana's substitution for "All" on every filter variable, and the intervals of a 15s-scrape data source.
+GRAFANA_ALL = {"namespace": ".*", "pod": ".*", "source": ".*", "kind": ".*",
+               "__rate_interval": "1m", "__range": "21600s", "__interval": "15s"}  # fmt: skip
+
+
+def _load(path: Path) -> dict[str, Any]:
+    return dict(json.loads(path.read_text(encoding="utf-8")))
+
+
+@pytest.fixture(scope="module")
+def dash() -> dict[str, Any]:
+    return _load(ROOT / OVERVIEW_PATH)
+
+
+def _lint(d: dict[str, Any]) -> tuple[list[Any], list[Any]]:
+    problems = lint(d, filter_variables=DASHBOARD_URL_VARIABLES, range_total_panels=[FATAL_PANEL])
+    return apply_exclusions(problems, load_exclusions(LINT_FILE))
+
+
+def _panel(d: dict[str, Any], title: str) -> dict[str, Any]:
+    (found,) = [p for p in panels(d) if p.get("title") == title]
+    return dict(found)
+
+
+def _exprs(d: dict[str, Any]) -> Iterator[str]:
+    for p in panels(d):
+        for t in p.get("targets", []):
+            yield t["expr"]
+    for a in d["annotations"]["list"]:
+        yield a["expr"]
+
+
+def _walk_json(node: Any, key: str = "") -> Iterator[tuple[str, Any]]:
+    if isinstance(node, dict):
+        for k, v in node.items():
+            yield k, v
+            yield from _walk_json(v, k)
+    elif isinstance(node, list):
+        for v in node:
+            yield from _walk_json(v, key)
+
+
+# What exists and is current ----------------------------------------------------------------------------------
+
+
+def test_the_overview_is_the_only_dashboard_and_it_is_current():
+    files = {k: v for k, v in render_all(load_catalog()).items() if k.startswith("dashboards/")}
+    assert list(files) == [OVERVIEW_PATH]
+    assert [p.relative_to(ROOT).as_posix() for p in DASHBOARD_FILES] == [OVERVIEW_PATH]
+    assert (ROOT / OVERVIEW_PATH).read_text(encoding="utf-8") == files[OVERVIEW_PATH], "run: render"
+    assert len(files[OVERVIEW_PATH].encode()) < 256 * 1024  # client-side apply's last-applied annotation
+
+
+# Schema -------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("path", DASHBOARD_FILES, ids=lambda p: p.name)
+def test_every_dashboard_validates_against_the_grafana_schema(path):
+    jsonschema.Draft7Validator.check_schema(SCHEMA)
+    errors = list(jsonschema.Draft7Validator(SCHEMA).iter_errors(_load(path)))
+    assert errors == [], [e.message[:200] for e in errors]
+
+
+@pytest.mark.parametrize(
+    "breakage",
+    [
+        lambda d: d.pop("schemaVersion"),
+        lambda d: d["panels"][0].update(colour="red"),
+        lambda d: d["templating"]["list"][1].update(refresh=5),
+        lambda d: d["panels"][0]["gridPos"].pop("h"),
+    ],
+    ids=["no schemaVersion", "unknown panel key", "refresh out of range", "gridPos without h"],
+)
+def test_the_schema_rejects_a_broken_dashboard(dash, breakage):
+    broken = copy.deepcopy(dash)
+    breakage(broken)
+    assert list(jsonschema.Draft7Validator(SCHEMA).iter_errors(broken)), "the schema check has teeth"
+
+
+# Lint ---------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("path", DASHBOARD_FILES, ids=lambda p: p.name)
+def test_lint_passes_with_the_exclusions_and_none_is_stale(path):
+    remaining, stale = _lint(_load(path))
+    assert [str(p) for p in remaining] == []
+    assert stale == [], "an exclusion that excludes nothing must go"
+
+
+def test_every_exclusion_has_a_reason():
+    exclusions = load_exclusions(LINT_FILE)
+    assert set(exclusions) == {
+        "template-namespace-rule", "template-pod-rule", "template-source-rule", "template-kind-rule",
+        "target-kind-rule", "target-namespace-rule", "target-pod-rule", "target-source-rule",
+        "target-counter-agg-rule",
+    }  # fmt: skip
+    assert all(len(spec["reason"].split()) >= 15 for spec in exclusions.values())
+
+
+def _variable(d: dict[str, Any], name: str) -> dict[str, Any]:
+    (v,) = [v for v in d["templating"]["list"] if v["name"] == name]
+    return dict(v)
+
+
+def _set_expr(title: str, old: str, new: str) -> Callable[[dict[str, Any]], None]:
+    def mutate(d: dict[str, Any]) -> None:
+        target = _panel_ref(d, title)["targets"][0]
+        assert old in target["expr"], (old, target["expr"])
+        target["expr"] = target["expr"].replace(old, new)
+
+    return mutate
+
+
+def _panel_ref(d: dict[str, Any], title: str) -> dict[str, Any]:
+    (found,) = [p for p in panels(d) if p.get("title") == title]
+    return found  # type: ignore[no-any-return]
+
+
+BY_KIND = "OOM events by kind"
+BREAKAGES: dict[str, Callable[[dict[str, Any]], Any]] = {
+    "template-datasource-rule": lambda d: d["templating"]["list"].pop(0),
+    "template-namespace-rule": lambda d: _variable_ref(d, "namespace").update(multi=False),
+    "template-pod-rule": lambda d: _variable_ref(d, "pod").update(type="custom"),
+    "template-source-rule": lambda d: _variable_ref(d, "source").update(datasource={"uid": "P1809F7CD0C75ACF3"}),
+    "template-kind-rule": lambda d: _variable_ref(d, "kind").update(includeAll=False),
+    "template-label-promql-rule": lambda d: _variable_ref(d, "kind").update(query="label_values(x{, kind)"),
+    "template-on-time-change-reload-rule": lambda d: _variable_ref(d, "pod").update(refresh=1),
+    "panel-datasource-rule": lambda d: _panel_ref(d, BY_KIND)["targets"][0].update(datasource={"uid": "abc"}),
+    "panel-title-description-rule": lambda d: _panel_ref(d, "Bytes behind").pop("description"),
+    "panel-units-rule": lambda d: _panel_ref(d, "Bytes behind")["fieldConfig"]["defaults"].update(unit="furlongs"),
+    "panel-no-targets-rule": lambda d: _panel_ref(d, "Pending events").update(targets=[]),
+    "target-promql-rule": _set_expr(BY_KIND, "[$__rate_interval]))", "[$__rate_interval]"),
+    "target-rate-interval-rule": _set_expr(BY_KIND, "[$__rate_interval]", "[5m]"),
+    "target-namespace-rule": _set_expr(BY_KIND, 'namespace=~"$namespace",', ""),
+    "target-pod-rule": _set_expr(BY_KIND, 'pod=~"$pod"', 'pod=~".*"'),
+    "target-source-rule": _set_expr(BY_KIND, 'source=~"$source"', 'source!="x"'),
+    "target-kind-rule": _set_expr(BY_KIND, 'kind=~"$kind",', ""),
+    "target-counter-agg-rule": _set_expr(BY_KIND, "increase(", "sum_over_time("),
+    "uneditable-dashboard": lambda d: d.update(editable=True),
+}
+
+
+def _variable_ref(d: dict[str, Any], name: str) -> dict[str, Any]:
+    (v,) = [v for v in d["templating"]["list"] if v["name"] == name]
+    return v  # type: ignore[no-any-return]
+
+
+@pytest.mark.parametrize("rule", sorted(BREAKAGES))
+def test_each_lint_rule_catches_a_broken_dashboard(dash, rule):
+    broken = copy.deepcopy(dash)
+    BREAKAGES[rule](broken)
+    remaining, _ = _lint(broken)
+    assert rule in {p.rule for p in remaining}, [str(p) for p in remaining]
+
+
+def test_range_totals_are_allowed_only_in_the_allow_listed_stat(dash):
+    broken = copy.deepcopy(dash)
+    _set_expr(BY_KIND, "[$__rate_interval]", "[$__range]")(broken)
+    remaining, _ = _lint(broken)
+    assert [(p.rule, p.panel) for p in remaining] == [("target-rate-interval-rule", BY_KIND)]
+    problems = lint(dash, filter_variables=DASHBOARD_URL_VARIABLES)  # the fatal stat itself, not allow-listed
+    assert {(p.rule, p.panel) for p in problems if p.rule == "target-rate-interval-rule"} == {
+        ("target-rate-interval-rule", FATAL_PANEL)
+    }
+
+
+def test_exclusions_stay_narrow(dash):
+    """The allValue exclusion hides only that check; the metric exclusions only metrics without the label."""
+    broken = copy.deepcopy(dash)
+    _variable_ref(broken, "namespace")["allValue"] = ".+"
+    _set_expr("Files followed", "sglang_oom_exporter_files_watched", "sglang_oom_events_total")(broken)
+    remaining, stale = _lint(broken)
+    assert {p.rule for p in remaining} == {"target-counter-agg-rule", "target-pod-rule", "target-source-rule",
+                                           "target-namespace-rule", "target-kind-rule"}  # fmt: skip
+    assert ("template-namespace-rule", {"check": "allValue"}) in stale
+
+
+# PromQL -------------------------------------------------------------------------------------------------------
+
+
+def test_every_expression_parses_with_grafanas_all_values(dash):
+    exprs = list(_exprs(dash))
+    assert len(exprs) == 28  # 27 panel targets and the annotation
+    for expr in exprs:
+        concrete = interpolate(expr, GRAFANA_ALL)
+        assert "$" not in concrete, concrete
+        parse(expr, GRAFANA_ALL)
+    for v in dash["templating"]["list"][1:]:
+        inner = re.fullmatch(r"label_values\((.*), (\w+)\)", v["query"])
+        assert inner is not None, v["query"]
+        assert inner.group(2) == v["name"], v["query"]
+        parse(inner.group(1), GRAFANA_ALL)
+
+
+def test_every_counter_window_is_the_rate_interval_except_the_range_total(dash):
+    windows = re.compile(r"\[([^\]]+)\]")
+    for p in panels(dash):
+        for t in p.get("targets", []):
+            found = set(windows.findall(t["expr"]))
+            assert found <= ({"$__range"} if p["title"] == FATAL_PANEL else {"$__rate_interval"}), (p["title"], found)
+
+
+# Conventions --------------------------------------------------------------------------------------------------
+
+
+def test_dashboard_conventions(dash):
+    assert dash["uid"] == OVERVIEW_DASHBOARD_UID
+    assert len(dash["uid"]) <= 40
+    assert dash["schemaVersion"] == 41
+    assert dash["editable"] is False
+    assert not {"id", "__inputs", "__requires"} & set(dash)
+    ids = [p["id"] for p in panels(dash)]
+    assert len(ids) == len(set(ids)) == 35
+    datasources = [v for k, v in _walk_json(dash) if k == "datasource"]
+    assert datasources
+    assert all(ds == {"type": "prometheus", "uid": "${datasource}"} for ds in datasources)
+    for p in panels(dash):
+        if p["type"] == "row":
+            continue
+        assert p["title"]
+        assert len(p["description"]) > 60, p["title"]
+        refs = [t["refId"] for t in p.get("targets", [])]
+        assert len(refs) == len(set(refs)), p["title"]
+        assert all(refs), p["title"]
+        if p["type"] != "text":
+            assert p["fieldConfig"]["defaults"]["unit"], p["title"]
+            assert p["targets"], p["title"]
+
+
+def test_variables_are_datasource_plus_the_dashboard_url_ones(dash):
+    variables = dash["templating"]["list"]
+    assert [v["name"] for v in variables] == ["datasource", *DASHBOARD_URL_VARIABLES]
+    assert (variables[0]["type"], variables[0]["label"], variables[0]["query"]) == ("datasource", "Data source",
+                                                                                  "prometheus")  # fmt: skip
+    for v in variables[1:]:
+        assert (v["type"], v["multi"], v["includeAll"], v["refresh"], v["allValue"]) == ("query", True, True, 2, ".*")
+        assert v["query"].startswith("label_values(sglang_oom_events_total"), v["query"]
+
+
+def test_every_selector_filters_by_the_variables_or_is_scoped_to_their_exporters(dash):
+    """A series without source labels is kept to the exporters that follow the selected sources."""
+    for expr in _exprs(dash):
+        if "sglang_oom_target_" in expr or "sglang_oom_exporter_files_watched" in expr:
+            assert "and on (job, instance) group by (job, instance) (sglang_oom_exporter_file_lag_bytes{" in expr
+
+
+def test_layout_fits_the_grid_without_overlaps(dash):
+    cells: set[tuple[int, int]] = set()
+    for p in panels(dash):
+        pos = p["gridPos"]
+        assert 0 <= pos["x"] < pos["x"] + pos["w"] <= 24, p.get("title")
+        mine = {(x, y) for x in range(pos["x"], pos["x"] + pos["w"]) for y in range(pos["y"], pos["y"] + pos["h"])}
+        assert not cells & mine, p.get("title")
+        cells |= mine
+
+
+def test_oom_events_are_overlaid_on_every_time_series_panel(dash):
+    (annotation,) = dash["annotations"]["list"]
+    assert annotation["filter"]["ids"] == [p["id"] for p in panels(dash) if p["type"] == "timeseries"]
+    assert "sglang_oom_events_total" in annotation["expr"]
+    assert annotation["titleFormat"] == "{{kind}} OOM"
+
+
+# Derived from the catalog -------------------------------------------------------------------------------------
+
+
+def test_one_remediation_panel_per_catalog_kind_linking_to_its_runbook_anchor(dash):
+    catalog = load_catalog()
+    texts = [p for p in panels(dash) if p["type"] == "text"]
+    assert [p["title"] for p in texts] == list(catalog.ids)
+    for kind, p in zip(catalog.kinds, texts, strict=True):
+        url = runbook_kind_url(RenderOptions(), kind.id)
+        assert p["options"]["mode"] == "markdown"
+        assert [link["url"] for link in p["links"]] == [url]
+        content = p["options"]["content"]
+        assert kind.summary in content
+        assert f"]({url})" in content
+        assert all(f"`{step.flag}`" in content for step in kind.steps)
+
+
+def test_data_links_point_at_the_kind_anchor(dash):
+    base = RenderOptions().runbook_base_url
+    field_link = f"{base}/README.md#${{__field.labels.kind}}"
+    row_link = f"{base}/README.md#${{__data.fields.kind}}"
+    for title, url in [(FATAL_PANEL, field_link), (BY_KIND, field_link),
+                       ("What to change: suggested SGLang flag values", row_link),
+                       ("Last event: requested vs available tokens", row_link)]:  # fmt: skip
+        assert [link["url"] for link in _panel(dash, title)["fieldConfig"]["defaults"]["links"]] == [url]
+    assert [link["url"] for link in dash["links"]] == [f"{base}/README.md"]
+
+
+def test_a_smaller_catalog_gives_a_smaller_dashboard():
+    """Nothing kind-specific is hard-coded: the fatal kinds and the text panels follow the catalog."""
+    catalog = load_catalog()
+    small = replace(catalog, kinds=catalog.kinds[:2])
+    d = overview(small, RenderOptions(runbook_base_url="https://runbooks.example/x"))
+    assert [p["title"] for p in panels(d) if p["type"] == "text"] == list(small.ids)
+    fatal_expr = _panel(d, FATAL_PANEL)["targets"][0]["expr"]
+    assert f'kind=~"{small.ids[0]}|{small.ids[1]}"' in fatal_expr
+    urls = [v for k, v in _walk_json(d) if k == "url"]
+    assert urls
+    assert all(u.startswith("https://runbooks.example/x/README.md") for u in urls)
+
+
+def test_no_kind_id_is_written_in_the_renderer():
+    sources = [ROOT / "exporter" / "render" / name for name in ("dashboards.py", "overview_panels.py", "grafana.py")]
+    text = "\n".join(p.read_text() for p in sources)
+    for kind_id in load_catalog().ids:
+        assert not re.search(rf"[\"'|]{kind_id}[\"'|]", text), kind_id
