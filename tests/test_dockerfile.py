@@ -1,0 +1,240 @@
+"""The container image: the Dockerfile's essentials, and the same `pip install .` it runs, in a fresh venv.
+
+No container engine runs here, so the Dockerfile is checked as text (slim base, non-root numeric USER, OCI
+labels, EXPOSE, exec-form ENTRYPOINT of the console script, nothing ignored that it copies), and the install it
+performs is repeated in a new virtual environment whose console script then runs `scan --sample` and `serve`,
+with a check that nothing was written outside the state directory (the image runs with a read-only root).
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+import venv
+from pathlib import Path
+
+import pytest
+
+from sglang_oom_exporter import __version__
+
+ROOT = Path(__file__).resolve().parent.parent
+STATE_DIR = "/var/lib/sglang-oom-exporter"
+
+
+def instructions() -> list[tuple[str, str]]:
+    """(INSTRUCTION, arguments) per Dockerfile instruction, continuation lines joined, comments dropped."""
+    text = (ROOT / "Dockerfile").read_text()
+    joined = re.sub(r"\\\n\s*", " ", "\n".join(line for line in text.splitlines() if not line.lstrip().startswith("#")))
+    out = []
+    for line in joined.splitlines():
+        if line.strip():
+            word, _, rest = line.strip().partition(" ")
+            out.append((word.upper(), rest.strip()))
+    return out
+
+
+def stages() -> list[list[tuple[str, str]]]:
+    """The instructions per build stage (the ARGs before the first FROM are left out)."""
+    result: list[list[tuple[str, str]]] = []
+    for word, rest in instructions():
+        if word == "FROM":
+            result.append([])
+        if result:
+            result[-1].append((word, rest))
+    return result
+
+
+def test_every_stage_uses_a_slim_python_base():
+    froms = [rest for word, rest in instructions() if word == "FROM"]
+    assert len(froms) == 2
+    args = dict(rest.split("=", 1) for word, rest in instructions() if word == "ARG" and "=" in rest)
+    for base in froms:
+        image = base.split()[0].replace("${PYTHON_VERSION}", args["PYTHON_VERSION"])
+        assert re.fullmatch(r"python:3\.(1[0-9])-slim", image), image
+
+
+def test_the_package_is_installed_from_the_repository():
+    build = stages()[0]
+    copies = [rest for word, rest in build if word == "COPY"]
+    assert copies == ["pyproject.toml README.md LICENSE ./", "exporter ./exporter"]
+    (run,) = [rest for word, rest in build if word == "RUN"]
+    assert re.search(r"/bin/pip install [^&]* \.(\s|$)", run), run
+    assert "sglang-oom-exporter scan --sample" in run  # the build fails if the installed script does not work
+
+
+def test_the_final_stage_runs_as_a_numeric_non_root_user():
+    final = stages()[-1]
+    users = [rest for word, rest in final if word == "USER"]
+    assert users == ["65532:65532"]
+    uid, gid = users[0].split(":")
+    assert int(uid) != 0
+    assert int(gid) != 0
+    # Nothing runs as root after USER, and the state directory belongs to that user.
+    words = [w for w, _ in final]
+    assert "RUN" not in words[words.index("USER") :]
+    (run,) = [rest for word, rest in final if word == "RUN"]
+    assert run == f"mkdir -p {STATE_DIR} && chown 65532:65532 {STATE_DIR}"
+
+
+def test_oci_labels():
+    labels: dict[str, str] = {}
+    for word, rest in stages()[-1]:
+        if word == "LABEL":
+            labels.update(dict(re.findall(r'(\S+?)="([^"]*)"', rest)))
+    assert labels == {
+        "org.opencontainers.image.title": "sglang-oom-exporter",
+        "org.opencontainers.image.description": "SGLang KV-cache OOM events from logs as Prometheus metrics, with the fix for each.",
+        "org.opencontainers.image.source": "https://github.com/sglang-oom-exporter/sglang-oom-exporter",
+        "org.opencontainers.image.licenses": "Apache-2.0",
+        "org.opencontainers.image.version": "${VERSION}",
+    }
+    args = dict(rest.split("=", 1) for word, rest in stages()[-1] if word == "ARG")
+    assert args["VERSION"] == __version__
+
+
+def test_port_entrypoint_and_read_only_settings():
+    final = dict((w, r) for w, r in stages()[-1] if w in ("EXPOSE", "ENTRYPOINT", "CMD", "ENV"))
+    assert final["EXPOSE"] == "9877"
+    tomllib = pytest.importorskip("tomllib", reason="tomllib needs Python 3.11")
+    scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
+    assert json.loads(final["ENTRYPOINT"]) == ["sglang-oom-exporter"]
+    assert "sglang-oom-exporter" in scripts
+    assert json.loads(final["CMD"]) == ["serve", f"--state-dir={STATE_DIR}", "--kubernetes-logs=/var/log/pods"]
+    assert "PYTHONDONTWRITEBYTECODE=1" in final["ENV"]
+
+
+def test_dockerignore_keeps_what_the_build_copies():
+    patterns = [p for p in (ROOT / ".dockerignore").read_text().splitlines() if p and not p.startswith("#")]
+    for needed in ("pyproject.toml", "README.md", "LICENSE", "exporter/cli.py", "exporter/catalog/catalog.yaml"):
+        assert not any(fnmatch.fnmatch(needed, p) or needed.startswith(p + "/") for p in patterns), needed
+    for dropped in (".git", ".tools", "tests", "bench"):
+        assert dropped in patterns
+
+
+# ---------------------------------------------------------------------------------------------- the same install
+
+
+def _tree(root: Path) -> dict[str, tuple[int, int]]:
+    """(size, mtime_ns) of every file under root."""
+    out = {}
+    for dirpath, _dirs, files in os.walk(root):
+        for name in files:
+            st = os.stat(os.path.join(dirpath, name), follow_symlinks=False)
+            out[os.path.join(dirpath, name)] = (st.st_size, st.st_mtime_ns)
+    return out
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_pip_install_into_a_fresh_venv_gives_a_working_console_script(tmp_path):
+    # The build context holds exactly what the Dockerfile copies (after .dockerignore).
+    context = tmp_path / "context"
+    context.mkdir()
+    for name in ("pyproject.toml", "README.md", "LICENSE"):
+        shutil.copy2(ROOT / name, context / name)
+    shutil.copytree(ROOT / "exporter", context / "exporter", ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    # The wheel is built by this interpreter's setuptools (the machine may be offline, so no isolated build
+    # env), then installed into a new venv; the runtime dependencies come from this interpreter's
+    # site-packages for the same reason.
+    _needs_modern_setuptools()
+    wheels = tmp_path / "wheels"
+    build = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--no-cache-dir",
+         "--disable-pip-version-check", "--quiet", "-w", str(wheels), str(context)],
+        capture_output=True, text=True, timeout=200, check=False, cwd=tmp_path,
+    )  # fmt: skip
+    assert build.returncode == 0, build.stderr
+    (wheel,) = wheels.glob("sglang_oom_exporter-*.whl")
+    env_dir = tmp_path / "venv"
+    venv.EnvBuilder(with_pip=True, system_site_packages=True).create(env_dir)
+    py = env_dir / "bin" / "python"
+    install = subprocess.run(
+        [str(py), "-m", "pip", "install", "--no-deps", "--no-cache-dir", "--disable-pip-version-check", "--quiet",
+         str(wheel)],
+        capture_output=True, text=True, timeout=200, check=False, cwd=tmp_path,
+    )  # fmt: skip
+    assert install.returncode == 0, install.stderr
+    script = env_dir / "bin" / "sglang-oom-exporter"
+    assert script.is_file()
+    where = subprocess.run(
+        [str(py), "-c", "import sglang_oom_exporter as m; print(m.__file__, m.__version__)"],
+        capture_output=True, text=True, timeout=30, check=True, cwd=tmp_path,
+    )  # fmt: skip
+    path, version = where.stdout.split()
+    assert path.startswith(str(env_dir)), "the venv imported the editable checkout, not its own install"
+    assert version == __version__
+
+    env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}
+    env.pop("PYTHONPATH", None)
+    before = _tree(env_dir)
+    workdir = tmp_path / "cwd"
+    workdir.mkdir()
+    scan = subprocess.run([str(script), "scan", "--sample", "--format", "json"], capture_output=True, text=True,
+                          timeout=60, check=False, cwd=workdir, env=env)  # fmt: skip
+    assert scan.returncode == 0, scan.stderr
+    result = json.loads(scan.stdout)
+    assert result["fatal_events"] > 0
+    assert sum(result["counts"].values()) == len(result["events"])
+
+    # serve: only the state directory is written (the image's root filesystem is read-only).
+    state, logs = tmp_path / "state", tmp_path / "logs"
+    state.mkdir()
+    logs.mkdir()
+    (logs / "sglang.log").write_text("[2026-03-14 22:07:33] server started\n")
+    proc = subprocess.Popen(
+        [str(script), "serve", "--listen=127.0.0.1:0", f"--state-dir={state}", "--log-level=info",
+         str(logs / "sglang.log")],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, cwd=workdir, env=env,
+    )  # fmt: skip
+    try:
+        port = _port_from_log(proc)
+        deadline = time.monotonic() + 30
+        while True:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
+                body = response.read().decode()
+            if re.search(r"^sglang_oom_exporter_files_watched 1\.0$", body, re.M):
+                break
+            assert time.monotonic() < deadline, "the exporter never followed the log file"
+            time.sleep(0.1)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=30)
+    assert proc.returncode == 0
+    assert _tree(env_dir) == before, "the installed package wrote into its own directory"
+    assert list(workdir.iterdir()) == []
+    assert (state / "state.json").is_file()
+
+
+def _needs_modern_setuptools() -> None:
+    """Skip unless this interpreter can build the wheel offline (PEP 639 `license = "..."` needs setuptools 77)."""
+    try:
+        from importlib.metadata import version
+
+        major = int(version("setuptools").split(".")[0])
+    except Exception:  # not installed or an odd version string
+        major = 0
+    if major < 77:
+        pytest.skip("setuptools >= 77 is needed to build the wheel without network (pip install -e '.[dev]' brings it)")
+
+
+def _port_from_log(proc: subprocess.Popen[str]) -> int:
+    """The port from serve's startup line (it listens on port 0)."""
+    assert proc.stderr is not None
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        line = proc.stderr.readline()
+        if "serving on" in line:
+            # "serving on HOST:PORT ..." or, with port 0, "serving on HOST:0 port=N ..."
+            match = re.search(r"\bport=(\d+)", line) or re.search(r"serving on \S*:(\d+)", line)
+            assert match, line
+            return int(match.group(1))
+        assert line or proc.poll() is None, "serve exited before listening"
+    raise AssertionError("serve never logged its port")
