@@ -1,0 +1,173 @@
+{{/* The pod template of the DaemonSet and the Deployment. */}}
+{{- define "sglang-oom-exporter.podTemplate" -}}
+{{- $mode := .Values.mode }}
+{{- $ds := .Values.daemonset | default dict }}
+{{- $dep := .Values.deployment | default dict }}
+{{- $discovery := include "sglang-oom-exporter.discoveryOn" . }}
+{{- $podSC := dict "seccompProfile" (dict "type" "RuntimeDefault") }}
+{{- if eq $mode "daemonset" }}
+{{- /* uid 0: kubelet's pod logs are root-owned and not world-readable; every capability is dropped below. */}}
+{{- $_ := set $podSC "runAsUser" 0 }}
+{{- $_ := set $podSC "runAsGroup" 0 }}
+{{- $_ := set $podSC "runAsNonRoot" false }}
+{{- else }}
+{{- $_ := set $podSC "runAsUser" 65532 }}
+{{- $_ := set $podSC "runAsGroup" 65532 }}
+{{- $_ := set $podSC "fsGroup" 65532 }}
+{{- $_ := set $podSC "runAsNonRoot" true }}
+{{- end }}
+{{- $podSC = mergeOverwrite $podSC (deepCopy (.Values.podSecurityContext | default dict)) }}
+{{- $sc := dict "readOnlyRootFilesystem" true "allowPrivilegeEscalation" false "privileged" false "capabilities" (dict "drop" (list "ALL")) }}
+{{- $sc = mergeOverwrite $sc (deepCopy (.Values.securityContext | default dict)) -}}
+metadata:
+  labels:
+    {{- include "sglang-oom-exporter.selectorLabels" . | nindent 4 }}
+    {{- with .Values.podLabels }}
+    {{- toYaml . | nindent 4 }}
+    {{- end }}
+  annotations:
+    checksum/config: {{ include (print $.Template.BasePath "/configmap.yaml") . | sha256sum }}
+    {{- with .Values.podAnnotations }}
+    {{- toYaml . | nindent 4 }}
+    {{- end }}
+spec:
+  {{- if $discovery }}
+  serviceAccountName: {{ include "sglang-oom-exporter.serviceAccountName" . }}
+  automountServiceAccountToken: true
+  {{- else }}
+  automountServiceAccountToken: false
+  {{- end }}
+  {{- with .Values.priorityClassName }}
+  priorityClassName: {{ . }}
+  {{- end }}
+  {{- with .Values.imagePullSecrets }}
+  imagePullSecrets:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+  securityContext:
+    {{- toYaml $podSC | nindent 4 }}
+  terminationGracePeriodSeconds: 30
+  containers:
+    - name: exporter
+      image: {{ include "sglang-oom-exporter.image" . | quote }}
+      imagePullPolicy: {{ (.Values.image | default dict).pullPolicy | default "IfNotPresent" }}
+      args:
+        - serve
+        - --config=/etc/sglang-oom-exporter/config.yaml
+        {{- with .Values.extraArgs }}
+        {{- toYaml . | nindent 8 }}
+        {{- end }}
+      {{- if or $discovery .Values.extraEnv }}
+      env:
+        {{- if $discovery }}
+        # Node discovery lists the pods on this node only.
+        - name: NODE_NAME
+          valueFrom:
+            fieldRef:
+              fieldPath: spec.nodeName
+        {{- end }}
+        {{- with .Values.extraEnv }}
+        {{- toYaml . | nindent 8 }}
+        {{- end }}
+      {{- end }}
+      ports:
+        - name: metrics
+          containerPort: {{ .Values.port | default 9877 }}
+          protocol: TCP
+      {{- if eq $mode "daemonset" }}
+      # /healthz answers 503 on a node without SGLang pods ("no log file matches"): as a readiness probe it would
+      # stall every DaemonSet rollout there. Both probes ask /metrics, which answers while the process serves;
+      # the SGLangOOMExporterNoLogs alert catches a wrong hostPath or filter.
+      readinessProbe:
+        httpGet:
+          path: /metrics
+          port: metrics
+        periodSeconds: 10
+        timeoutSeconds: 5
+      {{- else }}
+      # Ready when a log file is being read (503 with the reason otherwise).
+      readinessProbe:
+        httpGet:
+          path: /healthz
+          port: metrics
+        periodSeconds: 10
+        timeoutSeconds: 5
+      {{- end }}
+      livenessProbe:
+        httpGet:
+          path: /metrics
+          port: metrics
+        initialDelaySeconds: 10
+        periodSeconds: 30
+        timeoutSeconds: 10
+        failureThreshold: 5
+      resources:
+        {{- toYaml (.Values.resources | default dict) | nindent 8 }}
+      securityContext:
+        {{- toYaml $sc | nindent 8 }}
+      volumeMounts:
+        - name: config
+          mountPath: /etc/sglang-oom-exporter
+          readOnly: true
+        - name: state
+          mountPath: /var/lib/sglang-oom-exporter
+        - name: tmp
+          mountPath: /tmp
+        {{- if eq $mode "daemonset" }}
+        - name: pod-logs
+          mountPath: {{ $ds.logsHostPath | default "/var/log/pods" }}
+          readOnly: true
+        {{- range $i, $p := $ds.extraLogHostPaths }}
+        - name: log-target-{{ $i }}
+          mountPath: {{ $p }}
+          readOnly: true
+        {{- end }}
+        {{- else }}
+        - name: logs
+          mountPath: {{ $dep.mountPath | default "/logs" }}
+          readOnly: true
+        {{- end }}
+  volumes:
+    - name: config
+      configMap:
+        name: {{ include "sglang-oom-exporter.fullname" . }}
+    - name: tmp
+      emptyDir:
+        sizeLimit: 16Mi
+    {{- if eq $mode "daemonset" }}
+    - name: state
+      hostPath:
+        path: {{ $ds.stateHostPath | default "/var/lib/sglang-oom-exporter" }}
+        type: DirectoryOrCreate
+    - name: pod-logs
+      hostPath:
+        path: {{ $ds.logsHostPath | default "/var/log/pods" }}
+        type: Directory
+    {{- range $i, $p := $ds.extraLogHostPaths }}
+    - name: log-target-{{ $i }}
+      hostPath:
+        path: {{ $p }}
+        type: Directory
+    {{- end }}
+    {{- else }}
+    - name: state
+      {{- toYaml ($dep.stateVolume | default (dict "emptyDir" dict)) | nindent 6 }}
+    - name: logs
+      {{- if not $dep.volume }}
+      {{- fail "mode deployment: set deployment.volume to the volume that holds the SGLang logs" }}
+      {{- end }}
+      {{- toYaml $dep.volume | nindent 6 }}
+    {{- end }}
+  {{- with .Values.nodeSelector }}
+  nodeSelector:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+  {{- with .Values.affinity }}
+  affinity:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+  {{- with .Values.tolerations }}
+  tolerations:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+{{- end }}

@@ -1,0 +1,621 @@
+"""The Helm chart (helm/sglang-oom-exporter), checked through the real helm v4 binary and the real validators.
+
+What `ct lint` would do offline (helm lint --strict per ci/*-values.yaml, yamllint, yamale), kubernetes-validate
+--strict on the rendered manifests, the vendored CRD schemas on the monitors and rules, promtool on the rules
+taken out of the rendered PrometheusRule, and assertions on what the templates must get right: the security
+context, the read-only hostPath, probes, resources, RBAC only with discovery, the values schema, the per-alert
+knobs and `--reuse-values` with null subtrees.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import jsonschema
+import pytest
+import yaml
+
+from sglang_oom_exporter import __version__
+from sglang_oom_exporter.config import load_config
+
+ROOT = Path(__file__).resolve().parent.parent
+CHART = ROOT / "helm" / "sglang-oom-exporter"
+SCHEMAS = ROOT / "tests" / "schemas"
+CI_FILES = sorted(p.name for p in (CHART / "ci").glob("*-values.yaml"))
+RULES_FILE = CHART / "files" / "sglang-oom.rules.yaml"
+DEFAULTS_FILE = CHART / "files" / "render-defaults.yaml"
+MONITORING_KINDS = {"ServiceMonitor", "PodMonitor", "PrometheusRule"}
+
+
+def _helm() -> str:
+    local = ROOT / ".tools" / "bin" / "helm"
+    if local.is_file() and os.access(local, os.X_OK):
+        return str(local)
+    found = shutil.which("helm")
+    if found is None:
+        pytest.skip("helm v4 is not installed (tools/install-helm.sh puts it in .tools/bin)")
+    return found
+
+
+def _run(*argv: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False)
+
+
+def _helm_with_values(argv: list[str], ci: tuple[str, ...], values: dict | None) -> subprocess.CompletedProcess[str]:
+    """Run helm with the ci files, then the extra values (a dict, passed as one more values file)."""
+    for name in ci:
+        argv += ["-f", str(CHART / "ci" / name)]
+    with tempfile.TemporaryDirectory() as tmp:
+        if values is not None:
+            path = Path(tmp) / "values.yaml"
+            path.write_text(yaml.safe_dump(values))
+            argv += ["-f", str(path)]
+        return _run(*argv)
+
+
+def template(*ci: str, values: dict | None = None, ok: bool = True):
+    """helm template (release t, namespace monitoring): the documents, or helm's error when ok is False."""
+    proc = _helm_with_values([_helm(), "template", "t", str(CHART), "-n", "monitoring"], ci, values)
+    if ok:
+        assert proc.returncode == 0, proc.stderr
+        return [d for d in yaml.safe_load_all(proc.stdout) if d]
+    assert proc.returncode != 0, "helm template should have failed"
+    return proc.stderr
+
+
+def by_kind(docs, kind):
+    return [d for d in docs if d["kind"] == kind]
+
+
+def one(docs, kind):
+    found = by_kind(docs, kind)
+    assert len(found) == 1, f"{len(found)} {kind} objects"
+    return found[0]
+
+
+def workload(docs):
+    (pod_owner,) = [d for d in docs if d["kind"] in ("DaemonSet", "Deployment")]
+    return pod_owner
+
+
+def rendered_config(docs) -> dict:
+    cm = next(d for d in by_kind(docs, "ConfigMap") if "config.yaml" in d["data"])
+    return yaml.safe_load(cm["data"]["config.yaml"])
+
+
+def needs_rules():
+    if not RULES_FILE.is_file():
+        pytest.skip("the chart's copy of the rules file is not rendered yet (run sglang-oom-exporter render)")
+
+
+def needs_dashboards():
+    if not list((CHART / "files" / "dashboards").glob("*.json")):
+        pytest.skip("the chart's dashboards are not rendered yet (run sglang-oom-exporter render)")
+
+
+# ---------------------------------------------------------------------------------------------- static (ct lint)
+
+
+@pytest.mark.parametrize("ci", CI_FILES)
+def test_helm_lint_strict_per_ci_values_file(ci):
+    needs_rules()
+    proc = _run(_helm(), "lint", "--strict", str(CHART), "-f", str(CHART / "ci" / ci))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "1 chart(s) linted, 0 chart(s) failed" in proc.stdout
+
+
+def test_the_ci_files_are_the_documented_five():
+    assert CI_FILES == [
+        "all-off-values.yaml", "all-on-values.yaml", "deployment-values.yaml", "reuse-values-values.yaml",
+        "sidecar-values.yaml",
+    ]  # fmt: skip
+
+
+def test_yamllint_with_chart_testing_config():
+    if shutil.which("yamllint") is None:
+        pytest.skip("yamllint is not installed (dev extra)")
+    files = [CHART / "Chart.yaml", CHART / "values.yaml", *sorted((CHART / "ci").glob("*.yaml"))]
+    proc = _run("yamllint", "--strict", "-c", str(SCHEMAS / "lintconf.yaml"), *map(str, files))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_yamale_chart_schema():
+    if shutil.which("yamale") is None:
+        pytest.skip("yamale is not installed (dev extra)")
+    proc = _run("yamale", "-s", str(SCHEMAS / "chart_schema.yaml"), str(CHART / "Chart.yaml"))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_values_yaml_points_editors_at_the_schema():
+    first = (CHART / "values.yaml").read_text().splitlines()[0]
+    assert first == "# yaml-language-server: $schema=values.schema.json"
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    assert schema["$schema"] == "http://json-schema.org/draft-07/schema#"
+    jsonschema.Draft7Validator.check_schema(schema)
+    # Every key in values.yaml is described by the schema and the defaults pass it.
+    jsonschema.validate(yaml.safe_load((CHART / "values.yaml").read_text()), schema)
+
+
+def test_chart_version_follows_the_package():
+    chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
+    assert chart["version"] == __version__
+    assert chart["appVersion"] == __version__
+    assert chart["apiVersion"] == "v2"
+
+
+def test_chart_generated_files_are_exactly_the_rendered_ones():
+    from sglang_oom_exporter.catalog import load_catalog
+    from sglang_oom_exporter.render import render_all
+
+    rendered = {p: t for p, t in render_all(load_catalog()).items() if p.startswith("helm/")}
+    on_disk = {str(p.relative_to(ROOT)) for p in (CHART / "files").rglob("*") if p.is_file()} | {
+        "helm/sglang-oom-exporter/Chart.yaml"
+    }
+    assert set(rendered) == on_disk
+    for rel, text in rendered.items():
+        assert (ROOT / rel).read_text(encoding="utf-8") == text, f"{rel} is stale: run sglang-oom-exporter render"
+    if "alerts/sglang-oom.rules.yaml" in render_all(load_catalog()):
+        assert (ROOT / "alerts" / "sglang-oom.rules.yaml").read_bytes() == RULES_FILE.read_bytes()
+
+
+# ---------------------------------------------------------------------------------------------- validators
+
+
+@pytest.mark.parametrize("ci", CI_FILES)
+@pytest.mark.parametrize("k8s", ["1.25.0", "1.37.0"])
+def test_kubernetes_validate_strict(ci, k8s, tmp_path):
+    needs_rules()
+    if shutil.which("kubernetes-validate") is None:
+        pytest.skip("kubernetes-validate is not installed (dev extra)")
+    docs = template(ci)
+    out = tmp_path / "rendered.yaml"
+    out.write_text(yaml.safe_dump_all(docs))
+    proc = _run("kubernetes-validate", "--strict", "--quiet", "-k", k8s, str(out))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    # The CRD kinds have no built-in schema, only a warning; they are checked against the vendored CRDs below.
+    errors = [line for line in (proc.stdout + proc.stderr).splitlines() if not line.startswith("WARN ")]
+    assert errors == []
+
+
+def test_kubernetes_validate_rejects_a_misspelt_field(tmp_path):
+    if shutil.which("kubernetes-validate") is None:
+        pytest.skip("kubernetes-validate is not installed (dev extra)")
+    docs = template("all-off-values.yaml")
+    ds = workload(docs)
+    ds["spec"]["template"]["spec"]["containers"][0]["readOnlyRootFilesytem"] = True
+    out = tmp_path / "rendered.yaml"
+    out.write_text(yaml.safe_dump_all(docs))
+    proc = _run("kubernetes-validate", "--strict", "--quiet", "-k", "1.25.0", str(out))
+    assert proc.returncode != 0
+    assert "readOnlyRootFilesytem" in proc.stdout + proc.stderr
+
+
+CRD_SCHEMAS = {
+    "ServiceMonitor": "servicemonitor-v1.json",
+    "PodMonitor": "podmonitor-v1.json",
+    "PrometheusRule": "prometheusrule-v1.json",
+}
+
+
+@pytest.mark.parametrize("ci", CI_FILES)
+def test_monitoring_objects_match_the_crd_schemas(ci):
+    needs_rules()
+    docs = template(ci)
+    checked = 0
+    for doc in docs:
+        if doc["kind"] in CRD_SCHEMAS:
+            schema = json.loads((SCHEMAS / CRD_SCHEMAS[doc["kind"]]).read_text())
+            jsonschema.validate(doc, schema)
+            checked += 1
+    expected = {"all-on-values.yaml": 2, "all-off-values.yaml": 0, "sidecar-values.yaml": 2,
+                "deployment-values.yaml": 1, "reuse-values-values.yaml": 2}  # fmt: skip
+    assert checked == expected[ci]
+
+
+def test_crd_schema_rejects_a_bad_duration():
+    needs_rules()
+    pr = one(template(values={"prometheusRule": {"enabled": True}}), "PrometheusRule")
+    pr["spec"]["groups"][0]["rules"][0]["for"] = "2 minutes"
+    schema = json.loads((SCHEMAS / "prometheusrule-v1.json").read_text())
+    with pytest.raises(jsonschema.ValidationError, match="2 minutes"):
+        jsonschema.validate(pr, schema)
+
+
+@pytest.mark.parametrize("ci", ["all-on-values.yaml", "sidecar-values.yaml", "reuse-values-values.yaml"])
+def test_promtool_checks_the_rules_from_the_rendered_prometheusrule(ci, tmp_path):
+    needs_rules()
+    if shutil.which("promtool") is None:
+        pytest.skip("promtool is not installed (Debian package prometheus)")
+    pr = one(template(ci), "PrometheusRule")
+    rules = tmp_path / "rules.yaml"
+    rules.write_text(yaml.safe_dump({"groups": pr["spec"]["groups"]}))
+    proc = _run("promtool", "check", "rules", str(rules))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    count = sum(len(g["rules"]) for g in pr["spec"]["groups"])
+    assert f"SUCCESS: {count} rules found" in proc.stdout
+
+
+# ---------------------------------------------------------------------------------------------- the workload
+
+
+def test_daemonset_security_context():
+    spec = workload(template("all-off-values.yaml"))["spec"]["template"]["spec"]
+    # uid 0 reads kubelet's root-owned pod logs; everything else is taken away.
+    assert spec["securityContext"] == {
+        "runAsUser": 0, "runAsGroup": 0, "runAsNonRoot": False, "seccompProfile": {"type": "RuntimeDefault"},
+    }  # fmt: skip
+    (container,) = spec["containers"]
+    assert container["securityContext"] == {
+        "readOnlyRootFilesystem": True,
+        "allowPrivilegeEscalation": False,
+        "privileged": False,
+        "capabilities": {"drop": ["ALL"]},
+    }
+    assert spec["automountServiceAccountToken"] is False
+    assert "serviceAccountName" not in spec
+    assert [t["key"] for t in spec["tolerations"]] == ["nvidia.com/gpu", "amd.com/gpu"]
+
+
+def test_deployment_runs_as_the_image_user_non_root():
+    spec = workload(template("deployment-values.yaml"))["spec"]["template"]["spec"]
+    assert spec["securityContext"]["runAsNonRoot"] is True
+    assert spec["securityContext"]["runAsUser"] == 65532
+    assert spec["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    assert spec["containers"][0]["securityContext"]["readOnlyRootFilesystem"] is True
+
+
+def test_only_the_state_dir_and_tmp_are_writable():
+    spec = workload(template("all-on-values.yaml"))["spec"]["template"]["spec"]
+    mounts = {m["name"]: m for m in spec["containers"][0]["volumeMounts"]}
+    volumes = {v["name"]: v for v in spec["volumes"]}
+    writable = sorted(n for n, m in mounts.items() if not m.get("readOnly"))
+    assert writable == ["state", "tmp"]
+    assert mounts["pod-logs"] == {"name": "pod-logs", "mountPath": "/var/log/pods", "readOnly": True}
+    assert volumes["pod-logs"]["hostPath"] == {"path": "/var/log/pods", "type": "Directory"}
+    assert volumes["log-target-0"]["hostPath"] == {"path": "/var/lib/docker/containers", "type": "Directory"}
+    assert mounts["log-target-0"]["readOnly"] is True
+    assert volumes["state"]["hostPath"] == {"path": "/var/lib/sglang-oom-exporter", "type": "DirectoryOrCreate"}
+    assert mounts["state"]["mountPath"] == "/var/lib/sglang-oom-exporter"
+    assert rendered_config(template("all-on-values.yaml"))["state_dir"] == "/var/lib/sglang-oom-exporter"
+
+
+def test_probes_and_resources():
+    (ds_container,) = workload(template("all-off-values.yaml"))["spec"]["template"]["spec"]["containers"]
+    # A node without SGLang pods answers /healthz 503; readiness there would stall every DaemonSet rollout.
+    assert ds_container["readinessProbe"]["httpGet"] == {"path": "/metrics", "port": "metrics"}
+    assert ds_container["livenessProbe"]["httpGet"] == {"path": "/metrics", "port": "metrics"}
+    assert ds_container["resources"] == {"requests": {"cpu": "20m", "memory": "64Mi"}, "limits": {"memory": "256Mi"}}
+    assert ds_container["ports"] == [{"name": "metrics", "containerPort": 9877, "protocol": "TCP"}]
+    (dep_container,) = workload(template("deployment-values.yaml"))["spec"]["template"]["spec"]["containers"]
+    assert dep_container["readinessProbe"]["httpGet"] == {"path": "/healthz", "port": "metrics"}
+    assert dep_container["resources"]["limits"] == {"memory": "256Mi"}
+
+
+def test_priority_class_option():
+    spec = workload(template("all-on-values.yaml"))["spec"]["template"]["spec"]
+    assert spec["priorityClassName"] == "system-node-critical"
+    assert "priorityClassName" not in workload(template("all-off-values.yaml"))["spec"]["template"]["spec"]
+
+
+def test_the_rendered_config_is_accepted_by_the_exporter(tmp_path):
+    for ci in ("all-on-values.yaml", "all-off-values.yaml", "deployment-values.yaml", "reuse-values-values.yaml"):
+        path = tmp_path / f"{ci}.config.yaml"
+        path.write_text(yaml.safe_dump(rendered_config(template(ci))))
+        config = load_config(str(path), env={})
+        assert config.listen == ":9877"
+        assert config.state_dir == "/var/lib/sglang-oom-exporter"
+        if ci == "deployment-values.yaml":
+            assert config.kubernetes is None
+            assert config.paths == ("/logs/llama-70b.log", "/logs/*.log")
+            assert dict(config.names) == {"/logs/llama-70b.log": "llama-70b"}
+            assert dict(config.target_sources) == {"http://llama-70b.llm.svc:30000": "llama-70b"}
+        else:
+            assert config.kubernetes is not None
+            assert config.kubernetes.logs_root == "/var/log/pods"
+        discovery = getattr(config.kubernetes, "discover_targets", None)
+        if ci == "all-on-values.yaml":
+            assert discovery is not None
+            assert (discovery.port, discovery.port_annotation, discovery.interval) == (
+                30000, "sglang-oom-exporter/port", 30.0,
+            )  # fmt: skip
+        else:
+            assert discovery is None
+
+
+def test_filters_reach_the_config():
+    config = rendered_config(template(values={"kubernetes": {"namespace": "llm-.*", "container": "sglang"}}))
+    assert config["kubernetes"] == {"logs_root": "/var/log/pods", "namespace": "llm-.*", "container": "sglang"}
+
+
+def test_rbac_and_node_name_only_with_discovery():
+    off = template("all-off-values.yaml")
+    assert not {"ServiceAccount", "ClusterRole", "ClusterRoleBinding"} & {d["kind"] for d in off}
+    assert "env" not in workload(off)["spec"]["template"]["spec"]["containers"][0]
+    on = template(values={"discovery": {"enabled": True}})
+    role = one(on, "ClusterRole")
+    assert role["rules"] == [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]}]
+    binding = one(on, "ClusterRoleBinding")
+    account = one(on, "ServiceAccount")
+    assert binding["roleRef"] == {
+        "apiGroup": "rbac.authorization.k8s.io",
+        "kind": "ClusterRole",
+        "name": role["metadata"]["name"],
+    }
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": account["metadata"]["name"], "namespace": "monitoring"}
+    ]
+    spec = workload(on)["spec"]["template"]["spec"]
+    assert spec["serviceAccountName"] == account["metadata"]["name"]
+    assert spec["automountServiceAccountToken"] is True
+    assert spec["containers"][0]["env"] == [
+        {"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}}
+    ]
+    # Discovery is a node feature: in deployment mode it renders nothing.
+    dep = template("deployment-values.yaml", values={"discovery": {"enabled": True}})
+    assert not {"ServiceAccount", "ClusterRole"} & {d["kind"] for d in dep}
+
+
+def test_sidecar_mode_renders_no_workload_and_selects_the_sglang_pods():
+    needs_rules()
+    docs = template("sidecar-values.yaml")
+    assert {d["kind"] for d in docs} == {"Service", "PodMonitor", "PrometheusRule", "ConfigMap", "Pod"}
+    assert one(docs, "Service")["spec"]["selector"] == {"app.kubernetes.io/name": "sglang"}
+    assert one(docs, "Service")["spec"]["ports"][0]["targetPort"] == "oom-metrics"
+    pm = one(docs, "PodMonitor")
+    (endpoint,) = pm["spec"]["podMetricsEndpoints"]
+    assert endpoint["honorLabels"] is False
+    assert endpoint["port"] == "oom-metrics"
+    assert endpoint["relabelings"] == [{"targetLabel": "job", "replacement": "sglang-oom-exporter"}]
+    err = template(values={"mode": "sidecar"}, ok=False)
+    assert "set sidecar.podSelector" in err
+
+
+def test_deployment_mode_needs_a_log_volume():
+    err = template(values={"mode": "deployment"}, ok=False)
+    assert "set deployment.volume" in err
+
+
+# ---------------------------------------------------------------------------------------------- monitoring objects
+
+
+def test_all_off_renders_no_monitoring_objects():
+    docs = template("all-off-values.yaml")
+    assert sorted(d["kind"] for d in docs) == ["ConfigMap", "DaemonSet", "Pod", "Service"]
+    assert not MONITORING_KINDS & {d["kind"] for d in docs}
+
+
+def test_service_monitor_pins_the_job_and_honors_labels():
+    docs = template("all-on-values.yaml")
+    sm = one(docs, "ServiceMonitor")
+    assert sm["metadata"]["labels"]["release"] == "kube-prometheus-stack"
+    assert sm["spec"]["jobLabel"] == "app.kubernetes.io/name"
+    assert one(docs, "Service")["metadata"]["labels"]["app.kubernetes.io/name"] == "sglang-oom-exporter"
+    (endpoint,) = sm["spec"]["endpoints"]
+    assert endpoint == {
+        "port": "metrics",
+        "path": "/metrics",
+        "interval": "30s",
+        "scrapeTimeout": "10s",
+        "honorLabels": True,
+    }
+    service_labels = one(docs, "Service")["metadata"]["labels"]
+    assert sm["spec"]["selector"]["matchLabels"].items() <= service_labels.items()
+    pm = one(template(values={"podMonitor": {"enabled": True}}), "PodMonitor")
+    assert pm["spec"]["jobLabel"] == "app.kubernetes.io/name"
+    assert pm["spec"]["podMetricsEndpoints"][0]["honorLabels"] is True
+    assert "relabelings" not in pm["spec"]["podMetricsEndpoints"][0]
+    forced = one(template(values={"serviceMonitor": {"enabled": True, "honorLabels": False}}), "ServiceMonitor")
+    assert forced["spec"]["endpoints"][0]["honorLabels"] is False
+
+
+def test_both_monitors_fail():
+    err = template(values={"serviceMonitor": {"enabled": True}, "podMonitor": {"enabled": True}}, ok=False)
+    assert "serviceMonitor.enabled and podMonitor.enabled are both true" in err
+
+
+def test_default_prometheusrule_is_the_rendered_rules_file():
+    needs_rules()
+    pr = one(template(values={"prometheusRule": {"enabled": True}}), "PrometheusRule")
+    assert pr["spec"]["groups"] == yaml.safe_load(RULES_FILE.read_text())["groups"]
+    assert "release" not in pr["metadata"]["labels"]
+
+
+def _alerts(pr) -> dict[str, dict]:
+    return {r["alert"]: r for g in pr["spec"]["groups"] for r in g["rules"] if "alert" in r}
+
+
+def test_per_alert_disable_overrides_and_labels():
+    needs_rules()
+    base = _alerts(one(template(values={"prometheusRule": {"enabled": True}}), "PrometheusRule"))
+    names = sorted(base)
+    assert len(names) >= 3
+    dropped, changed = names[0], names[1]
+    pr = one(
+        template(
+            values={
+                "prometheusRule": {
+                    "enabled": True,
+                    "disabled": [dropped],
+                    "additionalRuleLabels": {"team": "llm", "severity": "ignored"},
+                    "rules": {changed: {"for": "7m", "severity": "info"}},
+                }
+            }
+        ),
+        "PrometheusRule",
+    )
+    alerts = _alerts(pr)
+    assert sorted(alerts) == [n for n in names if n != dropped]
+    assert alerts[changed]["for"] == "7m"
+    assert alerts[changed]["labels"]["severity"] == "info"
+    assert alerts[changed]["labels"]["team"] == "llm"
+    for name, rule in alerts.items():
+        assert rule["labels"]["team"] == "llm"
+        if name != changed:
+            # The rule's own severity wins over additionalRuleLabels; untouched keys stay as rendered.
+            assert rule["labels"]["severity"] == base[name]["labels"]["severity"]
+            assert rule.get("for") == base[name].get("for")
+            assert rule["expr"] == base[name]["expr"]
+
+
+def test_disabling_a_whole_group_drops_it():
+    needs_rules()
+    groups = yaml.safe_load(RULES_FILE.read_text())["groups"]
+    first = [r["alert"] for r in groups[0]["rules"]]
+    pr = one(template(values={"prometheusRule": {"enabled": True, "disabled": first}}), "PrometheusRule")
+    assert [g["name"] for g in pr["spec"]["groups"]] == [g["name"] for g in groups[1:]]
+
+
+def test_runbook_and_grafana_url_swaps():
+    needs_rules()
+    defaults = yaml.safe_load(DEFAULTS_FILE.read_text())
+    base = _alerts(one(template(values={"prometheusRule": {"enabled": True}}), "PrometheusRule"))
+    assert all("dashboard_url" not in r["annotations"] for r in base.values())
+    pr = one(
+        template(values={"prometheusRule": {"enabled": True, "runbookBaseUrl": "https://rb.example/x/",
+                                             "grafanaUrl": "https://g.example/"}}),
+        "PrometheusRule",
+    )  # fmt: skip
+    alerts = _alerts(pr)
+    with_runbook = [n for n, r in base.items() if "runbook_url" in r["annotations"]]
+    assert with_runbook == sorted(base)  # every alert links its runbook
+    for name in with_runbook:
+        old = base[name]["annotations"]["runbook_url"]
+        assert old.startswith(defaults["runbookBaseUrl"] + "/")
+        assert (
+            alerts[name]["annotations"]["runbook_url"]
+            == "https://rb.example/x" + old[len(defaults["runbookBaseUrl"]) :]
+        )
+    for name, rule in alerts.items():
+        if name in defaults["dashboardUrls"]:
+            assert rule["annotations"]["dashboard_url"] == "https://g.example" + defaults["dashboardUrls"][name]
+        else:
+            assert "dashboard_url" not in rule["annotations"]
+    assert defaults["dashboardUrls"], "the alert renderer sets no dashboard_url for any alert"
+
+
+def test_reuse_values_with_null_subtrees_renders_with_defaults():
+    needs_rules()
+    docs = template("reuse-values-values.yaml")
+    assert {d["kind"] for d in docs} >= {"DaemonSet", "ServiceMonitor", "PrometheusRule", "Service"}
+    sm = one(docs, "ServiceMonitor")
+    assert sm["spec"]["endpoints"][0]["interval"] == "30s"
+    assert sm["spec"]["endpoints"][0]["honorLabels"] is True
+    pr = one(docs, "PrometheusRule")
+    assert pr["spec"]["groups"] == yaml.safe_load(RULES_FILE.read_text())["groups"]
+    ds = workload(docs)
+    assert ds["spec"]["template"]["spec"]["containers"][0]["image"] == f"sglang-oom-exporter:{__version__}"
+
+
+def test_dashboards_are_configmaps_with_the_sidecar_label_and_untouched_json():
+    needs_dashboards()
+    files = sorted((CHART / "files" / "dashboards").glob("*.json"))
+    docs = template(values={"grafanaDashboards": {"enabled": True, "folder": "SGLang"}})
+    maps = [d for d in by_kind(docs, "ConfigMap") if "grafana_dashboard" in d["metadata"]["labels"]]
+    assert len(maps) == len(files)
+    for cm, path in zip(sorted(maps, key=lambda d: next(iter(d["data"]))), files, strict=True):
+        assert cm["metadata"]["labels"]["grafana_dashboard"] == "1"
+        assert cm["metadata"]["annotations"] == {"grafana_folder": "SGLang"}
+        assert cm["data"] == {path.name: path.read_text().rstrip("\n")}
+        assert len(path.read_bytes()) < 256 * 1024
+    assert not [d for d in by_kind(template(), "ConfigMap") if "grafana_dashboard" in d["metadata"]["labels"]]
+
+
+def test_test_pod_fetches_metrics_with_a_restricted_security_context():
+    pod = one(template(), "Pod")
+    assert pod["metadata"]["annotations"] == {
+        "helm.sh/hook": "test", "helm.sh/hook-delete-policy": "before-hook-creation,hook-succeeded",
+    }  # fmt: skip
+    assert pod["spec"]["securityContext"]["runAsNonRoot"] is True
+    assert pod["spec"]["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    (c,) = pod["spec"]["containers"]
+    assert c["securityContext"] == {"readOnlyRootFilesystem": True, "allowPrivilegeEscalation": False,
+                                    "capabilities": {"drop": ["ALL"]}}  # fmt: skip
+    assert "http://t-sglang-oom-exporter.monitoring.svc:9877/metrics" in c["command"][2]
+    assert "sglang_oom_exporter_build_info" in c["command"][2]
+
+
+# ---------------------------------------------------------------------------------------------- values schema
+
+
+@pytest.mark.parametrize(
+    ("values", "where"),
+    [
+        ({"mode": "statefulset"}, "/mode"),
+        ({"serviceMonitor": {"interval": "2 minutes"}}, "/serviceMonitor/interval"),
+        ({"prometheusRule": {"rules": {"SGLangDecodeOOM": {"for": ""}}}}, "/prometheusRule/rules/SGLangDecodeOOM/for"),
+        (
+            {"prometheusRule": {"rules": {"SGLangDecodeOOM": {"severity": "page"}}}},
+            "/prometheusRule/rules/SGLangDecodeOOM/severity",
+        ),
+        ({"prometheusRule": {"rules": {"SGLangDecodeOOM": {"fore": "1m"}}}}, "fore"),
+        ({"serviceMonitor": {"enabeld": True}}, "enabeld"),
+        ({"discovery": {"port": 70000}}, "/discovery/port"),
+        ({"bogus": 1}, "bogus"),
+    ],
+)
+def test_schema_rejects_bad_values(values, where):
+    err = template(values=values, ok=False)
+    assert "values don't meet the specifications of the schema" in err
+    assert where in err
+
+
+# ---------------------------------------------------------------------------------------------- NOTES.txt
+
+
+def _notes(*ci: str, values: dict | None = None) -> str:
+    """NOTES.txt as `helm install --dry-run=client` prints it (no cluster needed)."""
+    proc = _helm_with_values([_helm(), "install", "t", str(CHART), "-n", "monitoring", "--dry-run=client"], ci, values)
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout.split("NOTES:\n", 1)[1]
+
+
+def test_notes_show_the_check_and_warn_without_release():
+    needs_rules()
+    notes = _notes(values={"serviceMonitor": {"enabled": True}, "prometheusRule": {"enabled": True}})
+    assert "kubectl -n monitoring port-forward svc/t-sglang-oom-exporter 9877:9877" in notes
+    assert "curl -s http://127.0.0.1:9877/metrics | grep sglang_oom_exporter_files_watched" in notes
+    assert notes.count("WARNING:") == 2
+    assert "serviceMonitor is enabled without a `release` label" in notes
+    assert "prometheusRule is enabled without a `release` label" in notes
+    good = _notes("all-on-values.yaml")
+    assert "WARNING" not in good
+    assert "serviceMonitor: labelled release=kube-prometheus-stack" in good
+    off = _notes("all-off-values.yaml")
+    assert "WARNING" not in off
+    assert 'job="sglang-oom-exporter"' in off
+
+
+# ---------------------------------------------------------------------------------------------- chart README
+
+
+def test_chart_readme_sidecar_snippet_is_a_valid_exporter_command(tmp_path):
+    text = (CHART / "README.md").read_text()
+    snippet = text.split("<!-- sidecar-snippet -->", 2)[1].split("```yaml\n", 1)[1].split("```", 1)[0]
+    pod = yaml.safe_load(snippet)
+    containers = {c["name"]: c for c in pod["spec"]["containers"]}
+    exporter = containers["oom-exporter"]
+    assert exporter["securityContext"]["readOnlyRootFilesystem"] is True
+    assert exporter["ports"] == [{"name": "oom-metrics", "containerPort": 9877}]
+    args = exporter["args"]
+    assert args[0] == "serve"
+    assert "--sglang-url=http://127.0.0.1:30000" in args
+    shared = {v["name"] for v in pod["spec"]["volumes"] if "emptyDir" in v}
+    assert (
+        {m["name"] for m in exporter["volumeMounts"]}
+        & {m["name"] for m in containers["sglang"]["volumeMounts"]}
+        & shared
+    )
+    # The exporter accepts exactly these arguments (the state dir and log path made local).
+    local = [a.replace("/var/lib/sglang-oom-exporter", str(tmp_path)) for a in args[1:]]
+    proc = subprocess.run(
+        [sys.executable, "-m", "sglang_oom_exporter", "serve", "--check-config", *local],
+        capture_output=True, text=True, timeout=30, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert "configuration ok: 1 path(s), kubernetes=off" in proc.stdout
