@@ -1,0 +1,236 @@
+"""Node discovery against a fake Kubernetes API server on loopback, over TLS with a throwaway CA."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from prometheus_client import CollectorRegistry, generate_latest
+
+from sglang_oom_exporter.sources.kubeapi import (
+    REASONS,
+    ApiClient,
+    DiscoveryCollector,
+    DiscoveryError,
+    NodeTargets,
+    PodEndpoint,
+    endpoints,
+)
+from tests.fake_kubeapi import FakeKubeApi, pod
+from tests.fake_sglang import FakeSGLang
+from tests.helpers import openssl_cert
+
+NODE = "gpu-node-1"
+ANNOTATION = "sglang-oom-exporter/port"
+
+
+@pytest.fixture
+def tls(tmp_path):
+    """(cert, key, token file) for a fake API server on 127.0.0.1; the cert is its own CA."""
+    cert, key = openssl_cert(tmp_path, "apiserver")
+    token = tmp_path / "token"
+    token.write_text("tok-1\n")
+    return cert, key, token
+
+
+@pytest.fixture
+def api(tls):
+    cert, key, _ = tls
+    server = FakeKubeApi(cert, key).start()
+    yield server
+    server.stop()
+
+
+def client(api, tls, **kwargs):
+    cert, _, token = tls
+    return ApiClient("127.0.0.1", api.port, token_file=str(token), ca_file=str(cert), **kwargs)
+
+
+# ---------------------------------------------------------------------------------------------- the call
+
+
+def test_lists_the_nodes_pods_with_the_token_and_field_selector(api, tls):
+    api.pods = [pod("llm", "llama-0", "10.0.0.5"), pod("llm", "other-node", "10.0.1.9", node="gpu-node-2")]
+    doc = client(api, tls).list_pods(NODE)
+    assert [p["metadata"]["name"] for p in doc["items"]] == ["llama-0"]
+    assert api.requests == [("/api/v1/pods?fieldSelector=spec.nodeName%3Dgpu-node-1", "Bearer tok-1")]
+
+
+def test_the_token_is_read_on_every_list(api, tls):
+    c = client(api, tls)
+    c.list_pods(NODE)
+    tls[2].write_text("tok-2")  # kubelet rotated the projected token
+    c.list_pods(NODE)
+    assert [auth for _, auth in api.requests] == ["Bearer tok-1", "Bearer tok-2"]
+
+
+def test_in_cluster_reads_the_service_env_and_account_dir(tmp_path):
+    c = ApiClient.in_cluster({"KUBERNETES_SERVICE_HOST": "10.96.0.1", "KUBERNETES_SERVICE_PORT": "6443"}, str(tmp_path))
+    assert (c.host, c.port, c.token_file, c.ca_file) == ("10.96.0.1", 6443, f"{tmp_path}/token", f"{tmp_path}/ca.crt")
+    with pytest.raises(DiscoveryError) as info:
+        ApiClient.in_cluster({}, str(tmp_path)).list_pods(NODE)
+    assert info.value.reason == "error"
+    assert "KUBERNETES_SERVICE_HOST" in info.value.detail
+
+
+@pytest.mark.parametrize(
+    ("mode", "reason", "detail"),
+    [
+        ("unauthorized", "http_status", "HTTP 401"),
+        ("garbage", "bad_json", "not JSON"),
+        ("not_a_list", "bad_json", "no items list"),
+    ],
+)
+def test_bad_answers_are_errors_with_a_reason(api, tls, mode, reason, detail):
+    api.mode = mode
+    with pytest.raises(DiscoveryError) as info:
+        client(api, tls).list_pods(NODE)
+    assert info.value.reason == reason
+    assert detail in info.value.detail
+
+
+def test_a_hanging_api_server_times_out(api, tls):
+    api.mode = "hang"
+    started = time.monotonic()
+    with pytest.raises(DiscoveryError) as info:
+        client(api, tls, timeout=0.5).list_pods(NODE)
+    assert info.value.reason == "timeout"
+    assert time.monotonic() - started < 3.0
+
+
+def test_tls_is_verified_against_the_ca(api, tls, tmp_path):
+    other_ca, _ = openssl_cert(tmp_path, "someone-else")
+    _, _, token = tls
+    c = ApiClient("127.0.0.1", api.port, token_file=str(token), ca_file=str(other_ca))
+    with pytest.raises(DiscoveryError) as info:
+        c.list_pods(NODE)
+    assert info.value.reason == "tls"
+    assert "CERTIFICATE_VERIFY_FAILED" in info.value.detail
+    assert api.requests == []  # the token never left the client
+
+
+def test_missing_token_and_refused_connection(api, tls, tmp_path):
+    cert, _, _ = tls
+    with pytest.raises(DiscoveryError) as info:
+        ApiClient("127.0.0.1", api.port, token_file=str(tmp_path / "nope"), ca_file=str(cert)).list_pods(NODE)
+    assert info.value.reason == "no_token"
+    port = api.port
+    api.stop()
+    with pytest.raises(DiscoveryError) as info:
+        ApiClient("127.0.0.1", port, token_file=str(tls[2]), ca_file=str(cert)).list_pods(NODE)
+    assert info.value.reason == "refused"
+    api.start = lambda: api  # already stopped; the fixture's stop() is harmless
+
+
+# ---------------------------------------------------------------------------------------------- the mapping
+
+
+def test_endpoints_take_the_annotation_port_or_the_default():
+    doc = {
+        "items": [
+            pod("llm", "a", "10.0.0.5"),
+            pod("llm", "b", "10.0.0.6", annotations={ANNOTATION: "31000"}),
+            pod("llm", "c", "10.0.0.7", annotations={ANNOTATION: "http"}),  # not a port: the default
+            pod("llm", "d", "10.0.0.8", annotations={ANNOTATION: "70000"}),
+            pod("llm", "pending", None),
+            pod("llm", "done", "10.0.0.9", phase="Succeeded"),
+            pod("llm", "v6", "fd00::7"),
+            "not a pod",
+        ]
+    }
+    found = endpoints(doc, 30000, ANNOTATION)
+    assert found == {
+        ("llm", "a"): PodEndpoint("llm", "a", "10.0.0.5", 30000),
+        ("llm", "b"): PodEndpoint("llm", "b", "10.0.0.6", 31000),
+        ("llm", "c"): PodEndpoint("llm", "c", "10.0.0.7", 30000),
+        ("llm", "d"): PodEndpoint("llm", "d", "10.0.0.8", 30000),
+        ("llm", "v6"): PodEndpoint("llm", "v6", "fd00::7", 30000),
+    }
+    assert found[("llm", "b")].url == "http://10.0.0.6:31000"
+    assert found[("llm", "v6")].url == "http://[fd00::7]:30000"
+
+
+def test_refresh_maps_only_followed_pods_and_follows_changes(api, tls):
+    api.pods = [pod("llm", "llama-0", "10.0.0.5"), pod("kube-system", "coredns", "10.0.0.2")]
+    followed = {("llm", "llama-0"), ("llm", "gone-pod")}
+    targets = NodeTargets(client(api, tls), NODE, lambda: followed)
+    assert targets.refresh_once() is True
+    scraper = targets.scraper_for("llm", "llama-0")
+    assert scraper is not None
+    assert scraper.url == "http://10.0.0.5:30000"
+    assert targets.scraper_for("kube-system", "coredns") is None  # not followed: never scraped
+    assert targets.scraper_for("llm", "gone-pod") is None  # followed, but not on the node
+    assert [s.url for s in targets.scrapers()] == ["http://10.0.0.5:30000"]
+    # The pod restarted with a new IP: a new scraper; the old one is gone.
+    api.pods = [pod("llm", "llama-0", "10.0.0.6", annotations={ANNOTATION: "31000"})]
+    assert targets.refresh_once() is True
+    assert targets.scraper_for("llm", "llama-0").url == "http://10.0.0.6:31000"
+    assert [s.url for s in targets.scrapers()] == ["http://10.0.0.6:31000"]
+    assert targets.refreshes == 2
+    assert targets.errors == dict.fromkeys(REASONS, 0)
+
+
+def test_failures_are_counted_and_keep_the_last_mapping(api, tls):
+    api.pods = [pod("llm", "llama-0", "10.0.0.5")]
+    targets = NodeTargets(client(api, tls, timeout=0.5), NODE, lambda: {("llm", "llama-0")})
+    assert targets.refresh_once() is True
+    for mode in ("unauthorized", "garbage", "garbage", "hang"):
+        api.mode = mode
+        assert targets.refresh_once() is False
+    assert targets.scraper_for("llm", "llama-0").url == "http://10.0.0.5:30000"
+    assert {k: v for k, v in targets.errors.items() if v} == {"http_status": 1, "bad_json": 2, "timeout": 1}
+    assert targets.refreshes == 1
+    no_node = NodeTargets(client(api, tls), "", lambda: set())
+    assert no_node.refresh_once() is False
+    assert no_node.errors["no_node_name"] == 1
+
+
+def test_a_bug_in_the_followed_callback_never_escapes(api, tls):
+    def broken():
+        raise RuntimeError("boom")
+
+    targets = NodeTargets(client(api, tls), NODE, broken)
+    assert targets.refresh_once() is False
+    assert targets.errors["error"] == 1
+
+
+def test_collector_exports_errors_refreshes_and_targets(api, tls):
+    api.pods = [pod("llm", "llama-0", "10.0.0.5")]
+    targets = NodeTargets(client(api, tls), NODE, lambda: {("llm", "llama-0")})
+    targets.refresh_once()
+    api.mode = "unauthorized"
+    targets.refresh_once()
+    registry = CollectorRegistry()
+    registry.register(DiscoveryCollector(targets))
+    text = generate_latest(registry).decode()
+    assert 'sglang_oom_exporter_discovery_errors_total{reason="http_status"} 1.0' in text
+    assert 'sglang_oom_exporter_discovery_errors_total{reason="timeout"} 0.0' in text
+    assert text.count("sglang_oom_exporter_discovery_errors_total{") == len(REASONS)
+    assert "sglang_oom_exporter_discovery_refreshes_total 1.0" in text
+    assert "sglang_oom_exporter_discovered_targets 1.0" in text
+
+
+# ---------------------------------------------------------------------------------------------- threads
+
+
+def test_started_discovery_scrapes_the_pods_sglang(api, tls):
+    with FakeSGLang(metrics_body=b"# TYPE sglang:token_usage gauge\nsglang:token_usage 0.75\n") as sglang:
+        port = int(sglang.url.rsplit(":", 1)[1])
+        api.pods = [pod("llm", "llama-0", "127.0.0.1", annotations={ANNOTATION: str(port)})]
+        targets = NodeTargets(client(api, tls), NODE, lambda: {("llm", "llama-0")}, interval=0.2, scrape_interval=0.2)
+        targets.start()
+        try:
+            deadline = time.monotonic() + 8
+            scraper = None
+            while scraper is None or not scraper.up:
+                assert time.monotonic() < deadline, "the discovered target was never scraped"
+                scraper = targets.scraper_for("llm", "llama-0")
+                time.sleep(0.05)
+            assert scraper.snapshot.token_usage == 0.75
+            # The pod leaves the node: its scrape thread stops with it.
+            api.pods = []
+            while targets.scrapers():
+                assert time.monotonic() < deadline, "the removed pod kept its scraper"
+                time.sleep(0.05)
+        finally:
+            assert targets.stop() is True
