@@ -86,9 +86,7 @@ def event_json(event: OomEvent, catalog: Catalog) -> dict[str, Any]:
         "inferred": event.inferred,
         "message": event.message,
         "numbers": dict(n),
-        "pools": [
-            {"pool": p.name, "total": p.total, "available": p.available, "evictable": p.evictable} for p in event.pools
-        ],
+        "pools": [p.as_dict() for p in event.pools],
         "excerpt": event.excerpt,
         "remediation": kind.remediation(),
         "suggestions": [s.as_dict() for s in event.suggestions],
@@ -211,10 +209,12 @@ def format_text(result: ScanResult) -> str:
             "mem_fraction_static",
             "rid",
         ):
-            if key in n:
+            if n.get(key) is not None:
                 facts.append(f"{key}={n[key]}")
+        if n.get("shortfall_note"):
+            facts.append(f"shortfall_tokens=none ({n['shortfall_note']})")
         if len(e.pools) > 1:
-            facts.append("pools=" + " ".join(f"{p.name}:{p.total}" for p in e.pools))
+            facts.append("pools=" + " ".join(f"{p.name}:{p.available}" for p in e.pools))
         if e.inferred:
             facts.append("inferred-from-frames")
         out.append(f"    {kind.title}")

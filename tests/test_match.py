@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from tests.helpers import frames, scan_text
+from sglang_oom_exporter.detect.assemble import Assembler
+from sglang_oom_exporter.detect.model import LogLine
+from tests.helpers import CATALOG, frames, scan_text
 
 GENERIC = "Out of memory. Try to lower your batch size.\nTry to allocate 96 tokens.\nAvailable tokens: 40 (available_size=40 + evictable_size=0)\n"
 
@@ -153,10 +155,12 @@ def test_swa_hybrid_keeps_every_pool_and_names_the_limiting_one():
     (event,) = scan_text(log)
     assert event.numbers["available_tokens"] == 300
     assert event.numbers["limiting_pool"] == "swa"
-    assert [(p.name, p.total, p.available, p.evictable) for p in event.pools] == [
-        ("full", 2000000, 1999000, 1000),
-        ("swa", 300, 200, 100),
+    # available is what the line calls available (free + evictable); the pool's capacity is not logged.
+    assert [(p.name, p.total, p.available, p.free, p.evictable) for p in event.pools] == [
+        ("full", None, 2000000, 1999000, 1000),
+        ("swa", None, 300, 200, 100),
     ]
+    assert event.numbers["shortfall_tokens"] == 212
 
 
 def test_paged_0_4_5_detail_lines_fill_the_pool_split():
@@ -166,7 +170,64 @@ def test_paged_0_4_5_detail_lines_fill_the_pool_split():
         "self.token_to_kv_pool_allocator.available_size()=900\nself.tree_cache.evictable_size()=100\n\n"
     )
     (event,) = scan_text(log)
-    assert (event.pools[0].total, event.pools[0].available, event.pools[0].evictable) == (1000, 900, 100)
+    pool = event.pools[0]
+    assert (pool.total, pool.available, pool.free, pool.evictable) == (None, 1000, 900, 100)
+
+
+def test_available_tokens_alone_is_what_was_available_and_the_total_stays_unknown():
+    log = "[2025-04-01 10:00:00] Decode out of memory. Try to lower your batch size.\nTry to allocate 6400 tokens.\n"
+    (event,) = scan_text(log + "Available tokens: 6100\n\n")
+    assert [p.as_dict() for p in event.pools] == [
+        {"pool": "full", "total": None, "available": 6100, "evictable": None, "free": None}
+    ]
+    assert (event.numbers["available_tokens"], event.numbers["shortfall_tokens"]) == (6100, 300)
+
+
+@pytest.mark.parametrize(("requested", "available"), [(6100, 8000), (7701, 7701), (1, 7702)])
+def test_a_request_not_above_what_was_available_has_no_shortfall_and_says_why(requested, available):
+    log = (
+        "[2026-03-14 22:07:33 TP0] Prefill out of memory. Try to lower your batch size.\n"
+        f"Try to allocate {requested} tokens.\nAvailable tokens: {available} (available_size={available} + evictable_size=0)\n\n"
+    )
+    (event,) = scan_text(log)
+    assert event.numbers["requested_tokens"] == requested
+    assert event.numbers["available_tokens"] == available
+    assert event.numbers["shortfall_tokens"] is None
+    assert event.numbers["shortfall_note"].startswith(f"asked for {requested}, {available} available: paged allocators")
+
+
+def test_leak_check_pools_keep_each_term_under_its_own_name():
+    log = (
+        "ValueError: pool memory leak detected! [full] total=100, available=60, evictable=30, protected=4, "
+        "session_held=2, uncached=1\n[swa] total=50, available=49, evictable=0, protected=0, session_held=0, uncached=0\n"
+    )
+    (event,) = scan_text(log)
+    assert event.kind == "memory_leak"
+    assert [p.as_dict() for p in event.pools] == [
+        {"pool": "full", "total": 100, "available": None, "evictable": 30, "free": 60, "protected": 4,
+         "session_held": 2, "uncached": 1},
+        {"pool": "swa", "total": 50, "available": None, "evictable": 0, "free": 49, "protected": 0,
+         "session_held": 0, "uncached": 0},
+    ]  # fmt: skip
+
+
+@pytest.mark.parametrize("header", ["Exception in ControllerSingle:", "Exception in ModelRpcClient:"])
+def test_old_crash_headers_open_a_traceback_that_confirms_the_logged_block(header):
+    block = (
+        "[2026-03-14 22:07:33 TP0] Decode out of memory. Try to lower your batch size.\nTry to allocate 8 tokens.\n\n"
+    )
+    trace = (
+        f"[2026-03-14 22:07:33 TP0] {header}\nTraceback (most recent call last):\n"
+        + frames("update_running_batch", "prepare_for_decode", "alloc_token_slots")
+        + "RuntimeError: Decode out of memory. Try to lower your batch size.\nTry to allocate 8 tokens.\n\n"
+    )
+    events = scan_text(block + trace)
+    assert [(e.kind, e.ranks, e.location, e.inferred) for e in events] == [("decode", ("TP0",), "t.log:1", False)]
+    # The header, not the bare "Traceback" line after it, opens the record: the traceback is TP0's (R2).
+    assembler = Assembler(CATALOG.anchors())
+    records = [r for i, text in enumerate((block + trace).splitlines(), 1) for r in assembler.feed(LogLine(i, text))]
+    records += list(assembler.close_all())
+    assert [(r.kind, r.ranks, r.lineno) for r in records] == [("block", "TP0", 1), ("traceback", "TP0", 4)]
 
 
 def test_custom_logging_format_with_every_line_prefixed_and_crlf():

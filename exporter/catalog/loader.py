@@ -36,6 +36,8 @@ EVENT_FIELDS = frozenset(
         "tried_to_allocate",
         "leak_available",
         "leak_total",
+        "leaked_full_pages",
+        "leaked_mamba_pages",
     }
 )
 SEVERITIES = ("critical", "warning", "info")

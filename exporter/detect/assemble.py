@@ -2,9 +2,11 @@
 
 SGLang logs a multi-line message with its prefix on the first line only (facts 4); the detail lines,
 traceback frames and the repeated exception text come bare. A bare line belongs to the latest prefixed
-line of its stream; with a custom format that prefixes every line, a prefixed line that looks like a
-continuation joins the open record of its own ranks. Radix-tree dump lines (printed to stdout, thousands
-per rank, at any moment) are dropped first, so they never close or split a record (facts 3).
+line of its stream (a CRI or docker stream, a compose service: another service's lines never touch it),
+and a frame with nothing open starts a traceback without header (a file cut mid-traceback, facts 10.10).
+With a custom format that prefixes every line, a prefixed line that looks like a continuation joins the
+open record of its own ranks. Radix-tree dump lines (printed to stdout, thousands per rank, at any
+moment) are dropped first, so they never close or split a record (facts 3).
 
 Only records that can hold an event come out: a block whose first line carries a catalog anchor, and
 every traceback (the matcher decides whether its exception or its frames name an OOM).
@@ -40,6 +42,7 @@ _DETAIL = regex.compile(
     r"|Possible solutions"
     r"|\d\. "
     r"|Open an issue"
+    r"|(?:KV cache|Memory) pool leak detected!"  # 0.1.x: the warning's numbers come first, this line second
     r"|[\w.()\[\] ]*?[\w)\]] ?= ?-?\d)"
 )
 _EXCEPTION_SHAPED = regex.compile(r"^[A-Za-z_][\w.]*(?:Error|Exception|Exit|Interrupt|Warning)\b")
@@ -128,7 +131,7 @@ class Assembler:
                 return
             yield from self._close(last)
         key = (line.stream, "")
-        if _HEADER.search(message) or self._has_anchor(message):
+        if _HEADER.search(message) or self._has_anchor(message) or _FRAME.match(message):
             yield from self._close(key)
             self._last_key[line.stream] = key
             self._start(key, line, None, message)
@@ -149,6 +152,13 @@ class Assembler:
             self._open[key] = _Open(
                 "block", line.lineno, line.offset, prefix, line.stream, line.runtime_time, lines=[message]
             )
+        elif (m := _FRAME.match(message)) is not None:
+            # A frame with no traceback open: the file begins mid-traceback (rotation or a size cap cut it
+            # between records, facts 10.10). Its frames can still name the failure (R5).
+            self._open[key] = _Open(
+                "traceback", line.lineno, line.offset, prefix, line.stream, line.runtime_time, state="frames"
+            )
+            self._open[key].frames.append((m.group("path"), m.group("func")))
 
     def _append(self, rec: _Open, message: str) -> None:
         if rec.kind == "block":

@@ -12,7 +12,7 @@ request echoed by --log-requests, is never an event.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import regex
@@ -28,13 +28,25 @@ _RAISED = regex.compile(r"^[A-Za-z_][\w.]*(?:Error|Exception): ")
 _POOL_TOTAL = regex.compile(
     r"(?:Ava(?:il|li)able (?P<name>tokens|full tokens|swa tokens|swa|mamba)|(?P<swa>SWA available tokens))"
     r": ?(?P<total>\d+)"
-    r"(?: ?\((?:[\w ]*?)available[\w ]*?= ?(?P<available>\d+) ?\+ ?(?:[\w ]*?)evictable[\w ]*?= ?(?P<evictable>\d+)\))?"
+    r"(?: ?\((?:[\w ]*?)available[\w ]*?= ?(?P<free>\d+) ?\+ ?(?:[\w ]*?)evictable[\w ]*?= ?(?P<evictable>\d+)\))?"
 )
+# 0.5.18+ leak check, one pool per line: "[full] total=T, available=A, evictable=E, protected=P, ..." (facts 10.2)
+_LEAK_POOL = regex.compile(r"\[(?P<name>\w+)\] ?(?P<pairs>total ?= ?\d+(?:, ?\w+ ?= ?-?\d+)*)")
+_PAIR = regex.compile(r"(\w+) ?= ?(-?\d+)")
+# The leak check's words for the PoolState fields: its "available" is the allocator's free slots.
+_LEAK_FIELDS = {"total": "total", "available": "free", "evictable": "evictable", "protected": "protected",
+                "session_held": "session_held", "uncached": "uncached"}  # fmt: skip
 _PAGED_AVAILABLE = regex.compile(r"token[_ ]to[_ ]kv[_ ]pool(?:[_ ]allocator)?\.available[_ ]size\(\) ?= ?(\d+)")
 _PAGED_EVICTABLE = regex.compile(r"tree[_ ]cache\.evictable[_ ]size\(\) ?= ?(\d+)")
 _POOL_NAMES = {"tokens": "full", "full tokens": "full", "swa tokens": "swa", "swa": "swa", "mamba": "mamba"}
+_DIGITS = regex.compile(r"\d+")
 _FLOAT_FIELDS = frozenset({"new_token_ratio_from", "new_token_ratio_to", "mem_fraction_static"})
 _TEXT_FIELDS = frozenset({"rid", "tried_to_allocate"})
+_COUNT_FIELDS = frozenset({"leaked_full_pages", "leaked_mamba_pages"})  # "{3, 7}" -> 2, "None" -> 0
+SHORTFALL_NOTE = (
+    "paged allocators fail on whole pages and round each request up to a page, so a real failure can ask for "
+    "no more than was available"
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,8 +113,8 @@ class Matcher:
         first = group[0]
         text = "\n".join(group)
         numbers = _numbers(m.groupdict(), kind.extract, text)
-        pools = _pools(text) if kind.phase in _KV_PHASES else ()
-        if pools and "available_tokens" not in numbers:
+        pools = _pools(text)
+        if pools and kind.phase in _KV_PHASES and "available_tokens" not in numbers:
             _add_limiting_pool(numbers, pools)
         raised = record.kind == "traceback" or _RAISED.match(first) is not None
         fatal = (
@@ -223,6 +235,8 @@ def _looks_cut(groups: list[list[str]]) -> bool:
 def _convert(name: str, value: str) -> Any:
     if name in _TEXT_FIELDS:
         return value
+    if name in _COUNT_FIELDS:
+        return len(_DIGITS.findall(value))
     try:
         return float(value) if name in _FLOAT_FIELDS else int(value)
     except ValueError:
@@ -241,37 +255,52 @@ def _numbers(groups: dict[str, str | Any], extract: Iterable[regex.Pattern[str]]
 
 
 def _pools(text: str) -> tuple[PoolState, ...]:
-    """Every pool's total/available/evictable from the detail lines, any era (facts 2)."""
+    """Every pool the message describes, any era (facts 2, 10.2), each field as its name says."""
     pools: dict[str, PoolState] = {}
     for m in _POOL_TOTAL.finditer(text):
         name = "swa" if m.group("swa") else _POOL_NAMES[m.group("name")]
         if name in pools:
             continue
-        avail, evict = m.group("available"), m.group("evictable")
+        free, evict = m.group("free"), m.group("evictable")
         pools[name] = PoolState(
-            name, int(m.group("total")), int(avail) if avail else None, int(evict) if evict else None
+            name,
+            available=int(m.group("total")),
+            evictable=int(evict) if evict else None,
+            free=int(free) if free else None,
         )
     a, e = _PAGED_AVAILABLE.search(text), _PAGED_EVICTABLE.search(text)
     if a or e:
         full = pools.get("full", PoolState("full"))
-        pools["full"] = PoolState(
-            "full",
-            full.total,
-            full.available if full.available is not None else (int(a.group(1)) if a else None),
-            full.evictable if full.evictable is not None else (int(e.group(1)) if e else None),
+        pools["full"] = replace(
+            full,
+            free=full.free if full.free is not None else (int(a.group(1)) if a else None),
+            evictable=full.evictable if full.evictable is not None else (int(e.group(1)) if e else None),
         )
+    for m in _LEAK_POOL.finditer(text):
+        name = m.group("name")
+        if name not in pools:
+            fields = {_LEAK_FIELDS[k]: int(v) for k, v in _PAIR.findall(m.group("pairs")) if k in _LEAK_FIELDS}
+            pools[name] = PoolState(name, **fields)
     return tuple(pools.values())
 
 
 def _add_limiting_pool(numbers: dict[str, Any], pools: tuple[PoolState, ...]) -> None:
-    """available_tokens is the total of the pool that ran out: the smallest that could not fit the ask."""
-    with_total = [p for p in pools if p.total is not None]
-    if not with_total:
+    """available_tokens is what the pool that ran out had available: the smallest that could not fit the ask.
+
+    A request not above it is no shortfall (paged rounding, facts 10.9): the shortfall is then null and
+    shortfall_note says why; it is never negative.
+    """
+    known = [p for p in pools if p.available is not None]
+    if not known:
         return
     requested = numbers.get("requested_tokens")
-    short = [p for p in with_total if isinstance(requested, int) and p.total is not None and p.total < requested]
-    limiting = min(short or with_total, key=lambda p: p.total if p.total is not None else 0)
-    numbers["available_tokens"] = limiting.total
+    short = [p for p in known if isinstance(requested, int) and p.available is not None and p.available < requested]
+    limiting = min(short or known, key=lambda p: p.available if p.available is not None else 0)
+    numbers["available_tokens"] = limiting.available
     numbers["limiting_pool"] = limiting.name
-    if isinstance(requested, int) and limiting.total is not None:
-        numbers["shortfall_tokens"] = requested - limiting.total
+    if isinstance(requested, int) and limiting.available is not None:
+        if requested > limiting.available:
+            numbers["shortfall_tokens"] = requested - limiting.available
+        else:
+            numbers["shortfall_tokens"] = None
+            numbers["shortfall_note"] = f"asked for {requested}, {limiting.available} available: {SHORTFALL_NOTE}"

@@ -69,12 +69,32 @@ class Record:
 
 @dataclass(frozen=True, slots=True)
 class PoolState:
-    """Free and evictable slots of one KV pool (full, swa, mamba, ...), from the detail lines."""
+    """One KV pool (full, swa, mamba, ...) as a message gave it; None where it gave nothing.
+
+    Each field means what SGLang's own words mean: available is what an allocation could get, free
+    plus evictable ("Available tokens: T"); free is the allocator's free slots (available_size); total
+    is the pool's capacity, which only the leak check prints. protected, session_held and uncached
+    come from the 0.5.18+ leak check.
+    """
 
     name: str
     total: int | None = None
     available: int | None = None
     evictable: int | None = None
+    free: int | None = None
+    protected: int | None = None
+    session_held: int | None = None
+    uncached: int | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        """Plain data for JSON: the base fields always, the leak check's terms when it gave them."""
+        out: dict[str, Any] = {"pool": self.name, "total": self.total, "available": self.available,
+                               "evictable": self.evictable, "free": self.free}  # fmt: skip
+        for key in ("protected", "session_held", "uncached"):
+            value = getattr(self, key)
+            if value is not None:
+                out[key] = value
+        return out
 
 
 @dataclass(frozen=True, slots=True)

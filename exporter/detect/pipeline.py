@@ -25,6 +25,9 @@ TRACEBACK_OPENERS = ("Traceback (most recent call last)",)
 # every partial record is a hit of its own; they are rare (long lines, or a write without its newline).
 CRI_PARTIAL_LITERALS = (" stdout P ", " stderr P ")
 CRI_SPANS = ((" stdout P ", " stdout F "), (" stderr P ", " stderr F "))
+# Frames of SGLang's own code: a file that begins mid-traceback (rotation cut it) has no header and no
+# exception line, only frames that may end in an allocator (R5); every one of them must reach the assembler.
+FRAME_LITERALS = ("sglang/srt/",)
 # Not searched for (a block's detail lines follow its anchor line), but they keep the window open.
 DETAIL_LITERALS = (
     'File "',
@@ -69,7 +72,7 @@ class Pipeline:
     ) -> None:
         anchors = catalog.anchors()
         self._reader = LineReader(
-            (*anchors, *CRI_PARTIAL_LITERALS),
+            (*anchors, *FRAME_LITERALS, *CRI_PARTIAL_LITERALS),
             openers=TRACEBACK_OPENERS,
             extenders=DETAIL_LITERALS,
             spans=CRI_SPANS,

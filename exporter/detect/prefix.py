@@ -4,6 +4,8 @@ Tried in order (facts 4): a Ray actor tag; SGLang's default bracket in every era
 optional milliseconds, rank tokens in any order, a lost leading "[", no timestamp at all); the custom
 dictConfig format seen in the wild, which prefixes every physical line with date, level, pid and a
 bracket of ranks and file:line; and any extra patterns from the config (named groups ts and ranks).
+0.1.x-0.2.x scheduler lines may carry `[gpu_id=N] ` (alone, or after the time): it names the rank, as
+logged (facts 10.7).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import regex
 from ..detect.model import Prefix
 
 _RAY = regex.compile(r"^\(\w+ pid=\d+(?:, ip=[\d.:a-fA-F]+)?\) ")
+_GPU_ID = regex.compile(r"^\[(gpu_id=\d+)\] ?")
 _RANK = r"[A-Z][A-Z_]*\d+"
 BUILTIN_PATTERNS = (
     # [2026-03-14 22:07:33.123 DP0 TP1 EP1] msg / [09:41:07 TP0] msg / 2026-03-14 22:07:33 TP0] msg
@@ -46,13 +49,20 @@ class PrefixParser:
                 text = text[m.end() :]
         if not text or text[0] in " \t":
             return None, text  # frames, source lines and indented detail never carry a prefix
+        prefix: Prefix | None = None
         for pattern in self._patterns:
             m = pattern.match(text)
             if m is not None:
                 groups = m.groupdict()
-                ranks = " ".join((groups.get("ranks") or "").split())
-                return Prefix(groups.get("ts"), ranks), text[m.end() :]
-        return None, text
+                prefix = Prefix(groups.get("ts"), " ".join((groups.get("ranks") or "").split()))
+                text = text[m.end() :]
+                break
+        if text.startswith("[gpu_id="):
+            g = _GPU_ID.match(text)
+            if g is not None:
+                ranks = " ".join(r for r in (prefix.ranks if prefix else "", g.group(1)) if r)
+                return Prefix(prefix.time if prefix else None, ranks), text[g.end() :]
+        return prefix, text
 
 
 def iso_time(stamp: str | None) -> str | None:
