@@ -1,0 +1,157 @@
+"""End to end: the overview dashboard's own queries against a real Prometheus scraping a real `serve`.
+
+The daemon follows a temporary log and scrapes a fake SGLang (server args: chunked_prefill_size 16384), and
+Prometheus scrapes the daemon every second. After a prefill OOM (16384 tokens asked, 6100 available) is
+appended, the OOM and suggestion panels' queries, taken from the committed dashboard JSON and interpolated as
+Grafana does for "All" (allValue ".*", $__rate_interval for a 1s-scrape data source, $__range for the picked
+range), must return exactly the expected series and values; the same queries before the event return zeros,
+and a source that does not exist empties them.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from sglang_oom_exporter.catalog import load_catalog
+from sglang_oom_exporter.render.dashboards import OVERVIEW_PATH
+from tests.dashboard_lint import interpolate, panels
+from tests.fake_sglang import FakeSGLang
+from tests.promstack import Prometheus, require_binaries, wait_until
+from tests.test_serve_e2e import Daemon, append
+from tests.test_targets_e2e import INFO, METRICS, PREFILL
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(60)]
+
+DASHBOARD = json.loads((Path(__file__).resolve().parent.parent / OVERVIEW_PATH).read_text(encoding="utf-8"))
+FILTERS = ("namespace", "pod", "source", "kind")
+# Grafana with the data source's scrape interval set to 1s: $__rate_interval = max(4 x scrape, step + scrape).
+RATE_INTERVAL = "4s"
+
+
+def _queries(title: str) -> list[str]:
+    (panel,) = [p for p in panels(DASHBOARD) if p.get("title") == title]
+    return [t["expr"] for t in panel["targets"]]
+
+
+def _grafana(expr: str, *, range_s: int = 3600, **selected: str) -> str:
+    """The expression as Grafana sends it: "All" is the allValue .*, one selected value is itself."""
+    values = {name: selected.get(name, ".*") for name in FILTERS}
+    return interpolate(expr, {**values, "__rate_interval": RATE_INTERVAL, "__range": f"{range_s}s"})
+
+
+def _series(prom: Prometheus, expr: str, *labels: str) -> dict[tuple[str, ...], float]:
+    """An instant query's result keyed by the given label values."""
+    return {tuple(r["metric"].get(k, "") for k in labels): float(r["value"][1]) for r in prom.query(expr)}
+
+
+@pytest.fixture
+def stack(tmp_path):
+    require_binaries("prometheus")
+    fake = FakeSGLang(metrics_body=METRICS, info_body=json.dumps(INFO).encode()).start()
+    log = tmp_path / "server.log"
+    log.write_text("")
+    daemon = Daemon(["--sglang-url", fake.url, "--scrape-interval", "0.3s", "--scrape-timeout", "1s", str(log)],
+                    str(tmp_path / "state"))  # fmt: skip
+    try:
+        daemon.start()
+        with Prometheus(tmp_path / "prom", targets=[f"127.0.0.1:{daemon.port}"]) as prom:
+            yield prom, log, fake
+    finally:
+        if daemon.proc is not None and daemon.proc.poll() is None:
+            daemon.stop()
+        fake.stop()
+
+
+def test_oom_and_suggestion_panels_return_the_event_and_the_flag_change(stack):
+    prom, log, fake = stack
+    started = time.monotonic()
+    fatal_kinds = [k.id for k in load_catalog().kinds if k.fatal != "false"]
+    (fatal_expr,) = _queries("Fatal OOMs in the picked range, by kind")
+    current_expr, suggested_expr = _queries("What to change: suggested SGLang flag values")
+    requested_expr, available_expr, ago_expr = _queries("Last event: requested vs available tokens")
+
+    # The zero-initialised series are in Prometheus for a few scrapes before the event, so a range that starts
+    # after their first sample exercises the increase() branch and a longer one the born-in-range branch.
+    prefill = 'sglang_oom_fatal_events_total{kind="prefill",source="server"}'
+    prom.wait_for_targets_up()
+    wait_until(lambda: (prom.query_value(f"count_over_time({prefill}[1m])") or 0) >= 6, timeout=15, what="samples")
+    (raw,) = prom.api("query", query=f"{prefill}[1m]")["result"]
+    first_sample = float(raw["values"][0][0])
+    assert _series(prom, _grafana(fatal_expr), "kind") == {(k,): 0.0 for k in fatal_kinds}
+    assert prom.query(_grafana(current_expr)) == []
+
+    appended = time.time()
+    append(log, PREFILL.format(s=1))
+    wait_until(lambda: prom.query_value(prefill) == 1.0, timeout=15, what="the OOM in Prometheus")
+    wait_until(lambda: prom.query(_grafana(suggested_expr)), timeout=10, what="the suggestion in Prometheus")
+
+    expected = {(k,): (1.0 if k == "prefill" else 0.0) for k in fatal_kinds}
+    assert _series(prom, _grafana(fatal_expr), "kind") == expected  # the whole hour: born in the range
+    since_first = int(time.time() - first_sample) - 1
+    assert since_first >= 6  # long enough that increase()'s extrapolation cannot round 1 event up to 2
+    assert _series(prom, _grafana(fatal_expr, range_s=since_first), "kind") == expected  # increase() branch
+
+    flag = ("prefill", "server", "chunked-prefill-size")
+    assert _series(prom, _grafana(current_expr), "kind", "source", "flag") == {flag: 16384.0}
+    assert _series(prom, _grafana(suggested_expr), "kind", "source", "flag") == {flag: 4096.0}
+    assert _series(prom, _grafana(requested_expr), "kind", "source") == {("prefill", "server"): 16384.0}
+    assert _series(prom, _grafana(available_expr), "kind", "source") == {("prefill", "server"): 6100.0}
+    ((key, ago),) = _series(prom, _grafana(ago_expr), "kind", "source").items()
+    assert key == ("prefill", "server")
+    assert 0 <= ago <= time.time() - appended + 1
+
+    (age_expr,) = _queries("Time since the last OOM")
+    assert 0 <= _one(prom, _grafana(age_expr)) <= time.time() - appended + 1
+    assert _one(prom, _grafana(_queries("Sources followed")[0])) == 1.0
+    assert _one(prom, _grafana(_queries("SGLang targets up")[0])) == 1.0
+    assert prom.query(_grafana(_queries("SGLang targets down")[0])) == []  # shown as the panel's noValue "0"
+    (usage_expr,) = _queries("KV cache token usage")
+    assert _series(prom, _grafana(usage_expr), "target") == {(fake.url,): 0.99}
+
+    _events_over_time(prom)
+    _a_selected_source_filters_every_panel(prom, fatal_kinds)
+    print(f"\ndashboard e2e: {time.monotonic() - started:.1f}s from the scraped stack to the last panel check")
+
+
+def _one(prom: Prometheus, expr: str) -> float:
+    value = prom.query_value(expr)
+    assert value is not None, expr
+    return value
+
+
+def _events_over_time(prom: Prometheus) -> None:
+    """OOM events by kind and by source around the event: only prefill and only this source move."""
+    (by_kind,) = _queries("OOM events by kind")
+    (by_source,) = _queries("OOM events by source")
+    annotation = DASHBOARD["annotations"]["list"][0]["expr"]
+    events = 'sglang_oom_events_total{kind="prefill",source="server"}'
+    (raw,) = prom.api("query", query=f"{events}[1m]")["result"]
+    first_one = min(float(t) for t, v in raw["values"] if v == "1")
+    wait_until(lambda: (prom.query_value(f"timestamp({events})") or 0) >= first_one + 2, timeout=10,
+               what="two scrapes after the event")  # fmt: skip
+    window = {"start": str(first_one - 2), "end": str(first_one + 2), "step": "1"}
+    kinds = {r["metric"]["kind"]: max(float(v) for _, v in r["values"])
+             for r in prom.api("query_range", query=_grafana(by_kind), **window)["result"]}  # fmt: skip
+    assert set(kinds) == set(load_catalog().ids)
+    assert {k for k, v in kinds.items() if v > 0} == {"prefill"}
+    assert kinds["prefill"] >= 1.0
+    sources = prom.api("query_range", query=_grafana(by_source), **window)["result"]
+    assert [r["metric"] for r in sources] == [{"source": "server"}]
+    marks = prom.api("query_range", query=_grafana(annotation), **window)["result"]
+    assert [r["metric"] for r in marks] == [{"kind": "prefill", "source": "server"}]
+
+
+def _a_selected_source_filters_every_panel(prom: Prometheus, fatal_kinds: list[str]) -> None:
+    """Picking this source keeps the results; picking another empties even the series without source labels."""
+    (fatal_expr,) = _queries("Fatal OOMs in the picked range, by kind")
+    (current_expr, _) = _queries("What to change: suggested SGLang flag values")
+    (up_expr,) = _queries("SGLang targets up")
+    assert _series(prom, _grafana(fatal_expr, source="server", kind="prefill"), "kind") == {("prefill",): 1.0}
+    assert len(prom.query(_grafana(current_expr, source="server"))) == 1
+    results: dict[str, Any] = {e: prom.query(_grafana(e, source="other")) for e in (fatal_expr, current_expr, up_expr)}
+    assert all(r == [] for r in results.values()), results
