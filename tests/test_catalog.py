@@ -110,3 +110,59 @@ def test_event_fields_cover_every_named_group():
     for kind in CATALOG.kinds:
         for pattern in kind.patterns:
             assert set(pattern.regex.groupindex) <= EVENT_FIELDS
+
+
+def _rendered_scalars():
+    """(where, node) for every scalar the catalog renders for humans: titles, remediation, runbook prose."""
+    with open(default_catalog_path()) as fh:
+        root = yaml.compose(fh)
+    kinds = next(v for k, v in root.value if k.value == "kinds")
+    out = []
+
+    def walk(node, where):
+        if isinstance(node, yaml.ScalarNode):
+            out.append((where, node))
+        elif isinstance(node, yaml.SequenceNode):
+            for i, item in enumerate(node.value):
+                walk(item, f"{where}[{i}]")
+        elif isinstance(node, yaml.MappingNode):
+            for key, value in node.value:
+                walk(value, f"{where}.{key.value}")
+
+    for kind in kinds.value:
+        fields = {k.value: v for k, v in kind.value}
+        for key in ("title", "remediation", "runbook"):
+            if key in fields:
+                walk(fields[key], f"{fields['id'].value}.{key}")
+    return out
+
+
+def test_no_remediation_text_is_cut_at_a_yaml_comment():
+    # An unquoted " #running-req" is a YAML comment: the text ended there. Prose must never be followed by
+    # a comment on its line, so a cut is impossible to miss.
+    with open(default_catalog_path()) as fh:
+        lines = fh.read().splitlines()
+    scalars = _rendered_scalars()
+    assert len(scalars) > 50
+    for where, node in scalars:
+        end = node.end_mark
+        rest = lines[end.line][end.column :] if end.line < len(lines) else ""
+        assert not rest.lstrip().startswith("#"), f"{where} is cut by a comment: {node.value!r} {rest.strip()!r}"
+
+
+def test_no_remediation_text_ends_mid_sentence():
+    dangling = {"the", "a", "an", "to", "of", "for", "and", "or", "with", "at", "by", "in", "as", "than", "if"}
+    for where, node in _rendered_scalars():
+        text = node.value.strip()
+        assert text, where
+        if ".summary" in where or ".runbook." in where:
+            # Sentences: a summary and the runbook prose end with a full stop or a closing bracket.
+            assert text.endswith((".", ")")), f"{where} ends mid-sentence: {text!r}"
+        else:
+            # Titles and step fields are phrases, but never cut after a function word.
+            assert text.split()[-1].lower() not in dangling, f"{where} ends mid-phrase: {text!r}"
+
+
+def test_the_decode_fix_keeps_its_running_req_hint():
+    step = CATALOG.kind("decode").remediation()["steps"][0]
+    assert step["action"] == "lower it, for example to the #running-req seen just before the failure"
