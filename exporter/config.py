@@ -37,6 +37,16 @@ class ConfigError(ProblemsError):
 
 
 @dataclass(frozen=True, slots=True)
+class DiscoverTargetsConfig:
+    """kubernetes.discover_targets: each followed pod's SGLang endpoint from the Kubernetes API (node mode)."""
+
+    port: int = 30000  # SGLang's port when the pod has no port annotation
+    port_annotation: str = "sglang-oom-exporter/port"
+    interval: float = 30.0  # how often the node's pods are listed
+    service_account_dir: str = "/var/run/secrets/kubernetes.io/serviceaccount"
+
+
+@dataclass(frozen=True, slots=True)
 class KubernetesConfig:
     """Kubernetes node mode: follow /var/log/pods/<ns>_<pod>_<uid>/<container>/<n>.log."""
 
@@ -44,6 +54,7 @@ class KubernetesConfig:
     namespace: str = DEFAULT_K8S_NAMESPACE
     pod: str = DEFAULT_K8S_POD
     container: str = DEFAULT_K8S_CONTAINER
+    discover_targets: DiscoverTargetsConfig | None = None  # None: off (the default)
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,6 +103,7 @@ _FILE_KEYS = frozenset({*_DURATION_KEYS, *_BOOL_KEYS, *_STR_KEYS, "paths", "sour
                         "recent_events", "targets"})  # fmt: skip
 _URL = regex.compile(r"^https?://[^\s/]+(?:/[^\s]*)?$")
 _K8S_KEYS = frozenset({"logs_root", "namespace", "pod", "container"})
+_DISCOVER_KEYS = frozenset({"enabled", "port", "port_annotation", "interval", "service_account_dir"})
 _LEVELS = ("debug", "info", "warning", "error")
 
 
@@ -235,12 +247,44 @@ def _kubernetes(builder: _Builder, where: str, raw: Any) -> None:
     if not isinstance(raw, dict) or not isinstance(raw.get("logs_root"), str):
         builder.problems.append(f"{where}: needs logs_root (e.g. /var/log/pods)")
         return
-    for key in sorted(set(raw) - _K8S_KEYS):
+    for key in sorted(set(raw) - _K8S_KEYS - {"discover_targets"}):
         builder.problems.append(f"{where}.{key}: unknown key")
     for key in ("namespace", "pod", "container"):
         if key in raw:
             _regex_ok(builder, f"{where}.{key}", str(raw[key]))
-    builder.values["kubernetes"] = KubernetesConfig(**{k: str(v) for k, v in raw.items() if k in _K8S_KEYS})
+    discover = _discover_targets(builder, f"{where}.discover_targets", raw.get("discover_targets"))
+    builder.values["kubernetes"] = KubernetesConfig(
+        **{k: str(v) for k, v in raw.items() if k in _K8S_KEYS}, discover_targets=discover
+    )
+
+
+def _discover_targets(builder: _Builder, where: str, raw: Any) -> DiscoverTargetsConfig | None:
+    """kubernetes.discover_targets: {enabled, port, port_annotation, interval, service_account_dir}."""
+    if raw is None:
+        return None
+    if not isinstance(raw, dict):
+        builder.problems.append(f"{where}: must be a mapping with enabled, port, port_annotation, interval")
+        return None
+    for key in sorted(set(raw) - _DISCOVER_KEYS):
+        builder.problems.append(f"{where}.{key}: unknown key")
+    values: dict[str, Any] = {}
+    try:
+        enabled = _bool(raw.get("enabled", True))
+        if "port" in raw:
+            values["port"] = int(raw["port"])
+            if isinstance(raw["port"], bool) or not 0 < values["port"] < 65536:
+                raise ValueError(f"port {raw['port']!r} is not between 1 and 65535")
+        if "interval" in raw:
+            values["interval"] = parse_duration(raw["interval"])
+            if values["interval"] <= 0:
+                raise ValueError("interval must be positive")
+        for key in ("port_annotation", "service_account_dir"):
+            if key in raw:
+                values[key] = str(raw[key])
+    except (TypeError, ValueError) as exc:
+        builder.problems.append(f"{where}: {exc}")
+        return None
+    return DiscoverTargetsConfig(**values) if enabled else None
 
 
 def load_config(

@@ -7,6 +7,7 @@ import time
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
+from sglang_oom_exporter.config import ConfigError, DiscoverTargetsConfig, load_config
 from sglang_oom_exporter.sources.kubeapi import (
     REASONS,
     ApiClient,
@@ -15,6 +16,7 @@ from sglang_oom_exporter.sources.kubeapi import (
     NodeTargets,
     PodEndpoint,
     endpoints,
+    node_targets,
 )
 from tests.fake_kubeapi import FakeKubeApi, pod
 from tests.fake_sglang import FakeSGLang
@@ -234,3 +236,85 @@ def test_started_discovery_scrapes_the_pods_sglang(api, tls):
                 time.sleep(0.05)
         finally:
             assert targets.stop() is True
+
+
+def test_a_restart_gives_known_targets_their_scrape_threads_back(api, tls):
+    with FakeSGLang() as sglang:
+        port = int(sglang.url.rsplit(":", 1)[1])
+        api.pods = [pod("llm", "llama-0", "127.0.0.1", annotations={ANNOTATION: str(port)})]
+        targets = NodeTargets(client(api, tls), NODE, lambda: {("llm", "llama-0")}, interval=60, scrape_interval=0.1)
+        targets.start()
+        try:
+            deadline = time.monotonic() + 8
+            while targets.scraper_for("llm", "llama-0") is None or not targets.scraper_for("llm", "llama-0").up:
+                assert time.monotonic() < deadline, "never scraped"
+                time.sleep(0.05)
+            assert targets.stop() is True
+            scraper = targets.scraper_for("llm", "llama-0")
+            sglang.mode = "http500"
+            targets.start()  # the next refresh is 60 s away: only a restarted scrape thread can see the 500
+            while scraper.up:
+                assert time.monotonic() < deadline, "the known target was not scraped after the restart"
+                time.sleep(0.05)
+            assert scraper.errors_total["http_status"] >= 1
+        finally:
+            assert targets.stop() is True
+
+
+# ---------------------------------------------------------------------------------------------- configuration
+
+
+def _config(tmp_path, text):
+    path = tmp_path / "config.yaml"
+    path.write_text(text)
+    return load_config(str(path), env={})
+
+
+def test_config_discover_targets_defaults_and_values(tmp_path):
+    off = _config(tmp_path, "kubernetes: {logs_root: /var/log/pods}\n")
+    assert off.kubernetes.discover_targets is None
+    assert node_targets(off, set) is None
+    on = _config(tmp_path, "kubernetes: {logs_root: /var/log/pods, discover_targets: {enabled: true}}\n")
+    assert on.kubernetes.discover_targets == DiscoverTargetsConfig()
+    assert DiscoverTargetsConfig() == DiscoverTargetsConfig(
+        30000, "sglang-oom-exporter/port", 30.0, "/var/run/secrets/kubernetes.io/serviceaccount"
+    )
+    custom = _config(
+        tmp_path,
+        "scrape_interval: 5s\nkubernetes:\n  logs_root: /var/log/pods\n  discover_targets:\n"
+        "    {enabled: true, port: 8000, port_annotation: x/port, interval: 1m, service_account_dir: /sa}\n",
+    )
+    assert custom.kubernetes.discover_targets == DiscoverTargetsConfig(8000, "x/port", 60.0, "/sa")
+    targets = node_targets(
+        custom, set, env={"KUBERNETES_SERVICE_HOST": "10.96.0.1", "KUBERNETES_SERVICE_PORT": "443", "NODE_NAME": "n1"}
+    )
+    assert (targets.node, targets.default_port, targets.port_annotation, targets.interval) == (
+        "n1",
+        8000,
+        "x/port",
+        60.0,
+    )
+    assert (targets.client.host, targets.client.token_file, targets.client.ca_file) == (
+        "10.96.0.1",
+        "/sa/token",
+        "/sa/ca.crt",
+    )
+    assert targets.scrape_interval == 5.0
+    disabled = _config(tmp_path, "kubernetes: {logs_root: /p, discover_targets: {enabled: false, port: 1}}\n")
+    assert disabled.kubernetes.discover_targets is None
+
+
+@pytest.mark.parametrize(
+    ("block", "problem"),
+    [
+        ("{enabled: true, port: 0}", "port 0 is not between 1 and 65535"),
+        ("{enabled: true, interval: 30}", "is not a duration with a unit"),
+        ("{enabled: true, prot: 1}", "discover_targets.prot: unknown key"),
+        ("{enabled: maybe}", "'maybe' is not a boolean"),
+        ("[1]", "must be a mapping"),
+    ],
+)
+def test_config_discover_targets_problems(tmp_path, block, problem):
+    with pytest.raises(ConfigError) as info:
+        _config(tmp_path, f"kubernetes:\n  logs_root: /var/log/pods\n  discover_targets: {block}\n")
+    assert problem in str(info.value)

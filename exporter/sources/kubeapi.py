@@ -33,6 +33,7 @@ from urllib.parse import quote
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from ..config import Config
 from .scrape import TargetScraper
 
 log = logging.getLogger(__name__)
@@ -287,12 +288,20 @@ class NodeTargets:
     # --- threads -----------------------------------------------------------------------------
 
     def start(self) -> None:
-        """Refresh at once, then every interval, in a daemon thread; scrape each target in its own."""
+        """Refresh at once, then every interval, in a daemon thread; scrape each target in its own.
+
+        Restartable (a reload stops and starts the targets): the known targets get their threads back.
+        """
         if self._thread is not None:
             raise RuntimeError("NodeTargets already started")
-        self._stop.clear()
+        self._stop = threading.Event()
+        with self._lock:
+            self._scrape_stops = {url: threading.Event() for url in self._scrapers}
+            known = [(self._scrapers[url], self._scrape_stops[url]) for url in self._scrapers]
         self._thread = threading.Thread(target=self._run, name="node discovery", daemon=True)
         self._thread.start()
+        for scraper, stop in known:
+            self._start_scrape(scraper, stop)
 
     def _run(self) -> None:
         while not self._stop.is_set():
@@ -330,6 +339,29 @@ class NodeTargets:
         if alive:
             log.warning("discovery threads still running after stop threads=%s", alive)
         return not alive
+
+
+def node_targets(
+    config: Config, followed: Callable[[], Iterable[PodKey]], env: Mapping[str, str] | None = None
+) -> NodeTargets | None:
+    """The NodeTargets that config.kubernetes.discover_targets asks for (None when discovery is off).
+
+    In a pod: the API server from KUBERNETES_SERVICE_HOST/PORT, the node from NODE_NAME (downward API).
+    """
+    settings = config.kubernetes.discover_targets if config.kubernetes is not None else None
+    if settings is None:
+        return None
+    env = os.environ if env is None else env
+    return NodeTargets(
+        ApiClient.in_cluster(env, settings.service_account_dir),
+        env.get(NODE_NAME_ENV, ""),
+        followed,
+        default_port=settings.port,
+        port_annotation=settings.port_annotation,
+        interval=settings.interval,
+        scrape_interval=config.scrape_interval,
+        scrape_timeout=config.scrape_timeout,
+    )
 
 
 class DiscoveryCollector(Collector):
