@@ -11,6 +11,7 @@ and a source that does not exist empties them.
 from __future__ import annotations
 
 import json
+import re
 import time
 from pathlib import Path
 from typing import Any
@@ -19,7 +20,7 @@ import pytest
 
 from sglang_oom_exporter.catalog import load_catalog
 from sglang_oom_exporter.render.dashboards import OVERVIEW_PATH
-from tests.dashboard_lint import interpolate, panels
+from tests.dashboard_lint import interpolate, load_exclusions, panels
 from tests.fake_sglang import FakeSGLang
 from tests.promstack import Prometheus, require_binaries, wait_until
 from tests.test_serve_e2e import Daemon, append
@@ -27,7 +28,9 @@ from tests.test_targets_e2e import INFO, METRICS, PREFILL
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(60)]
 
-DASHBOARD = json.loads((Path(__file__).resolve().parent.parent / OVERVIEW_PATH).read_text(encoding="utf-8"))
+ROOT = Path(__file__).resolve().parent.parent
+DASHBOARD = json.loads((ROOT / OVERVIEW_PATH).read_text(encoding="utf-8"))
+LINT_FILE = ROOT / "dashboards" / ".lint"
 FILTERS = ("namespace", "pod", "source", "kind")
 # Grafana with the data source's scrape interval set to 1s: $__rate_interval = max(4 x scrape, step + scrape).
 RATE_INTERVAL = "4s"
@@ -60,7 +63,7 @@ def stack(tmp_path):
     try:
         daemon.start()
         with Prometheus(tmp_path / "prom", targets=[f"127.0.0.1:{daemon.port}"]) as prom:
-            yield prom, log, fake
+            yield prom, log, fake, daemon
     finally:
         if daemon.proc is not None and daemon.proc.poll() is None:
             daemon.stop()
@@ -68,7 +71,7 @@ def stack(tmp_path):
 
 
 def test_oom_and_suggestion_panels_return_the_event_and_the_flag_change(stack):
-    prom, log, fake = stack
+    prom, log, fake, daemon = stack
     started = time.monotonic()
     fatal_kinds = [k.id for k in load_catalog().kinds if k.fatal != "false"]
     (fatal_expr,) = _queries("Fatal OOMs in the picked range, by kind")
@@ -114,6 +117,7 @@ def test_oom_and_suggestion_panels_return_the_event_and_the_flag_change(stack):
     assert _series(prom, _grafana(usage_expr), "target") == {(fake.url,): 0.99}
 
     _events_over_time(prom)
+    _exclusions_match_the_real_labels(daemon)
     _a_selected_source_filters_every_panel(prom, fatal_kinds)
     print(f"\ndashboard e2e: {time.monotonic() - started:.1f}s from the scraped stack to the last panel check")
 
@@ -144,6 +148,22 @@ def _events_over_time(prom: Prometheus) -> None:
     assert [r["metric"] for r in sources] == [{"source": "server"}]
     marks = prom.api("query_range", query=_grafana(annotation), **window)["result"]
     assert [r["metric"] for r in marks] == [{"kind": "prefill", "source": "server"}]
+
+
+def _exclusions_match_the_real_labels(daemon: Daemon) -> None:
+    """dashboards/.lint excuses metrics for lacking kind or source labels: the live exposition agrees."""
+    exclusions = load_exclusions(LINT_FILE)
+    no_kind = exclusions["target-kind-rule"]["entries"][0]["metric"]
+    no_source = exclusions["target-source-rule"]["entries"][0]["metric"]
+    used = set(re.findall(r"sglang_oom_\w+", json.dumps(DASHBOARD)))
+    labels: dict[str, set[str]] = {}
+    for name, pairs in daemon.metrics():
+        if name in used:
+            labels.setdefault(name, set()).update(k for k, _ in pairs)
+    assert set(labels) == used, sorted(used - set(labels))  # every metric the dashboard reads is exported
+    for name, keys in labels.items():
+        assert (re.fullmatch(no_kind, name) is not None) == ("kind" not in keys), (name, keys)
+        assert (re.fullmatch(no_source, name) is not None) == ("source" not in keys), (name, keys)
 
 
 def _a_selected_source_filters_every_panel(prom: Prometheus, fatal_kinds: list[str]) -> None:
