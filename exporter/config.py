@@ -132,7 +132,7 @@ class _Builder:
                     raise ValueError(f"must be one of {', '.join(_LEVELS)}")
             elif key == "listen":
                 value = str(value)
-                _check_listen(value)
+                parse_listen(value)
             elif key in _STR_KEYS:
                 value = str(value)
         except ValueError as exc:
@@ -152,10 +152,14 @@ def _bool(value: Any) -> bool:
     raise ValueError(f"{value!r} is not a boolean")
 
 
-def _check_listen(value: str) -> None:
-    _, sep, port = value.rpartition(":")
-    if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
-        raise ValueError(f"{value!r} is not HOST:PORT (e.g. :9877 or 127.0.0.1:9877)")
+def parse_listen(text: str) -> tuple[str, int]:
+    """Parse a listen address: "host:port", "[v6]:port", or ":port" for every interface; ValueError if not."""
+    host, sep, port = text.rpartition(":")
+    if not sep or not (port.isascii() and port.isdigit()) or len(port) > 5 or int(port) > 65535:
+        raise ValueError(f"{text!r} is not HOST:PORT (e.g. :9877, 127.0.0.1:9877 or [::1]:9877)")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    return host, int(port)
 
 
 def _regex_ok(builder: _Builder, where: str, text: str) -> None:

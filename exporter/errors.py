@@ -1,4 +1,4 @@
-"""Errors shared by the loaders (catalog, config): every problem found, reported at once."""
+"""Errors shared by the validators (catalog, config, web config): every problem found, reported at once."""
 
 from __future__ import annotations
 

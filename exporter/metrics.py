@@ -28,12 +28,13 @@ from prometheus_client.registry import Collector
 
 from . import __version__
 from .detect.model import OomEvent
+from .sources.http import REASONS as SCRAPE_REASONS
+from .sources.tail import RESET_REASONS
 
 NAMESPACE = "sglang_oom"
 SELF = f"{NAMESPACE}_exporter"
 FILE_LABELS = ("source",)
 KUBERNETES_LABELS = ("namespace", "pod", "container")
-RESET_REASONS = ("rotated", "truncated", "recreated", "deleted")
 
 Labels = tuple[str, ...]
 
@@ -48,9 +49,10 @@ class _Last:
 class EventCounts:
     """The counters the exporter owns, keyed by source label values; thread-safe."""
 
-    def __init__(self, kinds: Sequence[str], label_names: Sequence[str]) -> None:
+    def __init__(self, kinds: Sequence[str], label_names: Sequence[str], retraction_kind: str | None = None) -> None:
         self.kinds = tuple(kinds)
         self.label_names = tuple(label_names)
+        self.retraction_kind = retraction_kind  # the catalog's: its events' retracted_requests are summed
         self._lock = threading.Lock()
         self._events: dict[Labels, dict[str, float]] = {}
         self._fatal: dict[Labels, dict[str, float]] = {}
@@ -77,7 +79,7 @@ class EventCounts:
             self._events[labels][event.kind] = self._events[labels].get(event.kind, 0.0) + 1
             if event.fatal:
                 self._fatal[labels][event.kind] = self._fatal[labels].get(event.kind, 0.0) + 1
-            if event.kind == "retract":
+            if event.kind == self.retraction_kind:
                 self._retracted[labels] += float(n.get("retracted_requests", 0) or 0)
             requested, available = n.get("requested_tokens"), n.get("available_tokens")
             self._last[(labels, event.kind)] = _Last(
@@ -91,6 +93,15 @@ class EventCounts:
                     key = (labels, event.kind, s.flag.lstrip("-"))
                     if key not in self._flags or s is event.suggestions[0]:
                         self._flags[key] = (s.current, s.suggested)
+
+    def set_kinds(self, kinds: Sequence[str], retraction_kind: str | None) -> None:
+        """A reloaded catalog: new kinds start at zero for every source; counts of dropped kinds are kept."""
+        with self._lock:
+            self.kinds = tuple(kinds)
+            self.retraction_kind = retraction_kind
+            for per in (*self._events.values(), *self._fatal.values()):
+                for kind in self.kinds:
+                    per.setdefault(kind, 0.0)
 
     def drop(self, labels: Labels) -> None:
         """Forget a source whose logs are gone (after the retention)."""
@@ -211,6 +222,8 @@ class SourceStats:
     files: int = 0
     bytes_read: float = 0.0
     lines_read: float = 0.0
+    records: float = 0.0
+    matched_records: float = 0.0
     read_errors: float = 0.0
     oversized_lines: float = 0.0
     lag_bytes: float = 0.0
@@ -229,6 +242,8 @@ class TargetView(Protocol):
     def duration(self) -> float: ...
     @property
     def errors_total(self) -> Mapping[str, int]: ...
+    @property
+    def info_errors_total(self) -> Mapping[str, int]: ...
     def snapshot_values(self) -> Mapping[str, float]: ...
     def server_args(self) -> Mapping[str, Any]: ...
 
@@ -251,7 +266,6 @@ TARGET_VALUES = {
 SERVER_ARGS = ("chunked_prefill_size", "max_prefill_tokens", "max_running_requests", "mem_fraction_static",
                "page_size", "context_length", "max_total_num_tokens", "speculative_num_draft_tokens",
                "schedule_conservativeness", "cuda_graph_max_bs")  # fmt: skip
-SCRAPE_REASONS = ("refused", "timeout", "http_status", "not_metrics", "truncated", "too_large", "bad_json", "error")
 
 
 def target_families(targets: Iterable[TargetView]) -> Iterator[Metric]:
@@ -263,6 +277,8 @@ def target_families(targets: Iterable[TargetView]) -> Iterator[Metric]:
                                  labels=["target"])  # fmt: skip
     errors = CounterMetricFamily(f"{NAMESPACE}_target_scrape_errors", "Failed scrapes, by reason.",
                                  labels=["target", "reason"])  # fmt: skip
+    info_errors = CounterMetricFamily(f"{NAMESPACE}_target_server_info_errors", "Failed /server_info fetches.",
+                                      labels=["target", "reason"])  # fmt: skip
     args = GaugeMetricFamily(f"{NAMESPACE}_target_server_arg", "Numeric SGLang server args from /server_info.",
                              labels=["target", "arg"])  # fmt: skip
     values: dict[str, GaugeMetricFamily | CounterMetricFamily] = {}
@@ -274,6 +290,7 @@ def target_families(targets: Iterable[TargetView]) -> Iterator[Metric]:
         duration.add_metric([t.url], t.duration)
         for reason in SCRAPE_REASONS:
             errors.add_metric([t.url, reason], float(t.errors_total.get(reason, 0)))
+            info_errors.add_metric([t.url, reason], float(t.info_errors_total.get(reason, 0)))
         for key, value in t.snapshot_values().items():
             if key in values:
                 values[key].add_metric([t.url], value)
@@ -281,7 +298,7 @@ def target_families(targets: Iterable[TargetView]) -> Iterator[Metric]:
             if arg in SERVER_ARGS and isinstance(value, int | float) and not isinstance(value, bool):
                 args.add_metric([t.url, arg], float(value))
     if targets:
-        yield from (up, duration, errors, args, *values.values())
+        yield from (up, duration, errors, info_errors, args, *values.values())
 
 
 class ExporterCollector(Collector):
@@ -293,7 +310,9 @@ class ExporterCollector(Collector):
         sources: Callable[[], Iterable[SourceStats]],
         extra: Callable[[], Mapping[str, float]] = dict,
         targets: Callable[[], Iterable[TargetView]] = list,
+        reloads: Callable[[], Mapping[str, float]] | None = None,
     ) -> None:
+        self._reloads = reloads
         self._counts = counts
         self._sources = sources
         self._extra = extra
@@ -310,6 +329,14 @@ class ExporterCollector(Collector):
         yield from target_families(self._targets())
         extra = self._extra()
         yield _info()
+        if self._reloads is not None:
+            reloads = CounterMetricFamily(
+                f"{SELF}_config_reloads", "SIGHUP reloads: applied, partial (a part needs a restart), failed.",
+                labels=["result"],
+            )
+            for result, n in self._reloads().items():
+                reloads.add_metric([result], n)
+            yield reloads
         for name, value in sorted(extra.items()):
             if name.endswith("_total"):
                 yield CounterMetricFamily(f"{SELF}_{name[:-6]}", _EXTRA_HELP.get(name, name), value=value)
@@ -324,6 +351,13 @@ class ExporterCollector(Collector):
         fams: dict[str, CounterMetricFamily | GaugeMetricFamily] = {
             "bytes": CounterMetricFamily(f"{SELF}_read_bytes", "Bytes read from the logs.", labels=names),
             "lines": CounterMetricFamily(f"{SELF}_lines_read", "Lines read from the logs.", labels=names),
+            "records": CounterMetricFamily(
+                f"{SELF}_records", "Log records (blocks, tracebacks, lines) near an anchor, assembled.", labels=names
+            ),
+            "matched": CounterMetricFamily(
+                f"{SELF}_matched_records", "Records the catalog classified as an OOM report (before dedupe).",
+                labels=names,
+            ),
             "errors": CounterMetricFamily(
                 f"{SELF}_read_errors", "Errors opening or reading log files.", labels=names
             ),
@@ -345,6 +379,8 @@ class ExporterCollector(Collector):
             labels = list(s.labels)
             fams["bytes"].add_metric(labels, s.bytes_read)
             fams["lines"].add_metric(labels, s.lines_read)
+            fams["records"].add_metric(labels, s.records)
+            fams["matched"].add_metric(labels, s.matched_records)
             fams["errors"].add_metric(labels, s.read_errors)
             fams["oversized"].add_metric(labels, s.oversized_lines)
             fams["lag"].add_metric(labels, s.lag_bytes)
@@ -361,7 +397,9 @@ _EXTRA_HELP = {
     "state_errors_total": "Failed loads or saves of the state file (the exporter keeps running).",
     "loop_timestamp_seconds": "When the main loop last completed a pass (a stalled loop stops moving).",
     "pending_events": "Events waiting for their traceback or for other ranks.",
+    "busy_sources": "Sources still joining lines or events; a second of quiet closes them (0: caught up).",
     "event_sink_errors_total": "Events that could not be recorded.",
+    "source_errors_total": "Unexpected errors while reading a source (the loop goes on).",
 }
 
 

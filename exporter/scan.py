@@ -11,14 +11,14 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import IO, Any, BinaryIO
 
-from .advise.suggest import with_suggestions
 from .catalog.loader import Catalog
+from .daemon.sink import Context, EventSink, event_json
 from .detect.match import Matcher
 from .detect.model import OomEvent
 from .detect.pipeline import Pipeline, PipelineStats
+from .sources.tail import open_binary
 
 CHUNK = 4 * 1024 * 1024
-_GZIP_MAGIC = b"\x1f\x8b"
 
 
 class InputError(Exception):
@@ -44,9 +44,13 @@ class ScanResult:
         """How many events were fatal."""
         return sum(1 for e in self.events if e.fatal)
 
+    def retractions(self) -> list[OomEvent]:
+        """Events of the catalog's retraction kind."""
+        return [e for e in self.events if e.kind == self.catalog.retraction_kind]
+
     def to_json(self) -> dict[str, Any]:
         """The documented `scan --format json` object."""
-        retract = [e for e in self.events if e.kind == "retract"]
+        retract = self.retractions()
         return {
             "counts": self.counts(),
             "retractions": {
@@ -68,43 +72,14 @@ class ScanResult:
         }
 
 
-def event_json(event: OomEvent, catalog: Catalog) -> dict[str, Any]:
-    """One event as plain data (scan JSON, /events)."""
-    n = event.numbers
-    kind = catalog.kind(event.kind)
-    return {
-        "kind": event.kind,
-        "title": kind.title,
-        "fatal": event.fatal,
-        "time": event.time,
-        "ranks": list(event.ranks),
-        "source": event.location,
-        "requested_tokens": n.get("requested_tokens"),
-        "available_tokens": n.get("available_tokens"),
-        "phase": event.phase,
-        "subphase": event.subphase,
-        "inferred": event.inferred,
-        "message": event.message,
-        "numbers": dict(n),
-        "pools": [p.as_dict() for p in event.pools],
-        "excerpt": event.excerpt,
-        "remediation": kind.remediation(),
-        "suggestions": [s.as_dict() for s in event.suggestions],
-        "context": event.context,
-    }
-
-
 def open_input(path: str) -> tuple[str, BinaryIO]:
     """Open a path (or "-" for stdin) for binary reading, gunzipping by content; InputError if not."""
     if path == "-":
         return "-", sys.stdin.buffer
     try:
-        fh = open(path, "rb")  # noqa: SIM115 - returned to the caller, who closes it
+        return path, open_binary(path)  # type: ignore[return-value]
     except OSError as exc:
         raise InputError(f"cannot read {path}: {exc.strerror or exc}") from exc
-    if fh.peek(2)[:2] == _GZIP_MAGIC:  # by content, not by name: rotated logs are named either way
-        return path, gzip.GzipFile(fileobj=fh, mode="rb")  # type: ignore[return-value]
-    return path, fh
 
 
 def scan_stream(
@@ -170,6 +145,8 @@ def scan_paths(
 ) -> ScanResult:
     """Scan every path in order; InputError on the first unreadable one."""
     matcher = Matcher(catalog)
+    sink = EventSink(catalog)
+    context = Context(args=server_args)
     result = ScanResult(catalog)
     for path in paths:
         name, fh = open_input(path)
@@ -178,7 +155,7 @@ def scan_paths(
         finally:
             if name != "-":
                 fh.close()
-        result.events.extend(with_suggestions(e, server_args) for e in events)
+        result.events.extend(sink.enrich(e, context) for e in events)
         result.stats.append((name, stats))
     return result
 
@@ -231,7 +208,7 @@ def format_text(result: ScanResult) -> str:
     out.append("kind           events")
     for kid, count in counts.items():
         out.append(f"{kid:<14} {count}")
-    retract = [e for e in result.events if e.kind == "retract"]
+    retract = result.retractions()
     requests = sum(int(e.numbers.get("retracted_requests", 0)) for e in retract)
     lines = sum(s.lines_read for _, s in result.stats)
     out.append(

@@ -1,12 +1,23 @@
-"""The daemon's wiring, driven one step() at a time with an injected clock: no threads, no sleeps."""
+"""The daemon's parts wired together (App), driven one Loop.step() at a time with an injected clock.
+
+No threads and no sleeps: the clock moves by hand, and file events are handed to the loop as the waker
+would hand them (mark_changed + request_discover).
+"""
 
 from __future__ import annotations
 
 import json
 
+import pytest
+import yaml
+from prometheus_client import CollectorRegistry, generate_latest
+
+from sglang_oom_exporter.catalog.loader import CatalogError, default_catalog_path, load_catalog
 from sglang_oom_exporter.config import Config
 from sglang_oom_exporter.daemon.app import App
+from sglang_oom_exporter.daemon.logsource import LogSource
 from sglang_oom_exporter.daemon.state import StateStore
+from sglang_oom_exporter.scan import scan_paths
 from tests.helpers import CATALOG
 
 BLOCK = "[2026-03-14 22:07:{s:02d} TP0] Decode out of memory. Try to lower your batch size.\nTry to allocate {s} tokens.\n\n"
@@ -20,18 +31,23 @@ class Clock:
         return self.now
 
 
-def _app(tmp_path, **overrides) -> tuple[App, Clock]:
+def _app(tmp_path, catalog=CATALOG, **overrides) -> tuple[App, Clock]:
     clock = Clock()
     fields = {"paths": (str(tmp_path / "*.log"),), "state_dir": str(tmp_path / "state"), "traceback_wait": 1.0,
               "discover_interval": 5.0, "state_interval": 5.0, "sweep_interval": 1.0, **overrides}  # fmt: skip
-    return App(Config(**fields), CATALOG, clock=clock, wall=clock), clock
+    return App(Config(**fields), catalog, clock=clock, wall=clock), clock
 
 
 def _run(app: App, clock: Clock, seconds: float = 3.0) -> None:
     end = clock.now + seconds
     while clock.now < end:
-        app.step()
+        app.loop.step()
         clock.now += 0.25
+
+
+def _append(path, text: str) -> None:
+    with open(path, "a") as fh:
+        fh.write(text)
 
 
 def test_first_start_reads_existing_files_from_their_end_and_later_files_from_zero(tmp_path):
@@ -40,11 +56,10 @@ def test_first_start_reads_existing_files_from_their_end_and_later_files_from_ze
     _run(app, clock)
     assert app.counts.total() == 0  # history, not a page
     (tmp_path / "new.log").write_text(BLOCK.format(s=2))
-    app.request_discover()
+    app.loop.request_discover()
     _run(app, clock)
     assert app.counts.total("decode") == 1
-    with open(tmp_path / "old.log", "a") as fh:
-        fh.write(BLOCK.format(s=3))
+    _append(tmp_path / "old.log", BLOCK.format(s=3))
     _run(app, clock)
     assert app.counts.total("decode") == 2
 
@@ -62,7 +77,7 @@ def test_block_without_traceback_counts_after_the_wait_not_before(tmp_path):
     app, clock = _app(tmp_path)
     _run(app, clock, 1)
     log.write_text("[2026-03-14 22:07:33 TP0] Prefill out of memory. Try to lower your batch size.\n\n")
-    app.step()
+    app.loop.step()
     assert app.counts.total("prefill") == 0  # waiting for its traceback
     _run(app, clock, 1.5)
     assert app.counts.total("prefill") == 1
@@ -79,61 +94,21 @@ def test_source_series_are_dropped_after_the_retention(tmp_path):
     assert ("gone",) in app.counts.known()
     _run(app, clock, 40)
     assert ("gone",) not in app.counts.known()
-    assert app.sources == {}
-
-
-def test_reload_picks_up_new_paths(tmp_path):
-    other = tmp_path / "other"
-    other.mkdir()
-    (other / "b.log").write_text("")
-    app, clock = _app(tmp_path)
-    _run(app, clock, 1)
-    assert app.sources == {}
-    app.reload(Config(paths=(str(other / "*.log"),), state_dir=app.config.state_dir, traceback_wait=1.0))
-    _run(app, clock, 1)
-    assert list(app.sources) == [str(other / "b.log")]
+    assert app.sources.by_path == {}
 
 
 def test_health_says_why(tmp_path):
     app, clock = _app(tmp_path)
-    app.step()
-    health = app.health()
+    app.loop.step()
+    health = app.loop.health()
     assert (health.ok, health.reason) == (False, "no log file matches the configured paths yet")
     (tmp_path / "a.log").write_text("")
-    app.request_discover()
+    app.loop.request_discover()
     clock.now += 1.0  # a requested discovery runs at most once a second
-    app.step()
-    assert app.health().ok
+    app.loop.step()
+    assert (app.loop.health().ok, app.loop.health().reason) == (True, "following 1 log source(s)")
     clock.now += 1000  # the loop stops moving
-    assert app.health().reason == "the main loop has not run for 1000s"
-
-
-def test_state_round_trip_continues_counters_and_positions(tmp_path):
-    log = tmp_path / "a.log"
-    log.write_text("")
-    app, clock = _app(tmp_path)
-    _run(app, clock, 1)
-    log.write_text(BLOCK.format(s=1))
-    _run(app, clock)
-    app.shutdown()
-    saved = json.loads((tmp_path / "state" / "state.json").read_text())["data"]
-    assert saved["files"][str(log)]["position"]["offset"] == log.stat().st_size
-    with open(log, "a") as fh:
-        fh.write(BLOCK.format(s=2))
-    again, clock2 = _app(tmp_path)
-    again.load_state()
-    _run(again, clock2)
-    assert again.counts.total("decode") == 2
-
-
-def test_state_with_other_labels_is_a_warning_and_a_fresh_start(tmp_path):
-    StateStore(tmp_path / "state").save({"state_version": 1, "files": {},
-        "counters": {"label_names": ["namespace", "pod", "container"], "sources": []}})  # fmt: skip
-    app, clock = _app(tmp_path)
-    app.load_state()
-    assert app.extra["state_errors_total"] == 1
-    _run(app, clock, 1)
-    assert app.counts.total() == 0
+    assert app.loop.health().reason == "the main loop has not run for 1000s"
 
 
 def test_between_sweeps_only_files_in_changed_directories_are_read(tmp_path):
@@ -143,14 +118,12 @@ def test_between_sweeps_only_files_in_changed_directories_are_read(tmp_path):
     (other / "b.log").write_text("")
     app, clock = _app(tmp_path, paths=(str(tmp_path / "*.log"), str(other / "*.log")), sweep_interval=600.0)
     _run(app, clock, 1)
-    with open(tmp_path / "a.log", "a") as fh:
-        fh.write(BLOCK.format(s=1))
-    with open(other / "b.log", "a") as fh:
-        fh.write(BLOCK.format(s=2))
-    app.mark_changed({str(other)})  # what the waker reports for the event in other/
+    _append(tmp_path / "a.log", BLOCK.format(s=1))
+    _append(other / "b.log", BLOCK.format(s=2))
+    app.loop.mark_changed({str(other)})  # what the waker reports for the event in other/
     _run(app, clock, 3)
     assert app.counts.total("decode") == 1  # b.log only: a.log's directory had no event yet
-    app.mark_changed(None)  # too many events to track: read everything
+    app.loop.mark_changed(None)  # too many events to track: read everything
     _run(app, clock, 3)
     assert app.counts.total("decode") == 2
 
@@ -163,8 +136,211 @@ def test_a_backlog_is_read_in_slices_and_counted_exactly_once(tmp_path, monkeypa
     filler = "[2026-03-14 22:07:00 TP0] Decode batch, #running-req: 3, token usage: 0.50\n" * 40
     log.write_text("".join(filler + BLOCK.format(s=s) for s in range(10)))
     app, clock = _app(tmp_path, from_beginning=True, sweep_interval=600.0)
-    app.step()
+    app.loop.step()
     assert app.counts.total("decode") < 10  # one pass read one slice, not the whole file
-    assert app._next_timeout() == 0.0
+    assert app.loop.next_timeout() == 0.0
     _run(app, clock, 4)
     assert app.counts.total("decode") == 10
+
+
+# --- defect 1: a file created within a second of the last discovery waited for the 10 s sweep -------------
+
+
+def test_a_file_created_right_after_a_discovery_is_read_within_a_second(tmp_path):
+    app, clock = _app(tmp_path, sweep_interval=10.0)
+    app.loop.step()  # discovery at t=0 (nothing yet), sweep at t=0
+    clock.now += 0.3
+    (tmp_path / "new.log").write_text(BLOCK.format(s=1))
+    app.loop.mark_changed({str(tmp_path)})  # the waker's report of the create event
+    app.loop.request_discover()
+    assert app.loop.next_timeout() == pytest.approx(0.7)  # wait only until discovery may run again
+    app.loop.step()  # t=0.3: too soon after the last discovery; the file is not a source yet
+    assert app.sources.by_path == {}
+    clock.now += 0.7
+    app.loop.step()  # t=1.0: discovered, and read in the same pass
+    clock.now += 1.0  # the traceback wait (1 s) of the fatal block
+    app.loop.step()
+    assert app.counts.total("decode") == 1  # 2 s after it was written, not after the 10 s sweep
+
+
+# --- defect 2: an unexpected exception in one source must never stop the loop --------------------------------
+
+
+def test_an_exception_in_one_source_is_counted_and_the_others_are_read(tmp_path, monkeypatch):
+    (tmp_path / "bad.log").write_text("")
+    (tmp_path / "good.log").write_text("")
+    app, clock = _app(tmp_path)
+    _run(app, clock, 1)
+    poll = LogSource.poll
+
+    def boom(self, now, budget=None):
+        if self.path.endswith("bad.log"):
+            raise RuntimeError("a bug in one source")
+        return poll(self, now, budget)
+
+    monkeypatch.setattr(LogSource, "poll", boom)
+    _append(tmp_path / "good.log", BLOCK.format(s=1))
+    _run(app, clock, 3)
+    assert app.counts.total("decode") == 1
+    assert app.extra_metrics()["source_errors_total"] == 3  # one per sweep (every second), the only passes that poll
+
+
+# --- defect 3: SIGHUP applies the catalog and the targets, and says what it cannot apply -----------------------
+
+
+def _catalog_with_a_new_kind(tmp_path) -> str:
+    """A copy of the shipped catalog with one more kind, built from a copy of an existing kind's entry."""
+    with open(default_catalog_path(), encoding="utf-8") as fh:
+        data = yaml.safe_load(fh)
+    template = next(k for k in data["kinds"] if k["id"] == "mamba")
+    kind = {
+        **template,
+        "id": "host_swap",
+        "title": "The host KV swap space ran out",
+        "anchors": ["swap space exhausted"],
+        "patterns": [{"regex": r"Host KV swap space exhausted; (?P<requested_tokens>\d+) tokens dropped",
+                      "versions": "test"}],  # fmt: skip
+        "extract": [],
+        "suggest": "none",
+        "examples": {"match": ["[2026-03-14 22:07:33 TP0] Host KV swap space exhausted; 512 tokens dropped"],
+                     "no_match": ["[2026-03-14 22:07:33 TP0] Host KV swap space is 40% full"]},  # fmt: skip
+    }
+    data["kinds"].append(kind)
+    path = tmp_path / "catalog-copy.yaml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return str(path)
+
+
+NEW_KIND_LINE = "[2026-03-14 22:07:33 TP0] Host KV swap space exhausted; 512 tokens dropped\n"
+
+
+def _exposition(app: App) -> str:
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(app.collector())
+    return generate_latest(registry).decode()
+
+
+def test_a_kind_added_only_to_a_catalog_copy_is_detected_counted_zero_initialised_and_exported(tmp_path):
+    catalog = load_catalog(_catalog_with_a_new_kind(tmp_path))
+    log = tmp_path / "a.log"
+    log.write_text("")
+    app, clock = _app(tmp_path, catalog)
+    _run(app, clock, 1)
+    assert 'sglang_oom_events_total{kind="host_swap",source="a"} 0.0' in _exposition(app)
+    _append(log, NEW_KIND_LINE)
+    _run(app, clock, 3)
+    assert app.counts.total("host_swap") == 1
+    text = _exposition(app)
+    assert 'sglang_oom_events_total{kind="host_swap",source="a"} 1.0' in text
+    assert 'sglang_oom_last_event_requested_tokens{kind="host_swap",source="a"} 512.0' in text
+    assert scan_paths(catalog, [str(log)]).counts()["host_swap"] == 1  # scan detects it too
+
+
+def test_reload_applies_a_new_catalog_to_files_already_followed(tmp_path):
+    log = tmp_path / "a.log"
+    log.write_text("")
+    app, clock = _app(tmp_path)
+    _run(app, clock, 1)
+    new = load_catalog(_catalog_with_a_new_kind(tmp_path))
+    assert app.reload(app.config, new) == "applied"
+    assert 'sglang_oom_events_total{kind="host_swap",source="a"} 0.0' in _exposition(app)
+    _append(log, NEW_KIND_LINE)
+    _append(log, BLOCK.format(s=9))
+    _run(app, clock, 3)
+    assert app.counts.total("host_swap") == 1
+    assert app.counts.total("decode") == 1
+    assert app.reloads == {"applied": 1, "partial": 0, "failed": 0}
+
+
+def test_reload_rebuilds_the_scrapers_and_keeps_an_unchanged_one(tmp_path):
+    app, _clock = _app(tmp_path, sglang_urls=("http://127.0.0.1:1",))
+    kept = app.targets.views()[0]
+    app.reload(Config(**{**_fields(app.config), "sglang_urls": ("http://127.0.0.1:1", "http://127.0.0.1:2")}), CATALOG)
+    assert [t.url for t in app.targets.views()] == ["http://127.0.0.1:1", "http://127.0.0.1:2"]
+    assert app.targets.views()[0] is kept  # its KV history stays
+
+
+def test_reload_refuses_what_needs_a_restart_and_says_so(tmp_path, caplog):
+    app, clock = _app(tmp_path)
+    changed = Config(**{**_fields(app.config), "listen": "127.0.0.1:1", "poll_interval": 3.0})
+    with caplog.at_level("WARNING", logger="sglang_oom_exporter.daemon.app"):
+        assert app.reload(changed, CATALOG) == "partial"
+    assert "kept listen as they were; changing them needs a restart" in caplog.text
+    assert (app.config.listen, app.config.poll_interval) == (":9877", 3.0)  # the rest was applied
+    app.reload_failed("bad.yaml: colour: unknown key")
+    assert 'sglang_oom_exporter_config_reloads_total{result="partial"} 1.0' in _exposition(app)
+    assert 'sglang_oom_exporter_config_reloads_total{result="failed"} 1.0' in _exposition(app)
+    assert 'sglang_oom_exporter_config_reloads_total{result="applied"} 0.0' in _exposition(app)
+
+
+def test_reload_picks_up_new_paths(tmp_path):
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "b.log").write_text("")
+    app, clock = _app(tmp_path)
+    _run(app, clock, 1)
+    assert app.sources.by_path == {}
+    app.reload(Config(paths=(str(other / "*.log"),), state_dir=app.config.state_dir, traceback_wait=1.0), CATALOG)
+    _run(app, clock, 1)
+    assert list(app.sources.by_path) == [str(other / "b.log")]
+
+
+def _fields(config: Config) -> dict:
+    return {name: getattr(config, name) for name in config.__dataclass_fields__}
+
+
+# --- the state keeper ----------------------------------------------------------------------------------------
+
+
+def test_state_round_trip_continues_counters_and_positions(tmp_path):
+    log = tmp_path / "a.log"
+    log.write_text("")
+    app, clock = _app(tmp_path)
+    _run(app, clock, 1)
+    log.write_text(BLOCK.format(s=1))
+    _run(app, clock)
+    app.keeper.save()
+    saved = json.loads((tmp_path / "state" / "state.json").read_text())["data"]
+    assert saved["files"][str(log)]["position"]["offset"] == log.stat().st_size
+    _append(log, BLOCK.format(s=2))
+    again, clock2 = _app(tmp_path)
+    again.keeper.load()
+    _run(again, clock2)
+    assert again.counts.total("decode") == 2
+
+
+def test_the_periodic_save_writes_only_when_something_changed(tmp_path):
+    log = tmp_path / "a.log"
+    log.write_text("")
+    app, clock = _app(tmp_path, state_interval=5.0)
+    _run(app, clock, 6)
+    assert app.keeper.saves == 1  # the first due save writes the initial positions
+    _run(app, clock, 20)
+    assert app.keeper.saves == 1  # idle: nothing read, nothing counted, no fsync
+    _append(log, BLOCK.format(s=1))
+    _run(app, clock, 6)
+    assert app.keeper.saves == 2
+
+
+def test_state_with_other_labels_is_a_warning_and_a_fresh_start(tmp_path):
+    StateStore(tmp_path / "state").save(
+        {"files": {}, "counters": {"label_names": ["namespace", "pod", "container"], "sources": []}}
+    )
+    app, clock = _app(tmp_path)
+    app.keeper.load()
+    assert app.extra_metrics()["state_errors_total"] == 1
+    _run(app, clock, 1)
+    assert app.counts.total() == 0
+
+
+def test_a_catalog_without_the_fallback_kind_is_rejected_with_a_clear_error(tmp_path):
+    with open(default_catalog_path(), encoding="utf-8") as fh:
+        data = yaml.safe_load(fh)
+    data["kinds"] = [k for k in data["kinds"] if k["id"] != "unknown"]
+    path = tmp_path / "no-unknown.yaml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    with pytest.raises(CatalogError) as info:
+        load_catalog(str(path))
+    assert [p for p in info.value.problems if "fallback_kind" in p] == [
+        f"{path}:1: fallback_kind: names unknown kind 'unknown': it must be one of this catalog's kind ids"
+    ]

@@ -12,7 +12,7 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
 from sglang_oom_exporter import __version__
-from sglang_oom_exporter.advise.suggest import with_suggestions
+from sglang_oom_exporter.daemon.sink import Context, EventSink
 from sglang_oom_exporter.detect.model import OomEvent
 from sglang_oom_exporter.metrics import EventCounts, ExporterCollector, SourceStats
 from tests.helpers import CATALOG
@@ -31,6 +31,7 @@ class FakeTarget:
     up = False
     duration = 0.25
     errors_total: ClassVar[dict[str, int]] = {"timeout": 2}
+    info_errors_total: ClassVar[dict[str, int]] = {"bad_json": 1}
 
     def snapshot_values(self):
         return {"token_usage": 0.97, "max_total_num_tokens": 61440.0, "retracted_requests_total": 12.0, "time": 5.0}
@@ -52,7 +53,7 @@ def _sample(registry: CollectorRegistry, name: str, **labels: str) -> float | No
 
 
 def test_every_kind_is_zero_before_the_first_event():
-    counts = EventCounts(CATALOG.ids, ("source",))
+    counts = EventCounts(CATALOG.ids, ("source",), CATALOG.retraction_kind)
     counts.ensure(("sglang-0",))
     registry = _registry(counts, [])
     for kind in CATALOG.ids:
@@ -60,7 +61,7 @@ def test_every_kind_is_zero_before_the_first_event():
 
 
 def test_events_fatal_events_retractions_and_last_numbers():
-    counts = EventCounts(CATALOG.ids, ("source",))
+    counts = EventCounts(CATALOG.ids, ("source",), CATALOG.retraction_kind)
     counts.record(("a",), _event("prefill", requested_tokens=16384, available_tokens=6100), 1000.0)
     counts.record(("a",), _event("decode", fatal=False), 1001.0)
     counts.record(("a",), _event("retract", fatal=False, retracted_requests=3), 1002.0)
@@ -77,10 +78,10 @@ def test_events_fatal_events_retractions_and_last_numbers():
 
 
 def test_restore_continues_from_saved_values_and_rejects_garbage():
-    counts = EventCounts(CATALOG.ids, ("source",))
+    counts = EventCounts(CATALOG.ids, ("source",), CATALOG.retraction_kind)
     counts.record(("a",), _event("prefill"), 1.0)
     saved = counts.export_state()
-    again = EventCounts(CATALOG.ids, ("source",))
+    again = EventCounts(CATALOG.ids, ("source",), CATALOG.retraction_kind)
     again.restore_state(saved)
     again.record(("a",), _event("prefill"), 2.0)
     assert again.total("prefill") == 2.0
@@ -88,13 +89,13 @@ def test_restore_continues_from_saved_values_and_rejects_garbage():
                 {"label_names": ["source"], "sources": [{"labels": ["a"], "events": {"prefill": -1}, "fatal": {},
                                                           "retracted": 0}]}):  # fmt: skip
         with pytest.raises(ValueError, match=r"labels|bad"):
-            EventCounts(CATALOG.ids, ("source",)).restore_state(bad)
+            EventCounts(CATALOG.ids, ("source",), CATALOG.retraction_kind).restore_state(bad)
 
 
 def test_target_values_and_suggested_flags():
-    counts = EventCounts(CATALOG.ids, ("source",))
-    event = with_suggestions(_event("prefill", requested_tokens=16384, available_tokens=6100),
-                             {"chunked_prefill_size": 16384})  # fmt: skip
+    counts = EventCounts(CATALOG.ids, ("source",), CATALOG.retraction_kind)
+    event = EventSink(CATALOG).enrich(_event("prefill", requested_tokens=16384, available_tokens=6100),
+                                      Context(args={"chunked_prefill_size": 16384}))  # fmt: skip
     counts.record(("a",), event, 1.0)
     registry = _registry(counts, [], [FakeTarget()])
     flag = {"kind": "prefill", "source": "a", "flag": "chunked-prefill-size"}
@@ -105,12 +106,14 @@ def test_target_values_and_suggested_flags():
     assert _sample(registry, "sglang_oom_target_token_usage", **target) == 0.97
     assert _sample(registry, "sglang_oom_target_retracted_requests_total", **target) == 12.0
     assert _sample(registry, "sglang_oom_target_scrape_errors_total", reason="timeout", **target) == 2.0
+    assert _sample(registry, "sglang_oom_target_server_info_errors_total", reason="bad_json", **target) == 1.0
+    assert _sample(registry, "sglang_oom_target_server_info_errors_total", reason="timeout", **target) == 0.0
     assert _sample(registry, "sglang_oom_target_server_arg", arg="chunked_prefill_size", **target) == 16384.0
     assert _sample(registry, "sglang_oom_target_server_arg", arg="model_path", **target) is None
 
 
 def test_dropped_source_loses_its_series():
-    counts = EventCounts(CATALOG.ids, ("source",))
+    counts = EventCounts(CATALOG.ids, ("source",), CATALOG.retraction_kind)
     counts.ensure(("gone",))
     counts.ensure(("kept",))
     counts.drop(("gone",))
@@ -120,12 +123,13 @@ def test_dropped_source_loses_its_series():
 
 
 def _exposition() -> str:
-    counts = EventCounts(CATALOG.ids, ("namespace", "pod", "container"))
+    counts = EventCounts(CATALOG.ids, ("namespace", "pod", "container"), CATALOG.retraction_kind)
     labels = ("llm", "sglang-0", "sglang")
     counts.ensure(labels)
     event = _event("decode", requested_tokens=96, available_tokens=40)
-    counts.record(labels, with_suggestions(event, {"max_running_requests": 256}), 1_780_000_000.0)
-    stats = SourceStats(labels, files=2, bytes_read=9467, lines_read=125, lag_bytes=0, last_read=1_780_000_000.0)
+    counts.record(labels, EventSink(CATALOG).enrich(event, Context(args={"max_running_requests": 256})), 1_780_000_000.0)
+    stats = SourceStats(labels, files=2, bytes_read=9467, lines_read=125, records=4, matched_records=2, lag_bytes=0,
+                        last_read=1_780_000_000.0)  # fmt: skip
     stats.resets["rotated"] = 1
     text = generate_latest(_registry(counts, [stats], [FakeTarget()])).decode()
     return text.replace(f'python_version="{platform.python_version()}"', 'python_version="X"').replace(

@@ -127,14 +127,37 @@ def wait_for(cond: Callable[[], object], *, timeout: float = 15.0, what: str = "
     raise AssertionError(f"timed out waiting for {what}")
 
 
+def caught_up(daemon: Daemon) -> float | None:
+    """The daemon's loop timestamp when it has nothing left to do (no pending event, no open record, no
+    unread byte), else None."""
+    m = daemon.metrics()
+    idle = (
+        m.get(("sglang_oom_exporter_pending_events", ())) == 0
+        and m.get(("sglang_oom_exporter_busy_sources", ())) == 0
+        and all(v == 0 for (name, _), v in m.items() if name == "sglang_oom_exporter_file_lag_bytes")
+    )
+    return m[("sglang_oom_exporter_loop_timestamp_seconds", ())] if idle else None
+
+
 def settle(daemon: Daemon, expected: float, kind: str = "prefill") -> None:
-    """Wait until the total reaches expected, then make sure it stays there (no late double count)."""
+    """Wait until the total reaches expected and the daemon has caught up, then check it is exactly expected.
+
+    Caught up for one whole pass of its loop: a late double count would need a pending event, an open
+    record or unread bytes, and the daemon reports all three.
+    """
     wait_for(lambda: daemon.total(kind) >= expected, what=f"{kind} total {expected}")
-    # A double count would come from the same pass or the next traceback wait; two waits cover both.
-    deadline = time.monotonic() + 2.5
-    while time.monotonic() < deadline:
-        assert daemon.total(kind) == expected
-        time.sleep(0.1)
+    first: list[float] = []
+
+    def passed_a_whole_pass() -> bool:
+        stamp = caught_up(daemon)
+        if stamp is None:
+            first.clear()
+            return False
+        first[:1] = first[:1] or [stamp]
+        return stamp > first[0]
+
+    wait_for(passed_a_whole_pass, what="the daemon to catch up")
+    assert daemon.total(kind) == expected
 
 
 @pytest.fixture

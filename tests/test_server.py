@@ -21,9 +21,10 @@ from prometheus_client import CollectorRegistry, Counter
 from sglang_oom_exporter.catalog.loader import load_catalog
 from sglang_oom_exporter.daemon.store import EventStore, Health
 from sglang_oom_exporter.detect.model import OomEvent, PoolState
-from sglang_oom_exporter.scan import event_json
+from sglang_oom_exporter.daemon.sink import event_json
 from sglang_oom_exporter.web.page import render_page
-from sglang_oom_exporter.web.server import MAX_HEAD_BYTES, MAX_LIMIT, ExporterServer, parse_address
+from sglang_oom_exporter.config import parse_listen
+from sglang_oom_exporter.web.server import MAX_HEAD_BYTES, MAX_LIMIT, ExporterServer
 from sglang_oom_exporter.web.webconfig import WebConfig
 from tests.helpers import openssl_cert
 
@@ -386,14 +387,14 @@ def test_stop_closes_open_connections_and_is_idempotent(registry, catalog):
     ("text", "expected"),
     [("127.0.0.1:9780", ("127.0.0.1", 9780)), (":9780", ("", 9780)), ("[::1]:9780", ("::1", 9780))],
 )
-def test_parse_address(text, expected):
-    assert expected == parse_address(text)
+def test_parse_listen(text, expected):
+    assert expected == parse_listen(text)
 
 
 @pytest.mark.parametrize("text", ["9780", "host:", "host:http", "host:70000"])
-def test_parse_address_rejects(text):
-    with pytest.raises(ValueError, match="listen address"):
-        parse_address(text)
+def test_parse_listen_rejects(text):
+    with pytest.raises(ValueError, match="is not HOST:PORT"):
+        parse_listen(text)
 
 
 # Basic auth and TLS

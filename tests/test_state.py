@@ -9,7 +9,7 @@ import os
 import pytest
 
 from sglang_oom_exporter.daemon import state as state_module
-from sglang_oom_exporter.daemon.state import STATE_VERSION, StateStore, decode_positions, encode_positions
+from sglang_oom_exporter.daemon.state import STATE_VERSION, StateStore
 from sglang_oom_exporter.sources.tail import FileTailer, TailChunk, TailPosition
 
 NOW = 1_773_526_053.0
@@ -93,30 +93,19 @@ def test_temp_files_left_by_a_crash_are_removed_on_load(tmp_path):
     assert os.listdir(tmp_path) == ["state.json"]
 
 
-def test_positions_decode_skips_bad_entries(caplog):
-    good = TailPosition("/logs/0.log", 1, 2, 3, "ab", 1)
-    raw = [*encode_positions([good]), {"path": "/logs/1.log"}, "junk"]
-    with caplog.at_level(logging.WARNING, logger="sglang_oom_exporter.daemon.state"):
-        assert decode_positions(raw) == {"/logs/0.log": good}
-    assert "index=1" in caplog.text
-    assert "index=2" in caplog.text
-    assert decode_positions(None) == {}
-    assert decode_positions({"not": "a list"}) == {}
-
-
 def test_restart_resumes_from_saved_positions(tmp_path, log_dir):
     path = str(log_dir / "0.log")
     with open(path, "ab") as handle:
         handle.write(b"before the restart\n")
     first = FileTailer(path, start_at_end=True)
     list(first.poll())
-    store_in(tmp_path / "state").save({"positions": encode_positions([first.position])})
+    store_in(tmp_path / "state").save({"files": {path: {"position": first.position.to_dict()}}})
     first.close()
     with open(path, "ab") as handle:
         handle.write(b"while we were down\n")
 
-    saved = decode_positions(store_in(tmp_path / "state").load()["positions"])
-    second = FileTailer(path, start_at_end=True, position=saved.get(path))
+    saved = TailPosition.from_dict(store_in(tmp_path / "state").load()["files"][path]["position"])
+    second = FileTailer(path, start_at_end=True, position=saved)
     try:
         got = b"".join(i.data for i in second.poll() if isinstance(i, TailChunk))
     finally:

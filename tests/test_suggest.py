@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from sglang_oom_exporter.advise.suggest import suggest
+from sglang_oom_exporter.advise.suggest import RULES, suggest
+from sglang_oom_exporter.catalog.loader import SUGGEST_RULES
 from sglang_oom_exporter.detect.model import OomEvent
+from tests.helpers import CATALOG
 
 
 def _event(kind: str, subphase: str | None = None, message: str = "m", **numbers: object) -> OomEvent:
@@ -53,24 +55,33 @@ CASES = [
 ]  # fmt: skip
 
 
+def by_catalog(event: OomEvent, args: dict, kv: dict | None = None):
+    """Suggestions by the rule the shipped catalog gives the event's kind (or the pattern it matched)."""
+    return suggest(event, CATALOG.kind(event.kind).suggest_rule(event.message), args, kv)
+
+
+def test_every_rule_the_loader_accepts_is_implemented_and_no_other():
+    assert sorted(RULES) == sorted(SUGGEST_RULES)
+
+
 @pytest.mark.parametrize(("event", "args", "kv", "expected"), [c[1:] for c in CASES], ids=[c[0] for c in CASES])
 def test_suggestion_table(event, args, kv, expected):
-    got = suggest(event, args, kv)
+    got = by_catalog(event, args, kv)
     assert [(s.flag, s.current, s.suggested) for s in got] == expected
     for s in got:
         assert s.rule  # every suggestion says how it was computed
 
 
 def test_rules_name_their_inputs():
-    (s,) = suggest(_event("prefill", requested_tokens=16384, available_tokens=6100), {"chunked_prefill_size": 16384})
+    (s,) = by_catalog(_event("prefill", requested_tokens=16384, available_tokens=6100), {"chunked_prefill_size": 16384})
     assert "6100 available tokens" in s.rule
     assert "16384" in s.rule
     assert "never below 512" in s.rule
 
 
 def test_unknown_phase_gives_both_fixes_with_their_condition():
-    got = suggest(_event("unknown", requested_tokens=96, available_tokens=40),
-                  {"chunked_prefill_size": 8192, "max_running_requests": 64})  # fmt: skip
+    got = by_catalog(_event("unknown", requested_tokens=96, available_tokens=40),
+                     {"chunked_prefill_size": 8192, "max_running_requests": 64})  # fmt: skip
     assert [(s.flag, s.current, s.suggested) for s in got] == [
         ("--chunked-prefill-size", 8192, 512),
         ("--max-running-requests", 64, None),

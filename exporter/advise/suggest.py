@@ -8,7 +8,7 @@ Sources of the rules: SGLang's hyperparameter tuning guide (docs/sglang-facts.md
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 from typing import Any
 
@@ -26,7 +26,11 @@ CUDA_GRAPH_BS_GUIDE = 16
 
 
 def with_suggestions(
-    event: OomEvent, args: Mapping[str, Any] | None, kv: Mapping[str, Any] | None = None, target: str | None = None
+    event: OomEvent,
+    rule: str,
+    args: Mapping[str, Any] | None,
+    kv: Mapping[str, Any] | None = None,
+    target: str | None = None,
 ) -> OomEvent:
     """The event with its concrete suggestions and the context (server args, KV state) they came from."""
     context: dict[str, Any] = {}
@@ -36,38 +40,50 @@ def with_suggestions(
         context["server_args"] = dict(args)
     if kv:
         context["kv"] = dict(kv)
-    return replace(event, suggestions=suggest(event, args, kv), context=context)
+    return replace(event, suggestions=suggest(event, rule, args, kv), context=context)
 
 
 def suggest(
-    event: OomEvent, args: Mapping[str, Any] | None = None, kv: Mapping[str, Any] | None = None
+    event: OomEvent, rule: str, args: Mapping[str, Any] | None = None, kv: Mapping[str, Any] | None = None
 ) -> tuple[Suggestion, ...]:
-    """Concrete flag changes for one event; empty when the kind has no numeric fix."""
-    args = args or {}
-    kv = kv or {}
-    kind = event.kind
-    out: list[Suggestion] = []
-    if kind == "prefill":
-        out += _prefill(event, args)
-    elif kind == "decode":
-        out += _decode(event, args, kv)
-        out += _speculative(event, args)
-    elif kind == "unknown":
-        out += [_when(s, "the failure happened while scheduling a prefill") for s in _prefill(event, args)]
-        out += [_when(s, "the failure happened while growing the decode batch") for s in _decode(event, args, kv)]
-    elif kind == "req_slots":
-        out += _req_slots(event, args)
-    elif kind == "retract":
-        out += _retract(args)
-    elif kind == "startup":
-        out += _startup(event, args)
-    elif kind == "cuda_oom":
-        out += _cuda(event, args)
-    elif kind == "mamba":
-        out += _mamba(args)
-    if kind in ("prefill", "decode", "unknown", "req_slots"):
-        out += _pool_vs_context(args, kv)
-    return tuple(out)
+    """Concrete flag changes for one event by the catalog's rule for it (OomKind.suggest_rule); may be empty."""
+    return tuple(RULES[rule](event, args or {}, kv or {}))
+
+
+Rule = Callable[[OomEvent, Mapping[str, Any], Mapping[str, Any]], list[Suggestion]]
+
+
+def _rule_none(_event: OomEvent, _args: Mapping[str, Any], _kv: Mapping[str, Any]) -> list[Suggestion]:
+    return []
+
+
+def _rule_chunked_prefill(event: OomEvent, args: Mapping[str, Any], kv: Mapping[str, Any]) -> list[Suggestion]:
+    return _prefill(event, args) + _pool_vs_context(args, kv)
+
+
+def _rule_running_requests(event: OomEvent, args: Mapping[str, Any], kv: Mapping[str, Any]) -> list[Suggestion]:
+    return _decode(event, args, kv) + _speculative(event, args) + _pool_vs_context(args, kv)
+
+
+def _rule_prefill_or_decode(event: OomEvent, args: Mapping[str, Any], kv: Mapping[str, Any]) -> list[Suggestion]:
+    # The phase is unknown: both fixes, each under its condition, prefill first (the primary in metrics).
+    return (
+        [_when(s, "the failure happened while scheduling a prefill") for s in _prefill(event, args)]
+        + [_when(s, "the failure happened while growing the decode batch") for s in _decode(event, args, kv)]
+        + _pool_vs_context(args, kv)
+    )
+
+
+def _rule_req_slots(event: OomEvent, args: Mapping[str, Any], kv: Mapping[str, Any]) -> list[Suggestion]:
+    return _req_slots(event, args) + _pool_vs_context(args, kv)
+
+
+def _rule_conservativeness(_event: OomEvent, args: Mapping[str, Any], _kv: Mapping[str, Any]) -> list[Suggestion]:
+    return _retract(args)
+
+
+def _rule_mamba_cache(_event: OomEvent, args: Mapping[str, Any], _kv: Mapping[str, Any]) -> list[Suggestion]:
+    return _mamba(args)
 
 
 def _num(mapping: Mapping[str, Any], key: str) -> float | None:
@@ -230,19 +246,8 @@ def _mem_fraction(event: OomEvent, args: Mapping[str, Any]) -> float | None:
     return _num(event.numbers, "mem_fraction_static") or _num(args, "mem_fraction_static")
 
 
-def _startup(event: OomEvent, args: Mapping[str, Any]) -> list[Suggestion]:
+def _startup(event: OomEvent, args: Mapping[str, Any], _kv: Mapping[str, Any]) -> list[Suggestion]:
     current = _mem_fraction(event, args)
-    if "Capture cuda graph" in event.message:
-        bs = _num(args, "cuda_graph_max_bs")
-        batch = max(1, math.floor(bs / 2)) if bs else CUDA_GRAPH_BS_GUIDE
-        return [
-            Suggestion(
-                "--cuda-graph-max-bs",
-                bs,
-                batch,
-                f"half the current {bs:.0f}" if bs else f"the tuning guide's {CUDA_GRAPH_BS_GUIDE}",
-            )
-        ]
     if current is None:
         return [Suggestion("--mem-fraction-static", None, None, "raise it (the current value is unknown)")]
     value = round(min(MEM_FRACTION_MAX, current + MEM_FRACTION_STEP), 2)
@@ -256,7 +261,20 @@ def _startup(event: OomEvent, args: Mapping[str, Any]) -> list[Suggestion]:
     ]
 
 
-def _cuda(event: OomEvent, args: Mapping[str, Any]) -> list[Suggestion]:
+def _cuda_graph(_event: OomEvent, args: Mapping[str, Any], _kv: Mapping[str, Any]) -> list[Suggestion]:
+    bs = _num(args, "cuda_graph_max_bs")
+    batch = max(1, math.floor(bs / 2)) if bs else CUDA_GRAPH_BS_GUIDE
+    return [
+        Suggestion(
+            "--cuda-graph-max-bs",
+            bs,
+            batch,
+            f"half the current {bs:.0f}" if bs else f"the tuning guide's {CUDA_GRAPH_BS_GUIDE}",
+        )
+    ]
+
+
+def _cuda(event: OomEvent, args: Mapping[str, Any], _kv: Mapping[str, Any]) -> list[Suggestion]:
     current = _mem_fraction(event, args)
     if current is None:
         return [Suggestion("--mem-fraction-static", None, None, "lower it, e.g. to 0.8 or 0.7 (current unknown)")]
@@ -297,3 +315,18 @@ def _pool_vs_context(args: Mapping[str, Any], kv: Mapping[str, Any]) -> list[Sug
             "the pool itself is too small for the model's context",
         )
     ]
+
+
+# Rule name (the catalog's `suggest:`, validated against catalog.loader.SUGGEST_RULES) -> implementation.
+RULES: dict[str, Rule] = {
+    "none": _rule_none,
+    "chunked_prefill": _rule_chunked_prefill,
+    "running_requests": _rule_running_requests,
+    "prefill_or_decode": _rule_prefill_or_decode,
+    "req_slots": _rule_req_slots,
+    "conservativeness": _rule_conservativeness,
+    "mem_fraction_up": _startup,
+    "mem_fraction_down": _cuda,
+    "cuda_graph_bs": _cuda_graph,
+    "mamba_cache": _rule_mamba_cache,
+}

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +43,21 @@ EVENT_FIELDS = frozenset(
 SEVERITIES = ("critical", "warning", "info")
 PHASES = ("prefill", "decode", "frames", "none")
 PHASE_GROUPS = ("spec_verify", "decode", "prefill")
+# The phases a KV failure is resolved to; `phase_kinds` in the catalog names the kind each one counts as.
+KV_PHASES = ("prefill", "decode")
+# Suggestion rules a kind (or one of its patterns) may name in `suggest:`; advise/suggest.py implements each.
+SUGGEST_RULES = (
+    "none",
+    "chunked_prefill",
+    "running_requests",
+    "prefill_or_decode",
+    "req_slots",
+    "conservativeness",
+    "mem_fraction_up",
+    "mem_fraction_down",
+    "cuda_graph_bs",
+    "mamba_cache",
+)
 _ID_RE = re.compile(r"^[a-z][a-z0-9_]*$")
 _KIND_KEYS = frozenset(
     {
@@ -59,10 +74,15 @@ _KIND_KEYS = frozenset(
         "runbook",
         "alert",
         "examples",
+        "suggest",
         "__line__",
     }
 )
-_TOP_KEYS = frozenset({"version", "phase_frames", "allocator_frames", "kinds", "__line__"})
+_TOP_KEYS = frozenset(
+    {"version", "phase_frames", "allocator_frames", "fallback_kind", "retraction_kind", "phase_kinds", "kinds",
+     "__line__"}
+)  # fmt: skip
+_PATTERN_KEYS = frozenset({"regex", "versions", "fatal", "suggest", "__line__"})
 
 
 class CatalogError(ProblemsError):
@@ -76,6 +96,7 @@ class Pattern:
     regex: regex.Pattern[str]
     fatal: bool | None  # None: the kind's default
     versions: str
+    suggest: str | None = None  # None: the kind's suggestion rule
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,6 +127,14 @@ class OomKind:
     alert: Mapping[str, Any]
     match_examples: tuple[str, ...]
     no_match_examples: tuple[str, ...]
+    suggest: str = "none"  # the advise/suggest.py rule that turns its events into flag values
+
+    def suggest_rule(self, message: str) -> str:
+        """The suggestion rule for an event of this kind: a pattern's own rule when it matched, else the kind's."""
+        for p in self.patterns:
+            if p.suggest is not None and p.regex.match(message):
+                return p.suggest
+        return self.suggest
 
     def remediation(self) -> dict[str, Any]:
         """The remediation as plain data for JSON and HTML output."""
@@ -124,6 +153,10 @@ class Catalog:
     phase_frames: Mapping[str, tuple[str, ...]]
     allocator_frames: Mapping[str, str]
     path: str
+    # Roles: which kind plays which part, so that no Python code names a kind (checked by the loader).
+    fallback_kind: str = ""  # a KV failure whose phase nothing tells (and a cut-short alloc_token_slots)
+    retraction_kind: str | None = None  # events whose retracted_requests feed the retracted-requests counter
+    phase_kinds: Mapping[str, str] = field(default_factory=dict)  # resolved KV phase -> the kind it counts as
 
     @property
     def ids(self) -> tuple[str, ...]:
@@ -215,9 +248,41 @@ class _Validator:
         for fn, target in allocators.items():
             if target != "frames" and target not in ids:
                 self.err(data, f"allocator_frames.{fn}", f"names unknown kind {target!r}")
+        roles = self._roles(data, ids)
         if self.problems:
             raise CatalogError(self.problems)
-        return Catalog(tuple(kinds), phase_frames, allocators, self.path)
+        return Catalog(tuple(kinds), phase_frames, allocators, self.path, **roles)
+
+    def _roles(self, data: dict[str, Any], ids: list[str]) -> dict[str, Any]:
+        """fallback_kind, retraction_kind and phase_kinds: each must name a kind of this catalog."""
+        fallback = self._role(data, "fallback_kind", ids, required=True)
+        retraction = self._role(data, "retraction_kind", ids, required=False) or None
+        raw = data.get("phase_kinds")
+        phase_kinds: dict[str, str] = {}
+        if not isinstance(raw, dict) or set(raw) - {"__line__"} != set(KV_PHASES):
+            self.err(data, "phase_kinds", f"must map each of {', '.join(KV_PHASES)} to a kind id")
+        else:
+            phase_kinds = {p: self._role(raw, p, ids, required=True, where=f"phase_kinds.{p}") for p in KV_PHASES}
+        if fallback and fallback in ids and self._kind_phase(data, fallback) != "frames":
+            self.err(data, "fallback_kind", f"kind {fallback!r} must have phase: frames (its phase is undecided)")
+        return {"fallback_kind": fallback, "retraction_kind": retraction, "phase_kinds": phase_kinds}
+
+    def _role(self, raw: dict[str, Any], key: str, ids: list[str], *, required: bool, where: str = "") -> str:
+        value = raw.get(key)
+        if value is None and not required:
+            return ""
+        if not isinstance(value, str) or value not in ids:
+            what = "missing" if value is None else f"names unknown kind {value!r}"
+            self.err(raw, where or key, f"{what}: it must be one of this catalog's kind ids")
+            return ""
+        return value
+
+    @staticmethod
+    def _kind_phase(data: dict[str, Any], kind_id: str) -> str:
+        for raw in data.get("kinds") or []:
+            if isinstance(raw, dict) and raw.get("id") == kind_id:
+                return str(raw.get("phase"))
+        return ""
 
     def _phase_frames(self, data: dict[str, Any]) -> dict[str, tuple[str, ...]]:
         raw = data.get("phase_frames")
@@ -310,6 +375,7 @@ class _Validator:
         if not isinstance(alert, dict):
             self.err(raw, f"{where}.alert", "missing")
             alert = {}
+        suggest = self._suggest(raw, where) or "none"
         return OomKind(
             id=kid,
             title=self._str(raw, "title", where),
@@ -326,7 +392,18 @@ class _Validator:
             alert={k: v for k, v in alert.items() if k != "__line__"},
             match_examples=tuple(match_ex),
             no_match_examples=tuple(no_match_ex),
+            suggest=suggest,
         )
+
+    def _suggest(self, raw: dict[str, Any], where: str) -> str | None:
+        """A `suggest:` rule name, checked against SUGGEST_RULES; None when absent or wrong."""
+        value = raw.get("suggest")
+        if value is None:
+            return None
+        if value not in SUGGEST_RULES:
+            self.err(raw, f"{where}.suggest", f"{value!r} is not a suggestion rule ({', '.join(SUGGEST_RULES)})")
+            return None
+        return str(value)
 
     def _patterns(self, raw: dict[str, Any], where: str) -> list[Pattern]:
         out: list[Pattern] = []
@@ -339,7 +416,7 @@ class _Validator:
             if not isinstance(item, dict):
                 self.err(raw, pwhere, "must be a mapping with a regex")
                 continue
-            for key in sorted(set(item) - {"regex", "versions", "fatal", "__line__"}):
+            for key in sorted(set(item) - _PATTERN_KEYS):
                 self.err(item, f"{pwhere}.{key}", "unknown key")
             compiled = self._regex(item, item.get("regex"), f"{pwhere}.regex")
             fatal = item.get("fatal")
@@ -347,7 +424,7 @@ class _Validator:
                 self.err(item, f"{pwhere}.fatal", "must be true or false")
                 fatal = None
             if compiled is not None:
-                out.append(Pattern(compiled, fatal, str(item.get("versions", ""))))
+                out.append(Pattern(compiled, fatal, str(item.get("versions", "")), self._suggest(item, pwhere)))
         return out
 
     def _remediation(self, raw: dict[str, Any], where: str) -> tuple[str, list[RemediationStep]]:
@@ -365,3 +442,4 @@ class _Validator:
         if not steps:
             self.err(rem, f"{where}.remediation.steps", "needs at least one step")
         return summary, steps
+

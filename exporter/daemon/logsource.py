@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..detect.pipeline import Pipeline
-from ..sources.tail import FileTailer, TailPosition, TailReset
+from ..sources.tail import TRUNCATED, FileTailer, TailPosition, TailReset
 
 IDLE_CLOSE_SECONDS = 1.0  # a record with no new line for this long is complete (a cut traceback)
 LINE_COUNT_LIMIT = 256 * 1024 * 1024  # count lines before a start-at-end offset up to this many bytes
@@ -67,7 +67,7 @@ class LogSource:
                 self.resets[item.reason] = self.resets.get(item.reason, 0) + 1
                 self.pipeline.close_open(now)
                 self.generation = None
-                if item.reason == "truncated":
+                if item.reason == TRUNCATED:
                     self.epoch += 1  # same inode, new bytes at old offsets: the keys must differ
                 continue
             if self.resume_offset is not None:

@@ -1,12 +1,13 @@
 """Saved state: the daemon's memory across restarts, beside the pipeline rather than in it.
 
-    app --save(positions, counters, dedupe window)--> state.json --load()--> app (at startup)
+    StateKeeper --save(positions, counters, dedupe)--> StateStore: state.json --load()--> StateKeeper
 
-app.py decides what goes in and when; this module only writes it atomically and reads it back
-defensively. Fallback, by design: a missing state file means "first run". A corrupt, unreadable or
-wrong-version file is logged as a WARNING, moved aside to state.json.corrupt-<unix time> for a human
-to inspect, and also treated as a first run, so existing files are read from their end. Losing a
-restart's worth of history is better than crash-looping or recounting every old OOM as a new page.
+StateKeeper decides what goes in and when (the loop asks it every pass); StateStore only writes the file
+atomically and reads it back defensively. Fallback, by design: a missing state file means "first run".
+A corrupt, unreadable or wrong-version file is logged as a WARNING, moved aside to
+state.json.corrupt-<unix time> for a human to inspect, and also treated as a first run, so existing files
+are read from their end. Losing a restart's worth of history is better than crash-looping or recounting
+every old OOM as a new page.
 """
 
 from __future__ import annotations
@@ -17,14 +18,15 @@ import logging
 import os
 import tempfile
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
-from ..sources.tail import TailPosition
+from ..metrics import EventCounts
+from .sourceset import SourceSet
 
 log = logging.getLogger(__name__)
 
-STATE_VERSION = 1
+STATE_VERSION = 1  # of the file's envelope and of the data inside it: one number, bumped for either
 STATE_FILENAME = "state.json"
 _TEMP_PREFIX = f".{STATE_FILENAME}."
 _TEMP_SUFFIX = ".tmp"
@@ -143,23 +145,83 @@ def _parse(raw: bytes) -> tuple[dict[str, Any] | None, str]:
     return data, ""
 
 
-def encode_positions(positions: Iterable[TailPosition]) -> list[dict[str, Any]]:
-    """Positions as JSON-ready dicts, for the "positions" entry of the state data."""
-    return [pos.to_dict() for pos in positions]
+class StateKeeper:
+    """What the daemon saves (positions, counters, dedupe memory) and when; errors are counted, not raised."""
 
+    def __init__(
+        self,
+        store: StateStore | None,
+        counts: EventCounts,
+        sources: SourceSet,
+        *,
+        interval: float,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._store = store
+        self._counts = counts
+        self._sources = sources
+        self.interval = interval
+        self._clock = clock
+        self._last_save = clock()
+        self._saved_mark: tuple[float, float] | None = None  # (bytes read, events) at the last save
+        self.saves = 0
+        self.errors = 0
 
-def decode_positions(raw: object) -> dict[str, TailPosition]:
-    """Positions by path from encode_positions() output; bad entries are logged and skipped."""
-    if not isinstance(raw, list):
-        if raw is not None:
-            log.warning("state positions ignored: expected a list, got %s", type(raw).__name__)
-        return {}
-    positions: dict[str, TailPosition] = {}
-    for index, entry in enumerate(raw):
+    def load(self) -> None:
+        """Continue from the state file, if there is a usable one; a bad one is a warning, not a crash."""
+        if self._store is None:
+            return
         try:
-            pos = TailPosition.from_dict(entry)
-        except ValueError as exc:
-            log.warning("state position ignored index=%d reason=%s", index, exc)
-            continue
-        positions[pos.path] = pos
-    return positions
+            data = self._store.load()
+        except OSError as exc:
+            self._error(f"cannot read the state file: {exc}")
+            return
+        if data is None:
+            self.errors += self._store.rejected
+            return
+        try:
+            self._counts.restore_state(data["counters"])
+            files = data.get("files", {})
+            if not isinstance(files, dict):
+                raise ValueError("files is not a mapping")
+            self._sources.saved = {str(k): v for k, v in files.items() if isinstance(v, dict)}
+            self._sources.had_state = True
+        except (ValueError, KeyError, TypeError) as exc:
+            # Documented fallback: start as on a first run (existing files read from their end).
+            self._error(f"ignoring the state file: {exc}")
+            self._sources.saved = {}
+
+    def save_if_due(self) -> None:
+        """The periodic save: every interval, and only when something was read or counted since the last.
+
+        An idle node with 1,000 files should not fsync a state file every few seconds.
+        """
+        if self._clock() - self._last_save >= self.interval:
+            self.save(force=False)
+
+    def save(self, *, force: bool = True) -> None:
+        """Write positions, counters and dedupe memory atomically; a failure is counted and logged."""
+        if self._store is None:
+            return
+        mark = (float(self._sources.bytes_read()), self._counts.total())
+        if not force and mark == self._saved_mark:
+            self._last_save = self._clock()
+            return
+        with self._sources.lock:
+            files = {}
+            for path, source in self._sources.by_path.items():
+                saved = source.state()
+                if saved is not None:
+                    files[path] = saved
+            data = {"counters": self._counts.export_state(), "files": files}
+        try:
+            self._store.save(data)
+            self.saves += 1
+            self._saved_mark = mark
+        except (OSError, TypeError, ValueError) as exc:
+            self._error(f"cannot save the state file: {exc}")
+        self._last_save = self._clock()
+
+    def _error(self, message: str) -> None:
+        self.errors += 1
+        log.warning("state: %s", message)

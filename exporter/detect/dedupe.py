@@ -14,12 +14,12 @@ from __future__ import annotations
 
 import re
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..detect.match import Report, excerpt, resolve_kind
-from ..detect.model import OomEvent
+from ..detect.match import excerpt
+from ..detect.model import OomEvent, Report
 from ..detect.prefix import epoch_of, iso_time
 
 CROSS_RANK_SECONDS = 1.5  # ranks of one tick straddle a second boundary (R6)
@@ -32,6 +32,7 @@ RECENT_GROUPS = 256
 SETTLE_LINES = 5000
 STATE_GROUPS = 64  # emitted groups kept in the state file, for late tracebacks after a restart
 EMITTED_KEYS = 1024  # keys of emitted events kept to suppress their replay after a restart
+Resolve = Callable[[Report, Sequence[Report]], tuple[str, str | None, str | None]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,9 +117,11 @@ class Deduper:
         location: str,
         sink: Callable[[OomEvent], None],
         *,
+        resolve: Resolve,
         wait_seconds: float = 2.5,
         settle_seconds: float = 0.3,
     ) -> None:
+        self._resolve = resolve  # the matcher's: (kind, phase, subphase) of the joined reports, decided once
         self._source = source
         self._location = location
         self._sink = sink
@@ -244,10 +247,8 @@ class Deduper:
             return
         reports = [r for m in members for r in m.reports]
         first = reports[0]
-        frames = [r.frames_phase for r in reports if r.frames_phase]
-        frames_phase = "spec_verify" if "spec_verify" in frames else (frames[0] if frames else None)
         base = next((r for r in reports if not r.inferred), first)
-        kind, phase, subphase = resolve_kind(base.kind, base.resolve, frames_phase)
+        kind, phase, subphase = self._resolve(base, reports)
         numbers: dict[str, object] = {}
         for r in reports:
             for k, v in r.numbers.items():

@@ -11,18 +11,19 @@ request echoed by --log-requests, is never an event.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
 import regex
 
 from ..catalog.loader import Catalog, OomKind, Pattern
-from ..detect.model import PoolState, Record
+from ..detect.model import PoolState, Record, Report
 
 MAX_EXCERPT_LINES = 8
 MAX_EXCERPT_LINE = 300
 _KV_PHASES = ("prefill", "decode", "frames")
+_SUBPHASES = {"spec_verify": "decode"}  # a phase-frames group that is a step of a phase: speculative verify
 _BAD_CONTEXT = ("'", '"', "obj=", "text=", "input_ids", "prompt")
 _RAISED = regex.compile(r"^[A-Za-z_][\w.]*(?:Error|Exception): ")
 _POOL_TOTAL = regex.compile(
@@ -47,23 +48,6 @@ SHORTFALL_NOTE = (
     "paged allocators fail on whole pages and round each request up to a page, so a real failure can ask for "
     "no more than was available"
 )
-
-
-@dataclass(frozen=True, slots=True)
-class Report:
-    """One rank's view of one failure: a classified block or traceback, before dedupe."""
-
-    kind: str  # the catalog kind the text (or, inferred, the allocator frame) named
-    resolve: str  # that kind's phase rule: prefill | decode | frames | none
-    fatal: bool
-    record: Record
-    body: str  # normalised message: equal across the ranks of one failure (cross-rank join)
-    short: str  # anchor text + requested tokens: the same-rank block/traceback join; "" joins any
-    message: str
-    frames_phase: str | None  # spec_verify | decode | prefill | None
-    inferred: bool
-    numbers: dict[str, Any]
-    pools: tuple[PoolState, ...]
 
 
 class Matcher:
@@ -151,7 +135,8 @@ class Matcher:
                 break
         if target is None:
             return None
-        kind_id, resolve = ("unknown", "frames") if target == "frames" else (target, self.catalog.kind(target).phase)
+        fallback = self.catalog.fallback_kind
+        kind_id, resolve = (fallback, "frames") if target == "frames" else (target, self.catalog.kind(target).phase)
         kind = self.catalog.kind(kind_id)
         return Report(
             kind=kind_id,
@@ -179,17 +164,24 @@ class Matcher:
         return None
 
 
-def resolve_kind(kind: str, resolve: str, frames_phase: str | None) -> tuple[str, str | None, str | None]:
-    """(kind, phase, subphase) once the frames are known: spec verify is decode; generic text needs frames."""
-    if resolve not in _KV_PHASES:
-        return kind, None, None
-    if frames_phase == "spec_verify":
-        return "decode", "decode", "spec_verify"
-    if resolve == "frames":
-        if frames_phase in ("prefill", "decode"):
-            return frames_phase, frames_phase, None
-        return kind, None, None
-    return kind, resolve, None
+    def resolve(self, base: Report, reports: Sequence[Report]) -> tuple[str, str | None, str | None]:
+        """(kind, phase, subphase) of one joined failure, once: the frames of any member decide the phase.
+
+        Speculative verify says "Prefill" but is a decode step; the generic text needs frames to name its phase.
+        The kind a resolved phase counts as comes from the catalog's phase_kinds.
+        """
+        if base.resolve not in _KV_PHASES:
+            return base.kind, None, None
+        frames = [r.frames_phase for r in reports if r.frames_phase]
+        sub = next((f for f in frames if f in _SUBPHASES), None)
+        if sub is not None:
+            return self.catalog.phase_kinds[_SUBPHASES[sub]], _SUBPHASES[sub], sub
+        frames_phase = frames[0] if frames else None
+        if base.resolve == "frames":
+            if frames_phase is not None and frames_phase in self.catalog.phase_kinds:
+                return self.catalog.phase_kinds[frames_phase], frames_phase, None
+            return base.kind, None, None
+        return base.kind, base.resolve, None
 
 
 def excerpt(record: Record) -> str:

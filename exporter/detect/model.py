@@ -149,3 +149,20 @@ class OomEvent:
     offset: int = 0  # byte offset of the first line in its file generation: with the file identity, its key
     context: dict[str, Any] = field(default_factory=dict)  # KV state before it and the server args, when known
     suggestions: tuple[Suggestion, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Report:
+    """One rank's view of one failure: a classified block or traceback, before dedupe."""
+
+    kind: str  # the catalog kind the text (or, inferred, the allocator frame) named
+    resolve: str  # that kind's phase rule: prefill | decode | frames | none
+    fatal: bool
+    record: Record
+    body: str  # normalised message: equal across the ranks of one failure (cross-rank join)
+    short: str  # anchor text + requested tokens: the same-rank block/traceback join; "" joins any
+    message: str
+    frames_phase: str | None  # spec_verify | decode | prefill | None
+    inferred: bool
+    numbers: dict[str, Any]
+    pools: tuple[PoolState, ...]

@@ -90,7 +90,7 @@ class Pipeline:
             self._events += 1
             sink(event)
 
-        self._deduper = Deduper(source, location, count, wait_seconds=wait_seconds)
+        self._deduper = Deduper(source, location, count, resolve=matcher.resolve, wait_seconds=wait_seconds)
         self._now = 0.0
 
     def feed(self, data: bytes, now: float = 0.0) -> None:

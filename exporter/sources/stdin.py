@@ -33,6 +33,9 @@ class StdinPump:
         self._thread = threading.Thread(target=self._run, name="stdin-reader", daemon=True)
         self._thread.start()
 
+    def stop(self) -> None:
+        """Nothing to join: the reader is a daemon thread blocked in read() until the pipe closes."""
+
     def drain(self) -> tuple[list[bytes], bool]:
         """The chunks read since the last call, and whether the stream has ended."""
         chunks: list[bytes] = []

@@ -27,7 +27,10 @@ log = logging.getLogger(__name__)
 FINGERPRINT_BYTES = 1024
 # How far back start_at_end looks for a line start, so the first line it delivers is whole.
 _BACKSCAN_BYTES = 64 * 1024
-_COMPRESSED_SUFFIX = ".gz"
+_COMPRESSED_SUFFIX = ".gz"  # only to rank siblings (plain first); compression itself is told by content
+# Why a file generation ended (TailReset.reason; the `reason` label of file_resets_total).
+ROTATED, TRUNCATED, RECREATED, DELETED = "rotated", "truncated", "recreated", "deleted"
+RESET_REASONS = (ROTATED, TRUNCATED, RECREATED, DELETED)
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,7 +99,7 @@ class TailChunk:
 class TailReset:
     """The bytes that follow belong to another file generation: flush the partial line, restart line numbers.
 
-    reason is one of "rotated", "truncated", "recreated", "deleted".
+    reason is one of RESET_REASONS.
     """
 
     path: str
@@ -128,17 +131,30 @@ def _is_hex(text: str) -> bool:
     return all(c in "0123456789abcdef" for c in text)
 
 
-def _open_binary(path: str) -> io.BufferedIOBase:
-    """Open a plain or gzip-compressed file for reading; the caller closes it."""
-    if path.endswith(_COMPRESSED_SUFFIX):
-        return gzip.open(path, "rb")
-    return open(path, "rb")
+GZIP_MAGIC = b"\x1f\x8b"
+
+
+def open_binary(path: str) -> io.BufferedIOBase:
+    """Open a plain or gzip-compressed file for reading; the caller closes it.
+
+    Compression is told by content, not by name: rotated logs are compressed under either kind of name.
+    """
+    fh = open(path, "rb")  # noqa: SIM115 - returned to the caller, who closes it
+    try:
+        magic = fh.peek(len(GZIP_MAGIC))[: len(GZIP_MAGIC)]
+    except OSError:
+        fh.close()
+        raise
+    if magic != GZIP_MAGIC:
+        return fh
+    fh.close()
+    return gzip.open(path, "rb")
 
 
 def _head(path: str, size: int) -> bytes | None:
     """First size bytes of a plain or .gz file, or None when it is shorter or unreadable."""
     try:
-        with _open_binary(path) as stream:
+        with open_binary(path) as stream:
             data = stream.read(size)
     except (OSError, EOFError, zlib.error):
         return None
@@ -216,7 +232,7 @@ class FileTailer:
             if self._truncated(st.st_size):
                 self.stats.truncations += 1
                 self._rewind()  # before the yield, like every state change, in case the consumer stops
-                yield TailReset(self.path, "truncated")
+                yield TailReset(self.path, TRUNCATED)
             yield from self._read_to_eof()
             return
         # The path is gone or names another file. Finish the generation we hold first: anything
@@ -228,10 +244,10 @@ class FileTailer:
         self._close_fd()
         if st is None:
             self.stats.deletions += 1
-            yield TailReset(self.path, "deleted")
+            yield TailReset(self.path, DELETED)
             return
         self.stats.rotations += 1
-        yield TailReset(self.path, "rotated" if linked else "recreated")
+        yield TailReset(self.path, ROTATED if linked else RECREATED)
         yield from self._open_path()
 
     def _truncated(self, size: int) -> bool:
@@ -383,7 +399,7 @@ class FileTailer:
             # Rotated (maybe compressed) while we were down: finish that generation from the saved offset.
             yield from self._drain_rotated(rotated, pos)
             self.stats.rotations += 1
-            yield TailReset(self.path, "rotated")
+            yield TailReset(self.path, ROTATED)
         elif same_file:
             self.stats.truncations += 1  # same inode, other first bytes: copytruncate while down
         yield from self._open_path()
@@ -421,7 +437,7 @@ class FileTailer:
     def _drain_rotated(self, path: str, pos: TailPosition) -> Iterator[TailItem]:
         offset = pos.offset
         try:
-            with _open_binary(path) as stream:
+            with open_binary(path) as stream:
                 stream.seek(offset)  # gzip decompresses up to offset in bounded memory
                 while data := stream.read(self._read_size):
                     self.stats.bytes_read += len(data)

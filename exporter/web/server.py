@@ -34,8 +34,8 @@ from prometheus_client.exposition import choose_encoder, gzip_accepted
 
 from .. import __version__
 from ..catalog.loader import Catalog
+from ..daemon.sink import event_json
 from ..daemon.store import EventStore, Health
-from ..scan import event_json
 from ..web.page import render_page
 from ..web.webconfig import BasicAuth, WebConfig
 
@@ -54,16 +54,6 @@ MAX_CONNECTIONS = 64  # open connections; more are closed at once instead of sta
 _ERROR_LOG_INTERVAL = 60.0
 _NO_LABELS: Mapping[str, str] = MappingProxyType({})
 _PAGE_CSP = "default-src 'none'; style-src 'unsafe-inline'; base-uri 'none'; form-action 'none'"
-
-
-def parse_address(text: str) -> tuple[str, int]:
-    """Parse a listen address: "host:port", "[v6]:port", or ":port" for every interface."""
-    host, sep, port = text.rpartition(":")
-    if not sep or not (port.isascii() and port.isdigit()) or len(port) > 5 or int(port) > 65535:
-        raise ValueError(f"listen address {text!r}: expected host:port, [ipv6]:port or :port")
-    if host.startswith("[") and host.endswith("]"):
-        host = host[1:-1]
-    return host, int(port)
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,6 +102,10 @@ class ExporterServer:
         self._error_lock = threading.Lock()
         self._last_error_log = -_ERROR_LOG_INTERVAL
         self._errors_suppressed = 0
+
+    def set_catalog(self, catalog: Catalog) -> None:
+        """A reloaded catalog: titles and remediations of new kinds show on /events and the page."""
+        self._catalog = catalog
 
     @property
     def port(self) -> int:

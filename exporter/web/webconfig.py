@@ -31,12 +31,10 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
+import bcrypt
 import yaml
 
-try:  # bcrypt is needed only when basic_auth_users is set; load_web_config says so when it is missing.
-    import bcrypt
-except ImportError:  # pragma: no cover - depends on the installation
-    bcrypt = None  # type: ignore[assignment]
+from ..errors import ProblemsError
 
 TLS_VERSIONS: Mapping[str, ssl.TLSVersion] = MappingProxyType(
     {
@@ -65,12 +63,8 @@ _DUMMY_HASH = b"$2b$10$ciFN.OQ8fPd38.3wrojOe.kHJhhF3MjTjtzPr23wgy.kHF8OIqE/K"
 _CACHE_LIMIT = 1024
 
 
-class WebConfigError(ValueError):
+class WebConfigError(ProblemsError):
     """Every problem found in a web config file, one per line."""
-
-    def __init__(self, path: str, problems: list[str]) -> None:
-        super().__init__("\n".join(f"{path}: {p}" for p in problems))
-        self.problems = problems
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,19 +105,19 @@ def load_web_config(path: str | Path) -> WebConfig:
     try:
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
-        raise WebConfigError(str(path), [f"cannot read: {getattr(exc, 'strerror', None) or exc}"]) from exc
+        raise WebConfigError([f"{path}: cannot read: {getattr(exc, 'strerror', None) or exc}"]) from exc
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"line {mark.line + 1}: " if mark is not None else ""
-        raise WebConfigError(str(path), [f"{where}not valid YAML: {getattr(exc, 'problem', None) or exc}"]) from exc
+        raise WebConfigError([f"{path}: {where}not valid YAML: {getattr(exc, 'problem', None) or exc}"]) from exc
     problems: list[str] = []
     config = _build(data if data is not None else {}, path.parent, problems)
     if config is not None and not problems:
         _check_loadable(config, problems)
     if problems or config is None:
-        raise WebConfigError(str(path), problems)
+        raise WebConfigError([f"{path}: {p}" for p in problems])
     return config
 
 
@@ -203,8 +197,6 @@ def _users(raw: Any, problems: list[str]) -> dict[str, str]:
             problems.append(f"basic_auth_users.{user}: not a bcrypt hash ($2y$..., 60 characters)")
         else:
             users[user] = hashed
-    if users and bcrypt is None:
-        problems.append("basic_auth_users: needs the bcrypt package (pip install bcrypt)")
     return users
 
 
@@ -268,7 +260,7 @@ def _parse_basic(authorization: str | None) -> tuple[str, bytes] | None:
 
 
 def _bcrypt_check(password: bytes, hashed: bytes) -> bool:
-    if bcrypt is None or len(password) > _BCRYPT_MAX_PASSWORD:
+    if len(password) > _BCRYPT_MAX_PASSWORD:
         return False
     try:
         return bool(bcrypt.checkpw(password, hashed))

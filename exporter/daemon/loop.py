@@ -1,0 +1,227 @@
+"""The daemon's loop: when to discover, which sources to read, when to save; and the only place threads start.
+
+    start services (HTTP edge, file waker, scrape threads, stdin pump)
+    repeat: wait for a file event or a tick -> reload if asked -> discover (throttled) -> read the sources
+            whose directory changed (all of them on a sweep) -> emit what is due -> save when due
+    stop services, save the state, close the files
+
+Every decision takes the time from an injected clock, so tests drive step() without threads or sleeps.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
+
+from ..config import Config
+from ..sources.stdin import StdinPump
+from .logsource import IDLE_CLOSE_SECONDS, LogSource
+from .sourceset import STDIN, SourceSet
+from .state import StateKeeper
+from .store import Health
+
+log = logging.getLogger(__name__)
+
+BUSY_WAIT_SECONDS = 0.2  # loop tick while events wait for their traceback
+DISCOVER_MIN_GAP = 1.0  # a busy log wakes us all the time: a requested discovery runs at most this often
+_ERROR_LOG_INTERVAL = 60.0
+
+
+class Service(Protocol):
+    """Something with a thread of its own: started before the loop, stopped after it."""
+
+    def start(self) -> None: ...
+    def stop(self) -> Any: ...
+
+
+class Wakeups(Protocol):
+    """File events (sources/watch.Waker): wait for one, say where they happened, watch these directories."""
+
+    def wait(self, timeout: float | None) -> bool: ...
+    def take_changed(self) -> set[str] | None: ...
+    def watch_dirs(self, dirs: set[str]) -> None: ...
+
+
+class Loop:
+    """Steps the source set on file events and ticks; owns the discovery, sweep and save schedules."""
+
+    def __init__(
+        self,
+        config: Config,
+        sources: SourceSet,
+        keeper: StateKeeper,
+        *,
+        stdin: StdinPump | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        wall: Callable[[], float] = time.time,
+    ) -> None:
+        self.config = config
+        self.sources = sources
+        self.keeper = keeper
+        self._stdin = stdin
+        self._clock, self._wall = clock, wall
+        self._last_discover = -1e18
+        self._discover_requested = False
+        self._last_sweep = -1e18
+        self._changed: set[str] | None = set()  # directories with file events since the last pass; None: all
+        self._behind: set[str] = set()  # sources whose read budget ran out: more is waiting
+        self._last_loop = wall()
+        self._last_error_log = -1e18
+        self._reload_requested = threading.Event()
+        self._watched: set[str] | None = None
+
+    # --- one pass ----------------------------------------------------------------------------
+
+    def step(self) -> None:
+        """Discover files, read what is new, emit what is due, save the state when due."""
+        now = self._clock()
+        with self.sources.lock:
+            fresh: set[str] = set()
+            since = now - self._last_discover
+            if since >= self.config.discover_interval or (self._discover_requested and since >= DISCOVER_MIN_GAP):
+                # A file found now is read now: the event that named its directory was taken already.
+                fresh = set(self.sources.discover())
+                self._last_discover = now
+                self._discover_requested = False
+            sweep = now - self._last_sweep >= self.config.sweep_interval or self._changed is None
+            if sweep:
+                self._last_sweep = now
+            changed = self._changed or set()
+            behind: set[str] = set()
+            for source in list(self.sources.by_path.values()):
+                # File events name their directory: between safety sweeps, only those files are looked at,
+                # and only sources with something pending are ticked. An idle node costs almost nothing.
+                look = sweep or source.path in fresh or source.path in self._behind or source.directory in changed
+                if self._guarded(source, now, look):
+                    behind.add(source.path)
+            self._changed = set()
+            self._behind = behind
+            self._drain_stdin(now)
+        self.keeper.save_if_due()
+        self._last_loop = self._wall()
+
+    def _guarded(self, source: LogSource, now: float, look: bool) -> bool:
+        """Poll (or tick) one source; an unexpected error in it is counted and logged, never raised."""
+        try:
+            if look and source.path != STDIN:
+                return source.poll(now)
+            if source.close_at is not None or source.pipeline.pending():
+                source.tick(now)
+        except Exception:  # one broken source must not stop the others or the loop
+            self.sources.errors += 1
+            if now - self._last_error_log >= _ERROR_LOG_INTERVAL:
+                self._last_error_log = now
+                log.exception("source error path=%s (counted; the loop goes on)", source.path)
+        return False
+
+    def mark_changed(self, dirs: set[str] | None) -> None:
+        """File events happened in these directories (None: in too many to say); poll their files next."""
+        with self.sources.lock:
+            if dirs is None or self._changed is None:
+                self._changed = None
+            else:
+                self._changed |= {os.path.abspath(d) for d in dirs}
+
+    def request_discover(self) -> None:
+        """Discover soon (a directory changed): on the next step at most DISCOVER_MIN_GAP after the last one."""
+        self._discover_requested = True
+
+    def request_reload(self) -> None:
+        """Reload on the next wake-up (safe from a signal handler; the caller wakes the loop)."""
+        self._reload_requested.set()
+
+    def configure(self, config: Config) -> None:
+        """A reloaded config: new intervals; discover and sweep on the next pass."""
+        self.config = config
+        self.keeper.interval = config.state_interval
+        self._last_discover = self._last_sweep = -1e18
+
+    def next_timeout(self) -> float:
+        """How long the loop may wait for a file event before it must look again."""
+        if self._behind:
+            return 0.0  # a backlog is being read in slices: go on at once
+        timeout = (
+            min(self.config.poll_interval, BUSY_WAIT_SECONDS) if self.sources.busy() else self.config.poll_interval
+        )
+        if self._discover_requested:
+            timeout = min(timeout, max(0.0, DISCOVER_MIN_GAP - (self._clock() - self._last_discover)))
+        return timeout
+
+    def health(self) -> Health:
+        """Ready when sources are being read; otherwise the reason."""
+        stalled = self._wall() - self._last_loop
+        if stalled > max(30.0, 10 * self.config.poll_interval):
+            return Health(False, f"the main loop has not run for {stalled:.0f}s")
+        with self.sources.lock:
+            if self.sources.problem:
+                return Health(False, self.sources.problem)
+            if not self.sources.by_path:
+                return Health(False, "no log source is configured or found yet")
+            return Health(True, f"following {len(self.sources.by_path)} log source(s)")
+
+    def last_loop(self) -> float:
+        """Wall time when the last pass completed."""
+        return self._last_loop
+
+    # --- the running daemon ------------------------------------------------------------------
+
+    def run(
+        self,
+        stop: threading.Event,
+        *,
+        waker: Wakeups | None = None,
+        services: Sequence[Service] = (),
+        reload: Callable[[], None] = lambda: None,
+    ) -> None:
+        """Start the services, step until stop is set, then stop them, save the state and close the files."""
+        started: list[Service] = []
+        try:
+            for service in services:
+                service.start()
+                started.append(service)
+            self.keeper.load()
+            while not stop.is_set():
+                self.step()
+                if waker is None:
+                    stop.wait(self.next_timeout())
+                else:
+                    self._wait(waker, reload)
+        finally:
+            for service in reversed(started):
+                service.stop()
+            self.keeper.save()
+            self.sources.close()
+
+    def _wait(self, waker: Wakeups, reload: Callable[[], None]) -> None:
+        """Wait for a file event or the timeout; then reload if asked and note where files changed."""
+        dirs = self.sources.watch_dirs()
+        if dirs is not self._watched:  # the same set object comes back until the sources change
+            waker.watch_dirs(dirs)
+            self._watched = dirs
+        waker.wait(self.next_timeout())
+        if self._reload_requested.is_set():
+            self._reload_requested.clear()
+            reload()
+        changed = waker.take_changed()
+        self.mark_changed(changed)
+        if changed is None or changed:
+            self.request_discover()
+
+    def _drain_stdin(self, now: float) -> None:
+        source = self.sources.by_path.get(STDIN)
+        if source is None or self._stdin is None:
+            return
+        was_done = self._stdin.done
+        chunks, done = self._stdin.drain()
+        for data in chunks:
+            source.pipeline.feed(data, now)
+            source.close_at = now + IDLE_CLOSE_SECONDS
+        if done:
+            if not was_done:
+                source.pipeline.finish()  # the end of stdin: everything pending counts now
+            return
+        source.tick(now)

@@ -1,0 +1,108 @@
+"""The event sink: the one place every OomEvent goes after dedupe, for `scan` and `serve` alike.
+
+    OomEvent --enrich (KV context + catalog's suggestion rule)--> counters (metrics.py) + EventStore
+                                                             \\--> event_json(): scan JSON and /events
+
+`scan` enriches with the server args it was given and keeps the events; `serve` enriches with the
+scraped endpoint's last snapshot, counts and stores. A failure here is counted, never raised into the loop.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from ..advise.suggest import with_suggestions
+from ..catalog.loader import Catalog
+from ..detect.model import OomEvent
+from ..metrics import EventCounts
+from .store import EventStore
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class Context:
+    """What the server looked like when an event happened: its args, its KV snapshot, its URL."""
+
+    args: Mapping[str, Any] | None = None
+    kv: Mapping[str, Any] | None = None
+    target: str | None = None
+
+
+NO_CONTEXT = Context()
+
+
+class EventSink:
+    """Enriches, counts and stores events; counts and store are optional (scan keeps events itself)."""
+
+    def __init__(
+        self,
+        catalog: Catalog,
+        *,
+        counts: EventCounts | None = None,
+        store: EventStore | None = None,
+        wall: Callable[[], float] = time.time,
+    ) -> None:
+        self.catalog = catalog
+        self.counts = counts
+        self.store = store
+        self._wall = wall
+        self.errors = 0
+
+    def enrich(self, event: OomEvent, context: Context = NO_CONTEXT) -> OomEvent:
+        """The event with its suggestions, by the rule the catalog gives its kind (or matched pattern)."""
+        rule = self.catalog.kind(event.kind).suggest_rule(event.message)
+        return with_suggestions(event, rule, context.args, context.kv, context.target)
+
+    def record(
+        self, event: OomEvent, labels: tuple[str, ...], label_map: Mapping[str, str], context: Context = NO_CONTEXT
+    ) -> OomEvent | None:
+        """Enrich, count and store one event; None (and errors += 1) when that failed."""
+        try:
+            event = self.enrich(event, context)
+            if self.counts is not None:
+                self.counts.record(labels, event, self._wall())
+            if self.store is not None:
+                self.store.add(event, label_map)
+        except Exception:  # a sink failure must never kill the loop or lose the rest
+            self.errors += 1
+            log.exception("cannot record event kind=%s source=%s", event.kind, event.location)
+            return None
+        # Fatal events are rare and matter; retraction ticks can come every few seconds, so they stay at DEBUG.
+        level = logging.WARNING if event.fatal else logging.DEBUG
+        log.log(
+            level, "oom event kind=%s fatal=%s location=%s ranks=%s requested=%s available=%s",
+            event.kind, event.fatal, event.location, ",".join(event.ranks) or "-",
+            event.numbers.get("requested_tokens"), event.numbers.get("available_tokens"),
+        )  # fmt: skip
+        return event
+
+
+def event_json(event: OomEvent, catalog: Catalog) -> dict[str, Any]:
+    """One event as plain data: the documented shape of scan's JSON events and of /events."""
+    n = event.numbers
+    kind = catalog.kind(event.kind)
+    return {
+        "kind": event.kind,
+        "title": kind.title,
+        "fatal": event.fatal,
+        "time": event.time,
+        "ranks": list(event.ranks),
+        "source": event.location,
+        "requested_tokens": n.get("requested_tokens"),
+        "available_tokens": n.get("available_tokens"),
+        "phase": event.phase,
+        "subphase": event.subphase,
+        "inferred": event.inferred,
+        "message": event.message,
+        "numbers": dict(n),
+        "pools": [p.as_dict() for p in event.pools],
+        "excerpt": event.excerpt,
+        "remediation": kind.remediation(),
+        "suggestions": [s.as_dict() for s in event.suggestions],
+        "context": event.context,
+    }

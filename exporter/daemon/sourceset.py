@@ -1,0 +1,278 @@
+"""The set of followed log sources and their discovery: which files (or stdin) feed which pipeline.
+
+    config (paths, globs, pod log root) --discover()--> LogSource per file --poll--> Pipeline --> EventSink
+
+Discovery names each new file once (a logical `source` label, or namespace/pod/container in Kubernetes
+mode), zero-initialises its series, and resumes it from the saved position the state keeper handed over.
+A file gone for longer than the retention is retired with its series. Nothing here decides when to
+look: the loop (loop.py) does.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from ..catalog.loader import Catalog
+from ..config import Config
+from ..detect.match import Matcher
+from ..detect.model import OomEvent
+from ..detect.pipeline import Pipeline
+from ..metrics import EventCounts, SourceStats
+from ..sources.discover import KubernetesFilter, dirs_to_watch, discover_pods, expand
+from ..sources.tail import FileTailer, TailPosition
+from .logsource import LogSource
+from .sink import Context, EventSink
+
+log = logging.getLogger(__name__)
+
+STDIN = "-"
+ContextFor = Callable[[Mapping[str, str]], Context]
+
+
+class SourceSet:
+    """Every followed source by path, guarded by one lock that the loop and the scrape side share."""
+
+    def __init__(
+        self,
+        config: Config,
+        catalog: Catalog,
+        counts: EventCounts,
+        sink: EventSink,
+        context_for: ContextFor = lambda _labels: Context(),
+        *,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.config = config
+        self.catalog = catalog
+        self.matcher = Matcher(catalog)
+        self.counts = counts
+        self.sink = sink
+        self._context_for = context_for
+        self._clock = clock
+        self.by_path: dict[str, LogSource] = {}
+        self.lock = threading.RLock()
+        self.saved: dict[str, dict[str, Any]] = {}  # positions from the state file, taken by new sources
+        self.had_state = False
+        self.problem = ""
+        self.errors = 0  # unexpected exceptions while reading a source (the loop goes on)
+        self.bad_positions = 0  # saved positions that could not be used (a state error)
+        self._discovered_once = False
+        self._watch_dirs: set[str] | None = None
+        self._kfilter = _filter(config)
+
+    # --- discovery ---------------------------------------------------------------------------
+
+    def discover(self) -> list[str]:
+        """Find the files to follow now (paths, globs, pod logs); returns the paths that are new."""
+        found: dict[str, tuple[tuple[str, ...], dict[str, str]] | None] = {}
+        for path in expand(self.config.paths):
+            found[path] = None  # named below, once, when it is new: naming is not free with 1,000 files
+        k = self.config.kubernetes
+        if k is not None and self._kfilter is not None:
+            for ref in discover_pods(k.logs_root, self._kfilter):
+                found[ref.path] = (
+                    (ref.namespace, ref.pod, ref.container),
+                    {"namespace": ref.namespace, "pod": ref.pod, "container": ref.container},
+                )
+        new = []
+        with self.lock:
+            for path, known in found.items():
+                if path in self.by_path:
+                    continue
+                if known is None:
+                    name = self._source_name(path)
+                    known = (("", "", name) if k is not None else (name,), {"source": name})
+                self.by_path[path] = self._new_source(path, *known)
+                self._watch_dirs = None
+                new.append(path)
+            self._discovered_once = True
+            self.problem = self._discovery_problem(found)
+            self._retire(self._clock(), set(found))
+        return new
+
+    def add_stdin(self) -> LogSource:
+        """The stdin source (fed by the loop from the stdin pump, not by a tailer)."""
+        labels = ("stdin",) if self.config.kubernetes is None else ("", "", "stdin")
+        with self.lock:
+            source = self.by_path[STDIN] = self._new_source(STDIN, labels, None)
+        return source
+
+    def watch_dirs(self) -> set[str]:
+        """Directories whose events should wake the loop (the same set object until the sources change)."""
+        with self.lock:
+            if self._watch_dirs is not None:
+                return self._watch_dirs
+            k = self.config.kubernetes
+            # In Kubernetes mode the pod root is watched recursively: one watch (and one watchdog thread)
+            # instead of one per container directory.
+            plain = [p for p, s in self.by_path.items() if p != STDIN and "namespace" not in s.label_map]
+            dirs = dirs_to_watch(self.config.paths, plain)
+            if k is not None and os.path.isdir(k.logs_root):
+                dirs.add(os.path.abspath(k.logs_root))
+            self._watch_dirs = dirs
+            return dirs
+
+    def reconfigure(self, config: Config, catalog: Catalog) -> None:
+        """Apply a reloaded config and catalog to every file source, as a restart would, exactly once.
+
+        Each file source is rebuilt from what the state file would hold for it (the offset of its oldest
+        byte in flight and its dedupe memory), so the new pipeline, matcher and traceback wait take over
+        without losing or recounting an event. stdin cannot be re-read: it keeps its pipeline.
+        """
+        with self.lock:
+            self.config, self.catalog = config, catalog
+            self.matcher = Matcher(catalog)
+            self._kfilter = _filter(config)
+            self._watch_dirs = None
+            for path, source in list(self.by_path.items()):
+                saved = source.state()
+                if source.tailer is None or saved is None:
+                    continue
+                source.tailer.close()
+                self.saved[path] = saved
+                self.by_path[path] = self._new_source(path, source.labels, source.label_map)
+
+    # --- statistics --------------------------------------------------------------------------
+
+    def stats(self) -> list[SourceStats]:
+        """Per-label read statistics for the collector."""
+        with self.lock:
+            merged: dict[tuple[str, ...], SourceStats] = {}
+            for source in self.by_path.values():
+                _add_stats(merged.setdefault(source.labels, SourceStats(source.labels)), source)
+            return list(merged.values())
+
+    def pending(self) -> int:
+        """Events waiting for their traceback or for other ranks, over every source."""
+        with self.lock:
+            return sum(s.pipeline.pending() for s in self.by_path.values())
+
+    def busy(self) -> int:
+        """Sources that wait for a traceback or for a quiet file's records to close (0: all caught up)."""
+        with self.lock:
+            return sum(1 for s in self.by_path.values() if s.pipeline.pending() or s.close_at is not None)
+
+    def bytes_read(self) -> int:
+        """Bytes read over every file source (the keeper's "anything new?" mark)."""
+        with self.lock:
+            return sum(s.tailer.stats.bytes_read for s in self.by_path.values() if s.tailer)
+
+    def close(self) -> None:
+        """Close every file."""
+        with self.lock:
+            for source in self.by_path.values():
+                if source.tailer is not None:
+                    source.tailer.close()
+
+    # --- internals ---------------------------------------------------------------------------
+
+    def _source_name(self, path: str) -> str:
+        for pattern, name in self.config.names.items():
+            if pattern == path:
+                return name
+        base = os.path.basename(path)
+        stem = base[:-4] if base.endswith(".log") else base
+        if stem in {s.label_map.get("source", "") for s in self.by_path.values()}:
+            parent = os.path.basename(os.path.dirname(path))
+            return f"{parent}/{stem}" if parent else path
+        return stem
+
+    def _new_source(self, path: str, labels: tuple[str, ...], label_map: dict[str, str] | None) -> LogSource:
+        label_map = label_map or dict(zip(self.counts.label_names, labels, strict=False))
+        self.counts.ensure(labels)
+        context = self._context_for
+
+        def record(event: OomEvent) -> None:
+            self.sink.record(event, labels, label_map, context(label_map))
+
+        pipeline = Pipeline(
+            self.catalog, self.matcher, source=label_map.get("source") or "/".join(labels), location=path,
+            sink=record, extra_prefixes=self.config.prefix_regex, wait_seconds=self.config.traceback_wait,
+        )  # fmt: skip
+        source = LogSource(path, labels, label_map, pipeline, None, directory=os.path.abspath(os.path.dirname(path)))
+        if path != STDIN:
+            position = self._resume(source, self.saved.pop(path, None))
+            # Files that exist at the very first start are history; files that appear later are read from 0.
+            start_at_end = not self.had_state and not self.config.from_beginning and not self._discovered_once
+            source.tailer = FileTailer(path, start_at_end=start_at_end and position is None, position=position)
+        return source
+
+    def _resume(self, source: LogSource, saved: dict[str, Any] | None) -> TailPosition | None:
+        """Where a restarted (or rebuilt) source goes on: the saved position, line number, epoch, dedupe."""
+        if saved is None:
+            return None
+        try:
+            position = TailPosition.from_dict(saved["position"])
+            source.resume_lineno = int(saved.get("lineno", 1))
+            source.resume_offset = position.offset
+            source.epoch = int(saved.get("epoch", 0))
+            source.pipeline.restore_state(saved.get("dedupe", {}))
+        except (KeyError, TypeError, ValueError) as exc:
+            self.bad_positions += 1
+            log.warning("state: ignoring the saved position of %s: %s", source.path, exc)
+            source.resume_lineno = source.resume_offset = None
+            return None
+        return position
+
+    def _retire(self, now: float, found: set[str]) -> None:
+        """Drop sources whose file is gone, and their series once the retention is over.
+
+        Runs at discovery's pace, not every pass: it costs a stat per file. A configured plain path is
+        never retired (it is followed even while missing).
+        """
+        for path, source in list(self.by_path.items()):
+            configured = path in found and path in self.config.paths
+            if path == STDIN or source.tailer is None or configured or os.path.exists(path):
+                source.gone_since = None
+                continue
+            if source.pipeline.pending():
+                continue
+            if source.gone_since is None:
+                source.gone_since = now
+            elif now - source.gone_since >= self.config.source_retention:
+                source.tailer.close()
+                del self.by_path[path]
+                self._watch_dirs = None
+                if not any(s.labels == source.labels for s in self.by_path.values()):
+                    self.counts.drop(source.labels)
+                log.info("source retired path=%s after %.0fs without its file", path, now - source.gone_since)
+
+    def _discovery_problem(self, found: Mapping[str, Any]) -> str:
+        if STDIN in self.by_path:
+            return ""
+        k = self.config.kubernetes
+        if k is not None and not os.path.isdir(k.logs_root):
+            return f"the Kubernetes log root {k.logs_root} does not exist"
+        if not found and not self.config.paths and k is None:
+            return "no log paths are configured"
+        if not found:
+            return "no log file matches the configured paths yet"
+        return ""
+
+
+def _filter(config: Config) -> KubernetesFilter | None:
+    k = config.kubernetes
+    return None if k is None else KubernetesFilter(k.namespace, k.pod, k.container)
+
+
+def _add_stats(s: SourceStats, source: LogSource) -> None:
+    stats = source.pipeline.stats()
+    s.files += 1 if source.tailer is not None else 0
+    s.lines_read += stats.lines_read
+    s.records += stats.records
+    s.matched_records += stats.reports
+    s.oversized_lines += stats.oversized_lines
+    for reason, n in source.resets.items():
+        s.resets[reason] = s.resets.get(reason, 0.0) + n
+    if source.tailer is not None:
+        t = source.tailer.stats
+        s.bytes_read += t.bytes_read
+        s.read_errors += t.read_errors
+        s.lag_bytes += source.lag_bytes()
+        if t.last_read_wall_time is not None:
+            s.last_read = max(s.last_read or 0.0, t.last_read_wall_time)

@@ -1,0 +1,82 @@
+"""Which SGLang endpoint serves which log source: the scrapers, their threads, and an event's KV context.
+
+    config.sglang_urls + config.target_sources (url -> source name) --> TargetScraper per URL
+    LogSource labels --for_source()--> its scraper --context_for()--> sink.Context (args, KV snapshot)
+
+This is the one place targets are mapped to sources: a new way of finding targets (a node's pods, say)
+builds the same Config fields and lands here. Reload rebuilds the set, keeping the scrapers (and their
+KV history) of URLs that did not change.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping
+
+from ..config import Config
+from ..sources.scrape import ScrapeLoop, TargetScraper
+from .sink import Context
+
+
+class TargetSet:
+    """The scraped endpoints of one config; start()/stop() run one thread per endpoint."""
+
+    def __init__(self, config: Config, *, wall: Callable[[], float] = time.time) -> None:
+        self._wall = wall
+        self.scrapers: list[TargetScraper] = []
+        self._owners: dict[str, str] = {}
+        self._interval = config.scrape_interval
+        self._loop: ScrapeLoop | None = None
+        self._build(config)
+
+    def _build(self, config: Config) -> None:
+        old = {(s.url, s.timeout): s for s in self.scrapers}
+        self.scrapers = [
+            old.get((url, config.scrape_timeout)) or TargetScraper(url, timeout=config.scrape_timeout)
+            for url in config.sglang_urls
+        ]
+        self._owners = dict(config.target_sources)
+        self._interval = config.scrape_interval
+
+    def start(self) -> None:
+        """One scrape thread per endpoint, so a hanging endpoint never delays another or the log tailing."""
+        if self._loop is None:
+            self._loop = ScrapeLoop(self.scrapers, self._interval)
+            self._loop.start()
+
+    def stop(self) -> None:
+        """Stop and join the scrape threads."""
+        if self._loop is not None:
+            self._loop.stop()
+            self._loop = None
+
+    def reconfigure(self, config: Config) -> None:
+        """A reloaded config: the new URLs, owners, timeout and interval, with threads restarted if running."""
+        running = self._loop is not None
+        self.stop()
+        self._build(config)
+        if running:
+            self.start()
+
+    def for_source(self, label_map: Mapping[str, str]) -> TargetScraper | None:
+        """The endpoint that serves this log: named in the config, or the only one there is."""
+        names = {label_map.get("source"), label_map.get("container"), label_map.get("pod")}
+        for scraper in self.scrapers:
+            if self._owners.get(scraper.url) in names:
+                return scraper
+        if len(self.scrapers) == 1 and not self._owners:
+            return self.scrapers[0]
+        return None
+
+    def context_for(self, label_map: Mapping[str, str]) -> Context:
+        """The server args and the last KV snapshot before now, of the endpoint serving this log."""
+        scraper = self.for_source(label_map)
+        if scraper is None:
+            return Context()
+        snapshot = scraper.snapshot_before(self._wall())
+        info = scraper.server_info
+        return Context(dict(info.args) if info else None, snapshot.as_dict() if snapshot else None, scraper.url)
+
+    def views(self) -> list[TargetScraper]:
+        """The scraped endpoints; each is a metrics.TargetView."""
+        return list(self.scrapers)
