@@ -16,6 +16,7 @@ import regex
 import yaml
 
 from .errors import ProblemsError
+from .sources.discover import DEFAULT_CONTAINER_FILTER, DEFAULT_NAMESPACE_FILTER, DEFAULT_POD_FILTER
 
 DEFAULT_PORT = 9877
 DEFAULT_LISTEN = f":{DEFAULT_PORT}"
@@ -23,13 +24,6 @@ ENV_PREFIX = "SGLANG_OOM_EXPORTER_"
 _DURATION = regex.compile(r"^(?:(\d+(?:\.\d+)?)(ms|s|m|h|d))+$")
 _DURATION_PART = regex.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)")
 _UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
-
-# Containers that are SGLang servers in the common charts (sglang, "server", "engine", "inference", LWS
-# "leader"/"worker", RBG prefill/decode roles); system namespaces are left out because their "server"
-# containers are not ours. Override per cluster.
-DEFAULT_K8S_NAMESPACE = r"(?!kube-system$|kube-public$|kube-node-lease$).*"
-DEFAULT_K8S_POD = r".*"
-DEFAULT_K8S_CONTAINER = r"(?i)(?!.*oom-exporter).*(sglang|server|engine|inference|llm|worker|leader|prefill|decode).*"
 
 
 class ConfigError(ProblemsError):
@@ -51,9 +45,9 @@ class KubernetesConfig:
     """Kubernetes node mode: follow /var/log/pods/<ns>_<pod>_<uid>/<container>/<n>.log."""
 
     logs_root: str
-    namespace: str = DEFAULT_K8S_NAMESPACE
-    pod: str = DEFAULT_K8S_POD
-    container: str = DEFAULT_K8S_CONTAINER
+    namespace: str = DEFAULT_NAMESPACE_FILTER  # the defaults, and why, live with the filter in discover.py
+    pod: str = DEFAULT_POD_FILTER
+    container: str = DEFAULT_CONTAINER_FILTER
     discover_targets: DiscoverTargetsConfig | None = None  # None: off (the default)
 
 

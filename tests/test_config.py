@@ -5,12 +5,13 @@ from __future__ import annotations
 import pytest
 
 from sglang_oom_exporter.config import (
-    DEFAULT_K8S_CONTAINER,
     DEFAULT_LISTEN,
     ConfigError,
+    KubernetesConfig,
     load_config,
     parse_duration,
 )
+from sglang_oom_exporter.sources.discover import DEFAULT_CONTAINER_FILTER, KubernetesFilter
 
 
 def test_defaults_work_without_any_file():
@@ -56,7 +57,7 @@ def test_named_sources_and_kubernetes_from_the_file(tmp_path):
     assert config.names == {"/var/log/llama.log": "llama"}
     assert config.kubernetes is not None
     assert (config.kubernetes.logs_root, config.kubernetes.namespace) == ("/var/log/pods", "llm-.*")
-    assert config.kubernetes.container == DEFAULT_K8S_CONTAINER
+    assert config.kubernetes.container == DEFAULT_CONTAINER_FILTER
 
 
 def test_every_problem_is_reported_at_once(tmp_path):
@@ -85,3 +86,13 @@ def test_bad_yaml_names_its_line(tmp_path):
 def test_missing_config_file_is_an_error(tmp_path):
     with pytest.raises(ConfigError, match="cannot read"):
         load_config(env={}, flags={"config": str(tmp_path / "absent.yaml")})
+
+
+def test_kubernetes_filter_defaults_are_one_set():
+    """config.py and discover.py once drifted (LWS `leader` missing from one); now both use one set."""
+    k = KubernetesConfig("/var/log/pods")
+    assert (k.namespace, k.pod, k.container) == (KubernetesFilter().namespace, KubernetesFilter().pod,
+                                                 KubernetesFilter().container)  # fmt: skip
+    assert KubernetesFilter().matches_container("lws-leader")
+    assert not KubernetesFilter().matches_container("sglang-oom-exporter")
+    assert not KubernetesFilter().matches_pod("kube-system", "kube-apiserver-node1")

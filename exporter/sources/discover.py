@@ -80,15 +80,18 @@ class PodLogRef:
     path: str
 
 
+# The one home of the default filters (config.KubernetesConfig uses them too).
 # Why these defaults: SGLang runs in pods whose container names say what they serve: the upstream
-# examples use "sglang", LWS "sglang-leader"/"sglang-worker", PD disaggregation "prefill"/"decode", and
+# examples use "sglang", LWS "leader"/"worker" roles, PD disaggregation "prefill"/"decode", and
 # wrappers "server", "engine", "inference", "llm" (KServe's "kserve-container" needs an explicit
 # filter). Broad on purpose: tailing one extra file costs a file descriptor, a missed OOM costs a page.
 # This exporter's own container is excluded, because its log quotes the OOM lines it found. The
 # Kubernetes system namespaces are excluded because "kube-apiserver" and "metrics-server" match "server".
 DEFAULT_NAMESPACE_FILTER = r"(?!kube-system$|kube-public$|kube-node-lease$).+"
 DEFAULT_POD_FILTER = r".+"
-DEFAULT_CONTAINER_FILTER = r"(?i)(?!.*oom-exporter).*(sglang|server|engine|inference|llm|worker|prefill|decode).*"
+DEFAULT_CONTAINER_FILTER = (
+    r"(?i)(?!.*oom-exporter).*(sglang|server|engine|inference|llm|worker|leader|prefill|decode).*"
+)
 
 
 @dataclass(frozen=True, slots=True)
