@@ -18,6 +18,7 @@ from typing import Any
 
 import jsonschema
 import pytest
+import yaml
 
 from sglang_oom_exporter.catalog import load_catalog
 from sglang_oom_exporter.render import (
@@ -34,6 +35,7 @@ ROOT = Path(__file__).resolve().parent.parent
 SCHEMA = json.loads((ROOT / "tests" / "schemas" / "dashboard.jsonschema.json").read_text())
 LINT_FILE = ROOT / "dashboards" / ".lint"
 DASHBOARD_FILES = sorted((ROOT / "dashboards").glob("*.json"))
+RULES = "alerts/sglang-oom.rules.yaml"
 FATAL_PANEL = "Fatal OOMs in the picked range, by kind"
 # Grafana's substitution for "All" on every filter variable, and the intervals of a 15s-scrape data source.
 GRAFANA_ALL = {"namespace": ".*", "pod": ".*", "source": ".*", "kind": ".*",
@@ -344,3 +346,32 @@ def test_no_kind_id_is_written_in_the_renderer():
     text = "\n".join(p.read_text() for p in sources)
     for kind_id in load_catalog().ids:
         assert not re.search(rf"[\"'|]{kind_id}[\"'|]", text), kind_id
+
+
+# Contracts with the other rendered files ----------------------------------------------------------------------
+
+
+def test_every_runbook_link_lands_on_an_anchor_of_the_rendered_runbook_index(dash):
+    index = render_all(load_catalog())["docs/runbooks/README.md"]
+    anchors = {
+        re.sub(r"[^\w\- ]", "", h.strip().lower()).replace(" ", "-") for h in re.findall(r"^#+ (.+)$", index, re.M)
+    }
+    anchors |= set(re.findall(r'<a id="([^"]+)"', index))
+    urls = [v for k, v in _walk_json(dash) if k == "url"]
+    fragments = {u.partition("#")[2] for u in urls if "#" in u}
+    templated = {f for f in fragments if f.startswith("${")}
+    assert templated == {"${__field.labels.kind}", "${__data.fields.kind}"}
+    assert fragments - templated == set(load_catalog().ids)
+    assert set(load_catalog().ids) <= anchors, "every kind id (what the templated links expand to) is an anchor"
+
+
+def test_alerts_dashboard_urls_open_this_dashboard_with_its_variables(dash):
+    rules = yaml.safe_load(render_all(load_catalog(), RenderOptions(grafana_url="https://grafana.example"))[RULES])
+    urls = [r["annotations"]["dashboard_url"] for g in rules["groups"] for r in g["rules"] if "alert" in r]
+    assert len(urls) >= len(load_catalog().kinds)
+    variables = {v["name"] for v in dash["templating"]["list"]}
+    for url in urls:
+        assert url.startswith(f"https://grafana.example/d/{dash['uid']}?"), url
+        names = set(re.findall(r"var-(\w+)=", url))
+        assert names, url
+        assert names <= variables, url
