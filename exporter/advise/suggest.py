@@ -323,7 +323,7 @@ RULES: dict[str, Rule] = {
     "chunked_prefill": _rule_chunked_prefill,
     "running_requests": _rule_running_requests,
     "prefill_or_decode": _rule_prefill_or_decode,
-    "req_slots": _rule_req_slots,
+    "request_slots": _rule_req_slots,
     "conservativeness": _rule_conservativeness,
     "mem_fraction_up": _startup,
     "mem_fraction_down": _cuda,

@@ -51,7 +51,7 @@ SUGGEST_RULES = (
     "chunked_prefill",
     "running_requests",
     "prefill_or_decode",
-    "req_slots",
+    "request_slots",
     "conservativeness",
     "mem_fraction_up",
     "mem_fraction_down",
