@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -556,6 +558,7 @@ def test_test_pod_fetches_metrics_with_a_restricted_security_context():
         ({"prometheusRule": {"rules": {"SGLangDecodeOOM": {"fore": "1m"}}}}, "fore"),
         ({"serviceMonitor": {"enabeld": True}}, "enabeld"),
         ({"discovery": {"port": 70000}}, "/discovery/port"),
+        ({"discovery": {"refreshInterval": "0"}}, "/discovery/refreshInterval"),  # the exporter wants a unit
         ({"bogus": 1}, "bogus"),
     ],
 )
@@ -619,3 +622,26 @@ def test_chart_readme_sidecar_snippet_is_a_valid_exporter_command(tmp_path):
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     assert "configuration ok: 1 path(s), kubernetes=off" in proc.stdout
+
+
+def test_readme_install_command_renders_what_a_kube_prometheus_stack_user_needs():
+    needs_rules()
+    needs_dashboards()
+    readme = (ROOT / "README.md").read_text()
+    block = readme.split("<!-- helm-install -->", 1)[1].split("<!-- /helm-install -->", 1)[0]
+    (command,) = re.findall(r"```sh\n(.*?)\n```", block, re.S)
+    argv = shlex.split(command.replace("\\\n", " "))
+    assert argv[:2] == ["helm", "install"]
+    proc = subprocess.run([_helm(), "template", *argv[2:]], cwd=ROOT, capture_output=True, text=True, timeout=60,
+                          check=False)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    docs = [d for d in yaml.safe_load_all(proc.stdout) if d]
+    assert one(docs, "ServiceMonitor")["metadata"]["labels"]["release"] == "kube-prometheus-stack"
+    assert one(docs, "PrometheusRule")["metadata"]["labels"]["release"] == "kube-prometheus-stack"
+    assert one(docs, "ClusterRole")["rules"][0]["verbs"] == ["get", "list", "watch"]
+    assert [d for d in by_kind(docs, "ConfigMap") if d["metadata"]["labels"].get("grafana_dashboard") == "1"]
+    ds = one(docs, "DaemonSet")
+    assert ds["metadata"]["namespace"] == "monitoring"
+    assert ds["spec"]["template"]["spec"]["containers"][0]["image"] == (
+        f"registry.example.com/sglang-oom-exporter:{__version__}"
+    )

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import time
+import urllib.request
+from pathlib import Path
 
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
@@ -21,6 +24,7 @@ from sglang_oom_exporter.sources.kubeapi import (
 from tests.fake_kubeapi import FakeKubeApi, pod
 from tests.fake_sglang import FakeSGLang
 from tests.helpers import openssl_cert
+from tests.test_serve_e2e import Daemon, append, settle, wait_for
 
 NODE = "gpu-node-1"
 ANNOTATION = "sglang-oom-exporter/port"
@@ -318,3 +322,81 @@ def test_config_discover_targets_problems(tmp_path, block, problem):
     with pytest.raises(ConfigError) as info:
         _config(tmp_path, f"kubernetes:\n  logs_root: /var/log/pods\n  discover_targets: {block}\n")
     assert problem in str(info.value)
+
+
+# ---------------------------------------------------------------------------------------------- the real daemon
+
+SCRAPE_DATA = Path(__file__).parent / "data" / "scrape"
+INFO = {"chunked_prefill_size": 16384, "max_running_requests": 256, "mem_fraction_static": 0.88,
+        "context_length": 32768, "max_total_num_tokens": 61440, "version": "0.5.16"}  # fmt: skip
+CRI_PREFILL = "".join(
+    f"2026-03-14T22:10:01.{i:09d}Z stderr F {line}\n"
+    for i, line in enumerate([
+        "[2026-03-14 22:10:01 TP0] Prefill out of memory. Try to lower your batch size.",
+        "Try to allocate 16384 tokens.",
+        "Available tokens: 6100 (available_size=5980 + evictable_size=120)",
+        "",
+    ])
+)  # fmt: skip
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(90)
+def test_serve_in_node_mode_gives_pod_events_their_sglang_context(tmp_path, tls, api, monkeypatch):
+    cert, _, token = tls
+    sa = tmp_path / "serviceaccount"
+    sa.mkdir()
+    (sa / "token").write_text(token.read_text())
+    (sa / "ca.crt").write_bytes(cert.read_bytes())
+    container = tmp_path / "pods" / "llm_llama-0_0f3c" / "sglang"
+    container.mkdir(parents=True)
+    log = container / "0.log"
+    log.write_text("")
+    config = tmp_path / "config.yaml"
+    config.write_text(
+        f"scrape_interval: 300ms\nkubernetes:\n  logs_root: {tmp_path / 'pods'}\n"
+        f"  discover_targets: {{enabled: true, interval: 1s, service_account_dir: {sa}}}\n"
+    )
+    monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "127.0.0.1")
+    monkeypatch.setenv("KUBERNETES_SERVICE_PORT", str(api.port))
+    monkeypatch.setenv("NODE_NAME", NODE)
+    with FakeSGLang(
+        metrics_body=(SCRAPE_DATA / "v0.5.16-dp2.prom").read_bytes(), info_body=json.dumps(INFO).encode()
+    ) as sglang:
+        port = int(sglang.url.rsplit(":", 1)[1])
+        api.pods = [
+            pod("llm", "llama-0", "127.0.0.1", annotations={ANNOTATION: str(port)}),
+            pod("llm", "not-followed", "127.0.0.2"),
+        ]
+        d = Daemon(["--config", str(config)], str(tmp_path / "state")).start()
+        try:
+
+            def metric(name, **labels):
+                return d.metrics().get((name, tuple(sorted(labels.items()))))
+
+            wait_for(lambda: metric("sglang_oom_exporter_discovered_targets") == 1.0, what="one discovered target")
+            wait_for(lambda: metric("sglang_oom_target_up", target=sglang.url) == 1.0, what="the pod's SGLang up")
+            wait_for(lambda: metric("sglang_oom_target_server_arg", target=sglang.url, arg="chunked_prefill_size")
+                     == 16384, what="server args")  # fmt: skip
+            assert all(auth == "Bearer tok-1" for _, auth in api.requests)
+            assert api.requests[0][0] == "/api/v1/pods?fieldSelector=spec.nodeName%3Dgpu-node-1"
+            append(log, CRI_PREFILL)
+            settle(d, 1)
+            with urllib.request.urlopen(f"http://127.0.0.1:{d.port}/events", timeout=5) as r:
+                (event,) = json.loads(r.read())["events"]
+            assert event["labels"] == {"namespace": "llm", "pod": "llama-0", "container": "sglang"}
+            assert event["context"]["target"] == sglang.url
+            assert event["context"]["server_args"]["chunked_prefill_size"] == 16384
+            first = event["suggestions"][0]
+            assert (first["flag"], first["current"], first["suggested"]) == ("--chunked-prefill-size", 16384, 4096)
+            labels = {"kind": "prefill", "namespace": "llm", "pod": "llama-0", "container": "sglang",
+                      "flag": "chunked-prefill-size"}  # fmt: skip
+            assert metric("sglang_oom_suggested_flag_value", **labels) == 4096
+            # The API answers 401 from now on: counted, and the mapping stays.
+            api.mode = "unauthorized"
+            wait_for(lambda: (metric("sglang_oom_exporter_discovery_errors_total", reason="http_status") or 0) >= 1,
+                     what="a counted 401")  # fmt: skip
+            assert metric("sglang_oom_exporter_discovered_targets") == 1.0
+            assert d.healthy() is True
+        finally:
+            d.stop()

@@ -23,6 +23,7 @@ from typing import BinaryIO
 from ..catalog.loader import Catalog
 from ..config import Config
 from ..metrics import EventCounts, ExporterCollector, label_names_for
+from ..sources.kubeapi import node_targets
 from ..sources.stdin import StdinPump
 from .loop import Loop, Service
 from .sink import EventSink
@@ -57,7 +58,7 @@ class App:
         self.counts = EventCounts(catalog.ids, label_names_for(config.kubernetes is not None), catalog.retraction_kind)
         self.store = EventStore(config.recent_events)
         self.sink = EventSink(catalog, counts=self.counts, store=self.store, wall=wall)
-        self.targets = TargetSet(config, wall=wall)
+        self.targets = TargetSet(config, wall=wall, discovery=node_targets(config, self._followed_pods))
         self.sources = SourceSet(config, catalog, self.counts, self.sink, self.targets.context_for, clock=clock)
         store = StateStore(config.state_dir) if config.state_dir else None
         self.keeper = StateKeeper(store, self.counts, self.sources, interval=config.state_interval, clock=clock)
@@ -67,6 +68,12 @@ class App:
         self.loop = Loop(config, self.sources, self.keeper, stdin=self.stdin, clock=clock, wall=wall)
         self.reloads = dict.fromkeys(RELOAD_RESULTS, 0)
         self.catalog_listeners: list[Callable[[Catalog], None]] = []  # e.g. the HTTP edge's event titles
+
+    def _followed_pods(self) -> set[tuple[str, str]]:
+        """(namespace, pod) of every followed Kubernetes log: the pods node discovery looks up."""
+        with self.sources.lock:
+            maps = [s.label_map for s in self.sources.by_path.values()]
+        return {(m["namespace"], m["pod"]) for m in maps if "namespace" in m and "pod" in m}
 
     def services(self) -> list[Service]:
         """The app's own threads (scrapers, stdin), for Loop.run to start and stop."""

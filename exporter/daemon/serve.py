@@ -16,6 +16,7 @@ from prometheus_client import CollectorRegistry
 
 from ..catalog.loader import Catalog, CatalogError, load_catalog
 from ..config import Config, ConfigError, load_config, parse_listen
+from ..sources.kubeapi import DiscoveryCollector
 from ..sources.watch import Waker
 from ..web.server import ExporterServer
 from ..web.webconfig import WebConfig, WebConfigError, load_web_config
@@ -70,6 +71,8 @@ def serve(args: argparse.Namespace) -> int:
     app = App(config, catalog, stdin=stdin, stdout=stdout, wake=waker.wake)
     registry = CollectorRegistry(auto_describe=False)
     registry.register(app.collector())
+    if app.targets.discovery is not None:
+        registry.register(DiscoveryCollector(app.targets.discovery))
     server = ExporterServer(address, registry=registry, catalog=catalog, events=app.store, health=app.loop.health,
                             web_config=web)  # fmt: skip
     app.catalog_listeners.append(server.set_catalog)

@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable, Mapping
 
 from ..config import Config
+from ..sources.kubeapi import NodeTargets
 from ..sources.scrape import ScrapeLoop, TargetScraper
 from .sink import Context
 
@@ -21,8 +22,11 @@ from .sink import Context
 class TargetSet:
     """The scraped endpoints of one config; start()/stop() run one thread per endpoint."""
 
-    def __init__(self, config: Config, *, wall: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self, config: Config, *, wall: Callable[[], float] = time.time, discovery: NodeTargets | None = None
+    ) -> None:
         self._wall = wall
+        self.discovery = discovery  # node discovery: pod -> scraper, found through the Kubernetes API
         self.scrapers: list[TargetScraper] = []
         self._owners: dict[str, str] = {}
         self._interval = config.scrape_interval
@@ -43,12 +47,16 @@ class TargetSet:
         if self._loop is None:
             self._loop = ScrapeLoop(self.scrapers, self._interval)
             self._loop.start()
+            if self.discovery is not None:
+                self.discovery.start()
 
     def stop(self) -> None:
         """Stop and join the scrape threads."""
         if self._loop is not None:
             self._loop.stop()
             self._loop = None
+            if self.discovery is not None:
+                self.discovery.stop()
 
     def reconfigure(self, config: Config) -> None:
         """A reloaded config: the new URLs, owners, timeout and interval, with threads restarted if running."""
@@ -59,11 +67,15 @@ class TargetSet:
             self.start()
 
     def for_source(self, label_map: Mapping[str, str]) -> TargetScraper | None:
-        """The endpoint that serves this log: named in the config, or the only one there is."""
+        """The endpoint that serves this log: named in the config, found for its pod, or the only one there is."""
         names = {label_map.get("source"), label_map.get("container"), label_map.get("pod")}
         for scraper in self.scrapers:
             if self._owners.get(scraper.url) in names:
                 return scraper
+        if self.discovery is not None and "pod" in label_map:
+            found = self.discovery.scraper_for(label_map.get("namespace", ""), label_map["pod"])
+            if found is not None:
+                return found
         if len(self.scrapers) == 1 and not self._owners:
             return self.scrapers[0]
         return None
@@ -78,5 +90,5 @@ class TargetSet:
         return Context(dict(info.args) if info else None, snapshot.as_dict() if snapshot else None, scraper.url)
 
     def views(self) -> list[TargetScraper]:
-        """The scraped endpoints; each is a metrics.TargetView."""
-        return list(self.scrapers)
+        """The scraped endpoints (configured, then discovered); each is a metrics.TargetView."""
+        return list(self.scrapers) + (self.discovery.scrapers() if self.discovery is not None else [])
