@@ -645,3 +645,31 @@ def test_readme_install_command_renders_what_a_kube_prometheus_stack_user_needs(
     assert ds["spec"]["template"]["spec"]["containers"][0]["image"] == (
         f"registry.example.com/sglang-oom-exporter:{__version__}"
     )
+
+
+@pytest.mark.parametrize(
+    ("damage", "message"),
+    [
+        ("missing", "files/sglang-oom.rules.yaml is missing from the chart: run `sglang-oom-exporter render`"),
+        ("broken", "files/sglang-oom.rules.yaml is not valid YAML"),
+        ("empty", "files/sglang-oom.rules.yaml has no rule groups"),
+    ],
+)
+def test_prometheusrule_fails_on_a_missing_or_broken_rules_file(tmp_path, damage, message):
+    # fromYaml never fails by itself (a missing file gives {}, bad YAML {"Error": ...}): the template must.
+    needs_rules()
+    chart = tmp_path / "chart"
+    shutil.copytree(CHART, chart)
+    rules = chart / "files" / "sglang-oom.rules.yaml"
+    if damage == "missing":
+        rules.unlink()
+    elif damage == "broken":
+        rules.write_text("groups:\n  - name: x\n   rules: [\n")
+    else:
+        rules.write_text("# nothing here\nfoo: 1\n")
+    argv = [_helm(), "template", "t", str(chart), "--set", "prometheusRule.enabled=true"]
+    proc = _run(*argv)
+    assert proc.returncode != 0
+    assert message in proc.stderr
+    # Without the PrometheusRule the chart does not need the file.
+    assert _run(*argv[:-2]).returncode == 0
