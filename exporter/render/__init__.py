@@ -52,11 +52,13 @@ Renderer = Callable[[Catalog, RenderOptions, Mapping[str, str]], Files]
 
 def _renderers() -> list[Renderer]:
     """The renderers in order; imported lazily so that `serve` and `scan` never load them."""
+    from .alerts import render_alerts
     from .chart import render_chart
     from .dashboards import render_dashboards
+    from .runbooks import render_runbooks
 
     # The chart copies what the others wrote: it stays last.
-    return [render_dashboards, render_chart]
+    return [render_alerts, render_runbooks, render_dashboards, render_chart]
 
 
 def render_all(catalog: Catalog, options: RenderOptions | None = None) -> Files:

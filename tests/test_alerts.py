@@ -1,0 +1,322 @@
+"""The alert pack: static checks over the rendered rules, promtool (lint and unit tests), amtool on the example.
+
+The rules file is rendered from the catalog (render/alerts.py) and committed; test_render.py proves it is
+fresh, so these tests read the committed file. promtool's unit tests live in tests/rules/<alert>.test.yaml
+(CONVENTIONS (c)); this module runs them, proves they can fail, and checks that every alert has one.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import yaml
+
+from sglang_oom_exporter.catalog import load_catalog
+from sglang_oom_exporter.config import parse_duration
+from sglang_oom_exporter.render import DEFAULT_RUNBOOK_BASE_URL, RenderOptions, runbook_page_url
+from sglang_oom_exporter.render.alerts import (
+    ALERTMANAGER_PATH,
+    NAME_RE,
+    RECEIVERS,
+    RULES_PATH,
+    SOURCE_LABELS,
+    alert_name,
+    alert_pack,
+    retraction_kind,
+    rules_file,
+)
+
+ROOT = Path(__file__).resolve().parent.parent
+RULES = ROOT / RULES_PATH
+EXAMPLE = ROOT / ALERTMANAGER_PATH
+RULE_TESTS = sorted((ROOT / "tests" / "rules").glob("*.test.yaml"))
+CATALOG = load_catalog()
+SPECS = alert_pack(CATALOG)
+JOB = CATALOG.alert_pack["job"]
+CONTRACT = {"SGLangPrefillOOM", "SGLangDecodeOOM", "SGLangReqSlotsOOM", "SGLangDecodeRequestsAborted",
+            "SGLangOOMCrashLoop", "SGLangKVCacheRetractionsHigh", "SGLangKVCacheNearFull", "SGLangOOMExporterDown",
+            "SGLangOOMExporterNoLogs", "SGLangOOMTargetDown", "SGLangOOMExporterStateErrors"}  # fmt: skip
+
+needs_promtool = pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool (Debian package prometheus) "
+                                    "is not installed; .ci/run installs it")  # fmt: skip
+needs_amtool = pytest.mark.skipif(shutil.which("amtool") is None, reason="amtool (Debian package "
+                                  "prometheus-alertmanager) is not installed; .ci/run installs it")  # fmt: skip
+
+
+def _rules() -> list[dict]:
+    data = yaml.safe_load(RULES.read_text())
+    return [r for g in data["groups"] for r in g["rules"]]
+
+
+def _run(*argv: str, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(argv, cwd=cwd, capture_output=True, text=True, timeout=60, check=False)
+
+
+# --- what the pack contains ------------------------------------------------------------------------------
+
+
+def test_the_contract_names_and_one_fatal_alert_per_fatal_kind_are_all_there():
+    names = [r["alert"] for r in _rules()]
+    assert len(names) == len(set(names)) == len(SPECS)
+    assert set(names) >= CONTRACT, CONTRACT - set(names)
+    fatal_kinds = [k.id for k in CATALOG.kinds if k.fatal in ("true", "raised")]
+    fatal_alerts = [s.name for s in SPECS if s.role == "fatal"]
+    assert fatal_alerts == [alert_name(k) for k in fatal_kinds]
+    assert {"SGLangCUDAOOM", "SGLangPDPreallocOOM", "SGLangMemoryLeakOOM"} <= set(fatal_alerts)  # acronyms kept
+    retract = retraction_kind(CATALOG)
+    assert retract is not None
+    assert [s.kind.id for s in SPECS if s.role == "retraction" and s.kind] == [retract.id]
+    # 17 today: 9 fatal kinds, decode's aborts, the retraction rate, crash loop, near full and four guards.
+    assert len(SPECS) == len(fatal_kinds) + 8
+
+
+def test_names_severities_and_annotations_follow_the_conventions():
+    for rule in _rules():
+        name = rule["alert"]
+        assert NAME_RE.match(name), name
+        assert set(rule["labels"]) == {"severity"}, name
+        assert rule["labels"]["severity"] in ("critical", "warning", "info"), name
+        ann = rule["annotations"]
+        assert set(ann) == {"summary", "description", "runbook_url"}, name  # dashboard_url only with --grafana-url
+        summary = ann["summary"]
+        assert "{{" not in summary, name
+        assert summary[0].isupper(), name
+        assert summary.endswith("."), name
+        assert "{{" in ann["description"], name
+        assert ann["runbook_url"] == f"{DEFAULT_RUNBOOK_BASE_URL}/{name.lower()}.md"
+
+
+def test_critical_is_for_fatal_ooms_and_crash_loops_only():
+    critical = {s.name for s in SPECS if s.severity == "critical"}
+    assert critical == {s.name for s in SPECS if s.role in ("fatal", "crash_loop")}
+    rules = {r["alert"]: r for r in _rules()}
+    for spec in SPECS:
+        if spec.role == "fatal" and spec.kind is not None:
+            assert rules[spec.name]["labels"]["severity"] == spec.kind.severity, spec.name
+
+
+def test_for_is_below_the_window_and_event_alerts_keep_firing():
+    rules = {r["alert"]: r for r in _rules()}
+    windowed = [s for s in SPECS if s.window]
+    assert len(windowed) >= 14
+    for spec in windowed:
+        rule = rules[spec.name]
+        # One isolated event keeps an increase()/rate() true for about one window: `for` must fit inside it.
+        assert parse_duration(rule["for"]) < parse_duration(spec.window), spec.name
+        assert f"[{spec.window}]" in rule["expr"], spec.name
+    for spec in SPECS:
+        if spec.role in ("fatal", "crash_loop"):
+            assert rules[spec.name]["keep_firing_for"] == spec.kind.alert["keep_firing_for"] if spec.kind else True
+            assert parse_duration(rules[spec.name]["keep_firing_for"]) >= 600, spec.name
+        else:
+            assert "keep_firing_for" not in rules[spec.name], spec.name
+
+
+def test_every_expression_matches_the_catalog_job_and_oom_alerts_aggregate_exporters_away():
+    for rule in _rules():
+        assert f'job="{JOB}"' in rule["expr"], rule["alert"]
+    by = f"max by ({', '.join(SOURCE_LABELS)}"
+    for spec in SPECS:
+        if spec.role in ("fatal", "non_fatal", "retraction", "crash_loop"):
+            assert spec.expr.startswith(by), spec.name  # no instance: two exporters give one alert
+            assert "instance" not in spec.expr.split("(", 1)[0]
+    absent = next(s for s in SPECS if s.role == "exporter_down")
+    assert f'absent(up{{job="{JOB}"}})' in absent.expr  # bare selector: the alert keeps its job label
+
+
+def test_descriptions_name_the_numbers_and_fall_back_to_the_catalog_fix():
+    for spec in SPECS:
+        if spec.kind is None:
+            continue
+        d = spec.description
+        assert "sglang_oom_suggested_flag_value" in d, spec.name
+        assert "sglang_oom_current_flag_value" in d, spec.name
+        assert f"{{{{ else }}}}Fix: {spec.kind.summary}{{{{ end }}}}" in d, spec.name
+        if spec.role == "fatal":
+            assert "sglang_oom_last_event_requested_tokens" in d
+            assert "sglang_oom_last_event_available_tokens" in d
+
+
+def test_a_new_kind_in_the_catalog_gets_its_alert_without_code_changes():
+    base = CATALOG.kind("mamba")
+    new = replace(base, id="swa_pool", title="The sliding-window pool is exhausted")
+    catalog = replace(CATALOG, kinds=(*CATALOG.kinds, new))
+    text = rules_file(catalog, RenderOptions())
+    rule = next(r for g in yaml.safe_load(text)["groups"] for r in g["rules"] if r["alert"] == "SGLangSWAPoolOOM")
+    assert 'kind="swa_pool"' in rule["expr"]
+    assert rule["annotations"]["summary"] == "SGLang fatal OOM: the sliding-window pool is exhausted."
+    assert re.search(r"SGLang\(?[^']*SGLangSWAPoolOOM", _example_for(catalog))
+
+
+def _example_for(catalog) -> str:
+    from sglang_oom_exporter.render.alerts import alertmanager_example
+
+    return alertmanager_example(catalog)
+
+
+# --- promtool ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.needs_promtool
+@needs_promtool
+def test_promtool_lints_the_rules_clean():
+    proc = _run("promtool", "check", "rules", "--lint=all", "--lint-fatal", str(RULES))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert f"SUCCESS: {len(SPECS)} rules found" in proc.stdout
+
+
+@pytest.mark.needs_promtool
+@needs_promtool
+@pytest.mark.timeout(60)
+def test_promtool_unit_tests_pass():
+    proc = _run("promtool", "test", "rules", *(p.name for p in RULE_TESTS), cwd=ROOT / "tests" / "rules")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.stdout.count("SUCCESS") == len(RULE_TESTS) == len(SPECS)
+
+
+@pytest.mark.needs_promtool
+@needs_promtool
+@pytest.mark.timeout(30)
+def test_the_unit_tests_catch_a_rule_without_its_born_at_one_branch(tmp_path):
+    # The convention's warning: a plain increase() misses a series born at 1. Prove the tests notice.
+    data = yaml.safe_load(RULES.read_text())
+    rule = next(r for g in data["groups"] for r in g["rules"] if r["alert"] == "SGLangPrefillOOM")
+    rule["expr"] = (
+        f'max by (namespace, pod, container, source, kind) (increase(sglang_oom_fatal_events_total{{job="{JOB}", kind="prefill"}}[5m]) > 0)'
+    )
+    (tmp_path / "rules.yaml").write_text(yaml.safe_dump(data, sort_keys=False))
+    test = yaml.safe_load((ROOT / "tests" / "rules" / "sglangprefilloom.test.yaml").read_text())
+    test["rule_files"] = ["rules.yaml"]
+    (tmp_path / "t.test.yaml").write_text(yaml.safe_dump(test, sort_keys=False))
+    proc = _run("promtool", "test", "rules", "t.test.yaml", cwd=tmp_path)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 1
+    assert "name: a series born at 1 pages" in out
+    assert "name: one event pages" not in out  # the plain increase still sees the ordinary case
+
+
+def test_every_alert_has_a_promtool_test_that_fires_it_and_one_that_keeps_it_quiet():
+    fired: dict[str, set[str]] = {}
+    quiet: dict[str, set[str]] = {}
+    for path in RULE_TESTS:
+        data = yaml.safe_load(path.read_text())
+        assert data["rule_files"] == ["../../alerts/sglang-oom.rules.yaml"], path
+        assert data["evaluation_interval"] == "1m", path
+        for test in data["tests"]:
+            for case in test["alert_rule_test"]:
+                into = fired if case["exp_alerts"] else quiet
+                into.setdefault(case["alertname"], set()).add(path.name)
+                for alert in case["exp_alerts"]:
+                    # promtool compares annotations as a whole map: every firing case checks all of them.
+                    assert set(alert["exp_annotations"]) == {"summary", "description", "runbook_url"}, path
+    names = {s.name for s in SPECS}
+    assert set(fired) == names, names ^ set(fired)
+    assert set(quiet) == names, names ^ set(quiet)
+    assert {p.name for p in RULE_TESTS} == {f"{n.lower()}.test.yaml" for n in names}
+
+
+@pytest.mark.needs_promtool
+@needs_promtool
+@pytest.mark.timeout(30)
+def test_dashboard_url_is_templated_from_the_alert_labels(tmp_path):
+    options = RenderOptions(
+        runbook_base_url="https://runbooks.example.com/sglang", grafana_url="https://grafana.example.com"
+    )
+    (tmp_path / "rules.yaml").write_text(rules_file(CATALOG, options))
+    k8s = 'job="sglang-oom-exporter",instance="10.0.0.7:9877",kind="cuda_oom",namespace="llm",pod="sglang-0",container="sglang"'
+    test = {
+        "rule_files": ["rules.yaml"],
+        "evaluation_interval": "1m",
+        "tests": [{
+            "interval": "1m",
+            "input_series": [{"series": f"sglang_oom_fatal_events_total{{{k8s}}}", "values": "0 1x5"},
+                             {"series": 'up{job="other"}', "values": "1x12"}],
+            "alert_rule_test": [
+                {"eval_time": "1m", "alertname": "SGLangCUDAOOM", "exp_alerts": [{
+                    "exp_labels": {"severity": "critical", "kind": "cuda_oom", "namespace": "llm", "pod": "sglang-0",
+                                   "container": "sglang"},
+                    "exp_annotations": {
+                        "summary": "SGLang fatal OOM: the CUDA allocator ran out of GPU memory (outside the KV pool).",
+                        "description": "1 fatal cuda_oom OOM event(s) on pod llm/sglang-0 in the last 5m: the CUDA "
+                        "allocator ran out of GPU memory (outside the KV pool). Fix: Activations or CUDA graphs "
+                        "outgrew what the KV pool left free; lower --mem-fraction-static (e.g. to 0.8).",
+                        "runbook_url": "https://runbooks.example.com/sglang/sglangcudaoom.md",
+                        "dashboard_url": "https://grafana.example.com/d/sglang-oom-overview?from=now-3h&to=now"
+                        "&var-kind=cuda_oom&var-namespace=llm&var-pod=sglang-0",
+                    }}]},
+                {"eval_time": "10m", "alertname": "SGLangOOMExporterDown", "exp_alerts": [{
+                    "exp_labels": {"severity": "warning", "job": "sglang-oom-exporter"},
+                    "exp_annotations": {
+                        "summary": "The SGLang OOM exporter is down or not scraped, so no OOM alert can fire.",
+                        "description": 'Prometheus has no target with job="sglang-oom-exporter" at all (for 10m). '
+                        "OOMs on the servers it watches go uncounted until it is back: check the exporter pod or "
+                        'process, its logs, and that the scrape job is named "sglang-oom-exporter".',
+                        "runbook_url": "https://runbooks.example.com/sglang/sglangoomexporterdown.md",
+                        "dashboard_url": "https://grafana.example.com/d/sglang-oom-overview?from=now-3h&to=now",
+                    }}]},
+            ],
+        }],
+    }  # fmt: skip
+    (tmp_path / "t.test.yaml").write_text(yaml.safe_dump(test, sort_keys=False))
+    proc = _run("promtool", "test", "rules", "t.test.yaml", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert runbook_page_url(options, "SGLangCUDAOOM") == "https://runbooks.example.com/sglang/sglangcudaoom.md"
+
+
+# --- the example Alertmanager config ----------------------------------------------------------------------
+
+
+@needs_amtool
+def test_amtool_accepts_the_example():
+    proc = _run("amtool", "check-config", str(EXAMPLE))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "SUCCESS" in proc.stdout
+    assert " - 3 inhibit rules" in proc.stdout
+    assert " - 3 receivers" in proc.stdout
+
+
+@needs_amtool
+@pytest.mark.timeout(60)
+def test_amtool_routes_critical_to_the_pager_and_warnings_to_tickets():
+    for spec in SPECS:
+        receiver = RECEIVERS[spec.severity]
+        labels = [f"alertname={spec.name}", f"severity={spec.severity}", "namespace=llm", "pod=sglang-0"]
+        proc = _run("amtool", "config", "routes", "test", f"--config.file={EXAMPLE}",
+                    f"--verify.receivers={receiver}", *labels)  # fmt: skip
+        assert proc.returncode == 0, (spec.name, proc.stdout + proc.stderr)
+        assert proc.stdout.strip() == receiver
+    # The check can fail: a page is not a ticket, and info is never routed.
+    proc = _run("amtool", "config", "routes", "test", f"--config.file={EXAMPLE}", "--verify.receivers=ticket",
+                "alertname=SGLangPrefillOOM", "severity=critical")  # fmt: skip
+    assert proc.returncode == 1
+    proc = _run("amtool", "config", "routes", "test", f"--config.file={EXAMPLE}", "alertname=X", "severity=info")
+    assert proc.stdout.strip() == "null"
+
+
+def test_the_example_inhibits_a_sources_warnings_while_its_oom_pages():
+    config = yaml.safe_load(EXAMPLE.read_text())
+    pages = {s.name for s in SPECS if s.severity == "critical"}
+    rules = config["inhibit_rules"]
+    assert len(rules) == 3
+
+    def names(matcher: str) -> set[str]:
+        m = re.fullmatch(r'alertname(=~|=)"(.*)"', matcher)
+        assert m is not None, matcher
+        pattern = m.group(2) if m.group(1) == "=~" else re.escape(m.group(2))
+        return {s.name for s in SPECS if re.fullmatch(pattern, s.name)}
+
+    warnings, near_full, no_logs = rules
+    assert names(warnings["source_matchers"][0]) == pages
+    assert names(warnings["target_matchers"][0]) == {"SGLangDecodeRequestsAborted", "SGLangKVCacheRetractionsHigh"}
+    assert warnings["equal"] == list(SOURCE_LABELS)
+    assert names(near_full["source_matchers"][0]) == pages
+    assert names(near_full["target_matchers"][0]) == {"SGLangKVCacheNearFull"}
+    assert near_full["equal"] == ["namespace", "pod"]
+    assert names(no_logs["source_matchers"][0]) == {"SGLangOOMExporterDown"}
+    assert names(no_logs["target_matchers"][0]) == {"SGLangOOMExporterNoLogs"}
+    assert no_logs["equal"] == ["instance"]
