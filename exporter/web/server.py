@@ -36,13 +36,13 @@ from .. import __version__
 from ..catalog.loader import Catalog
 from ..daemon.sink import event_json
 from ..daemon.store import EventStore, Health
+from ..sources.http import DeadlineReader
 from ..web.page import render_page
 from ..web.webconfig import BasicAuth, WebConfig
 
 if TYPE_CHECKING:
     from email.message import Message
 
-    from _typeshed import WriteableBuffer
 
 _LOG = logging.getLogger(__name__)
 
@@ -227,33 +227,6 @@ def _limit(query: dict[str, list[str]]) -> int:
     return MAX_LIMIT if len(value) > len(str(MAX_LIMIT)) else min(int(value), MAX_LIMIT)
 
 
-class _HeadReader(io.RawIOBase):
-    """The socket's read side with a byte budget and one deadline for the whole request head.
-
-    A per-recv timeout alone lets a client that sends a byte every few seconds hold a thread for ever;
-    here every recv waits at most until the head's deadline.
-    """
-
-    def __init__(self, sock: socket.socket, budget: int, deadline: float) -> None:
-        super().__init__()
-        self._sock, self._budget, self._deadline = sock, budget, deadline
-
-    def readable(self) -> bool:
-        return True
-
-    def readinto(self, buffer: WriteableBuffer) -> int:
-        remaining = self._deadline - time.monotonic()
-        if remaining <= 0:
-            raise TimeoutError("request head not received in time")
-        if self._budget <= 0:
-            raise _HeadTooLargeError
-        self._sock.settimeout(remaining)
-        view = memoryview(buffer).cast("B")
-        n = self._sock.recv_into(view, min(len(view), self._budget))
-        self._budget -= n
-        return n
-
-
 class _Handler(BaseHTTPRequestHandler):
     """One request per connection: the head under a deadline, then one route's response."""
 
@@ -266,7 +239,9 @@ class _Handler(BaseHTTPRequestHandler):
         super().setup()
         self.rfile.close()  # the plain makefile() reader: unclosed, it would keep the socket's fd open
         deadline = time.monotonic() + self.server.app.request_timeout
-        self.rfile = io.BufferedReader(_HeadReader(self.connection, MAX_HEAD_BYTES, deadline))
+        # The head gets one deadline and a byte budget, so a client dripping a byte at a time cannot pin a thread.
+        head = DeadlineReader(self.connection, deadline, budget=MAX_HEAD_BYTES, too_large=_HeadTooLargeError())
+        self.rfile = io.BufferedReader(head)
         self.requestline, self.request_version, self.command = "", "HTTP/1.0", ""
 
     def handle_one_request(self) -> None:
