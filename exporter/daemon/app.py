@@ -106,6 +106,11 @@ class App:
         if label_names_for(config.kubernetes is not None) != self.counts.label_names:
             refused.append("kubernetes on/off")
             config = replace(config, kubernetes=self.config.kubernetes)
+        new_k, old_k = config.kubernetes, self.config.kubernetes
+        if new_k is not None and old_k is not None and new_k.discover_targets != old_k.discover_targets:
+            # Node discovery is built once, with its API client and service-account token.
+            refused.append("kubernetes.discover_targets")
+            config = replace(config, kubernetes=replace(new_k, discover_targets=old_k.discover_targets))
         with self.sources.lock:
             self.config, self.catalog = config, catalog
             self.counts.set_kinds(catalog.ids, catalog.retraction_kind)
