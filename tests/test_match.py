@@ -321,3 +321,21 @@ def test_trimmed_and_wrapped_prefixes_keep_rank_time_and_numbers(log):
     assert [(e.kind, e.ranks, e.time, e.numbers.get("requested_tokens")) for e in events] == [
         ("decode", ("TP0",), "2026-03-14T22:07:33", 9)
     ]
+
+
+def test_a_file_cut_mid_traceback_with_its_exception_line_counts_once_with_the_phase_from_its_frames():
+    path = "/usr/lib/python3/dist-packages/sglang/srt/managers/scheduler.py"
+    log = (
+        "    scheduler.event_loop_overlap()\n"
+        + frames("update_running_batch", "prepare_for_decode", "alloc_token_slots", path=path)
+        + "RuntimeError: " + GENERIC + "\n"
+    )  # fmt: skip
+    for prefilter in (True, False):
+        events = scan_text(log, prefilter=prefilter)
+        assert [(e.kind, e.phase, e.inferred, e.location) for e in events] == [("decode", "decode", False, "t.log:2")]
+        assert (events[0].numbers["requested_tokens"], events[0].numbers["available_tokens"]) == (96, 40)
+
+
+def test_frames_of_other_code_with_nothing_open_start_no_record():
+    log = frames("forward", "alloc_token_slots", path="/opt/venv/lib/python3.12/site-packages/vllm/worker.py") + "\n"
+    assert scan_text(log) == []

@@ -38,6 +38,13 @@ FRAGMENTS = [
     b"\xff\xfe\x00garbage\n",
     b"[2026-03-14 22:07:35 TP0] Decode batch, #running-req: 3, token usage: 1.00\n",
 ]
+# The same records as docker-compose prints them, with another service's lines to mix in anywhere.
+COMPOSE_FRAGMENTS = [b"sglang-1  | " + f for f in FRAGMENTS if not f.startswith((b"2026-03-14T", b"\xff"))] + [
+    b'webui-1   | INFO:     172.19.0.1:40112 - "GET /health HTTP/1.1" 200 OK\n',
+    b"webui-1   | Traceback (most recent call last):\n",
+    b"webui-1   | [2026-03-14 22:07:33] WARNING: chat task failed, retrying\n",
+    b"sglang-1 exited with code 137\n",
+]
 
 
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -58,6 +65,33 @@ def test_any_chunking_gives_the_same_events(parts, chunk):
 def test_prefilter_gives_the_same_events_as_reading_every_line(parts):
     data = b"".join(parts)
     assert summary(scan_bytes(data)) == summary(scan_bytes(data, prefilter=False))
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.sampled_from(COMPOSE_FRAGMENTS), max_size=80), st.integers(min_value=1, max_value=257))
+def test_compose_interleaving_gives_the_same_events_with_or_without_prefilter_and_any_chunking(parts, chunk):
+    data = b"".join(parts)
+    reference = summary(scan_bytes(data, prefilter=False))
+    assert summary(scan_bytes(data)) == reference
+    assert summary(scan_bytes(data, chunk=chunk)) == reference
+
+
+FOREIGN = COMPOSE_FRAGMENTS[-4:]
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.sampled_from(COMPOSE_FRAGMENTS[:-4]), max_size=60), st.data())
+def test_another_service_never_ends_splits_or_joins_an_sglang_record(parts, data):
+    mixed: list[bytes] = []
+    for part in parts:
+        mixed += [*data.draw(st.lists(st.sampled_from(FOREIGN), max_size=3)), part]
+
+    def what(events):
+        return [(e.kind, e.fatal, e.ranks, e.phase, e.numbers) for e in events]
+
+    reference = what(scan_bytes(b"".join(parts)))
+    assert what(scan_bytes(b"".join(mixed))) == reference
+    assert what(scan_bytes(b"".join(mixed), prefilter=False)) == reference
 
 
 @settings(max_examples=60, deadline=None)

@@ -7,7 +7,7 @@ import io
 import pytest
 
 from sglang_oom_exporter.detect.model import Gap, RawLine
-from sglang_oom_exporter.detect.reader import BytesFinder, LineReader, make_finder, minimal_literals
+from sglang_oom_exporter.detect.reader import BytesFinder, LineReader, make_finder, minimal_literals, wrapper_stream
 from sglang_oom_exporter.scan import scan_stream
 from tests.helpers import CATALOG, MATCHER, scan_bytes
 
@@ -98,3 +98,47 @@ def test_gzip_input_gives_the_same_events(tmp_path):
 def test_invalid_utf8_is_replaced_not_fatal():
     data = b"\xff\xfe garbage \xc3\x28\n" + OOM.replace(b"batch", b"b\xffatch", 1) + OOM
     assert [e.kind for e in scan_bytes(data)] == ["prefill"]
+
+
+@pytest.mark.parametrize(
+    ("line", "stream"),
+    [
+        (b"sglang-1  | [2026-03-14 22:07:33 TP0] Out of memory.", b"sglang-1"),
+        (b"\x1b[36mopen-webui-1  |\x1b[0m INFO:     172.18.0.1:52144", b"open-webui-1"),
+        (b"2026-03-14T22:07:33.118204551Z stderr F Try to allocate 96 tokens.", b"stderr"),
+        (b'{"log":"Try to allocate 96 tokens.\\n","stream":"stdout","time":"2026-03-14T22:07:33Z"}', b"stdout"),
+        (b"[2026-03-14 22:07:33 TP0] Out of memory. Try to lower your batch size.", None),
+        (b"Available tokens: 40 (available_size=40 + evictable_size=0)", None),
+        (b"2026-03-14 22:07:33.512 | INFO     | open_webui.main:chat:617 - done", None),
+    ],
+)
+def test_wrapper_stream_names_the_compose_service_or_the_runtime_stream(line, stream):
+    assert wrapper_stream(line) == stream
+
+
+@pytest.mark.parametrize("finder", ["hyperscan", "bytes.find"])
+def test_other_service_lines_inside_a_block_neither_use_up_nor_extend_the_window(finder):
+    if finder == "hyperscan":
+        pytest.importorskip("hyperscan", reason="hyperscan has no wheel for this platform")
+    foreign = b'webui-1   | INFO:     172.19.0.1:40112 - "GET /health HTTP/1.1" 200 OK\n'
+    data = (
+        b"sglang-1  | [2026-03-14 22:07:33] Decode out of memory. Try to lower your batch size.\n"
+        + foreign * 20
+        + b"sglang-1  | Try to allocate 8 tokens.\n"
+        + foreign * 20
+        + b"sglang-1  | Available tokens: 5 (available_size=5 + evictable_size=0)\n"
+        + b"sglang-1  | \n"
+        + b"sglang-1  | [2026-03-14 22:07:34] INFO:     127.0.0.1:41002 - \"GET /health HTTP/1.1\" 200 OK\n" * 3
+        + foreign * 30
+    )
+    reader = LineReader(["ut of memory"], extenders=["Try to allocate", "vailable"], finder=finder, before=0)
+    items = _drain(reader, [data])
+    passed = [i.lineno for i in items if isinstance(i, RawLine)]
+    # The other service's lines neither close the window (the details pass) nor keep it open once
+    # sglang-1's own lines have used it up: the last 30 are skipped.
+    assert passed == list(range(1, 48))
+    assert sum(i.lines for i in items if isinstance(i, Gap)) == 30
+    events = scan_bytes(data)
+    assert [(e.kind, e.numbers["requested_tokens"], e.numbers["available_tokens"]) for e in events] == [
+        ("decode", 8, 5)
+    ]

@@ -62,6 +62,7 @@ class _Open:
     frames: list[tuple[str, str]] = field(default_factory=list)
     state: str = "body"  # block: body; traceback: frames | exception | after_blank
     exceptions: list[list[str]] = field(default_factory=list)
+    headless: bool = False  # a traceback that began at a frame (the file was cut): frames and source lines only
 
     def size(self) -> int:
         return len(self.lines) + len(self.frames) + sum(len(e) for e in self.exceptions)
@@ -70,8 +71,13 @@ class _Open:
 class Assembler:
     """Stateful per source: feed lines and gaps in order, collect Records."""
 
-    def __init__(self, anchors: Sequence[str], prefixes: PrefixParser | None = None) -> None:
+    def __init__(
+        self, anchors: Sequence[str], prefixes: PrefixParser | None = None, frame_literals: Sequence[str] = ()
+    ) -> None:
         self._anchors = tuple(anchors)
+        # A frame starts a headless traceback only when it holds one of these (SGLang's own code): the reader
+        # passes every such line, so the record starts at the same line with or without the prefilter.
+        self._frame_literals = tuple(frame_literals)
         self._prefixes = prefixes or PrefixParser()
         self._open: dict[tuple[str, str], _Open] = {}
         self._last_key: dict[str, tuple[str, str]] = {}
@@ -131,7 +137,7 @@ class Assembler:
                 return
             yield from self._close(last)
         key = (line.stream, "")
-        if _HEADER.search(message) or self._has_anchor(message) or _FRAME.match(message):
+        if _HEADER.search(message) or self._has_anchor(message) or self._starts_headless(message):
             yield from self._close(key)
             self._last_key[line.stream] = key
             self._start(key, line, None, message)
@@ -152,13 +158,15 @@ class Assembler:
             self._open[key] = _Open(
                 "block", line.lineno, line.offset, prefix, line.stream, line.runtime_time, lines=[message]
             )
-        elif (m := _FRAME.match(message)) is not None:
+        elif self._starts_headless(message) and (m := _FRAME.match(message)) is not None:
             # A frame with no traceback open: the file begins mid-traceback (rotation or a size cap cut it
-            # between records, facts 10.10). Its frames can still name the failure (R5).
-            self._open[key] = _Open(
-                "traceback", line.lineno, line.offset, prefix, line.stream, line.runtime_time, state="frames"
-            )
-            self._open[key].frames.append((m.group("path"), m.group("func")))
+            # between records, facts 10.10). Its frames can still name the failure (R5). It ends at the
+            # first line that is neither a frame nor indented; an exception line there is a record of its own,
+            # joined to this one by the deduper (R2).
+            rec = _Open("traceback", line.lineno, line.offset, prefix, line.stream, line.runtime_time, state="frames")
+            rec.headless = True
+            rec.frames.append((m.group("path"), m.group("func")))
+            self._open[key] = rec
 
     def _append(self, rec: _Open, message: str) -> None:
         if rec.kind == "block":
@@ -191,6 +199,9 @@ class Assembler:
             if out is not None:
                 yield out
 
+    def _starts_headless(self, message: str) -> bool:
+        return any(lit in message for lit in self._frame_literals) and _FRAME.match(message) is not None
+
     def _has_anchor(self, message: str) -> bool:
         return any(a in message for a in self._anchors)
 
@@ -200,6 +211,8 @@ def _continues(rec: _Open, message: str, *, prefixed: bool) -> bool:
     blank = not message.strip()
     if rec.kind == "block":
         return not blank and _DETAIL.match(message) is not None
+    if rec.headless:
+        return message[:1] in (" ", "\t") and not blank
     if rec.state == "frames":
         if prefixed:
             return (

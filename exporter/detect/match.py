@@ -12,7 +12,7 @@ request echoed by --log-requests, is never an event.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
 import regex

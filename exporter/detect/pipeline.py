@@ -80,7 +80,7 @@ class Pipeline:
             prefilter=prefilter,
         )
         self._decoder = Decoder()
-        self._assembler = Assembler(anchors, PrefixParser(extra_prefixes))
+        self._assembler = Assembler(anchors, PrefixParser(extra_prefixes), FRAME_LITERALS)
         self._matcher = matcher
         self._events = 0
         self._records = 0
