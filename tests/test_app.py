@@ -188,6 +188,9 @@ def test_an_exception_in_one_source_is_counted_and_the_others_are_read(tmp_path,
 # --- defect 3: SIGHUP applies the catalog and the targets, and says what it cannot apply -----------------------
 
 
+NEW_KIND_LINE = "[2026-03-14 22:07:33 TP0] Host KV swap space exhausted; 512 tokens dropped\n"
+
+
 def _catalog_with_a_new_kind(tmp_path) -> str:
     """A copy of the shipped catalog with one more kind, built from a copy of an existing kind's entry."""
     with open(default_catalog_path(), encoding="utf-8") as fh:
@@ -198,20 +201,17 @@ def _catalog_with_a_new_kind(tmp_path) -> str:
         "id": "host_swap",
         "title": "The host KV swap space ran out",
         "anchors": ["swap space exhausted"],
-        "patterns": [{"regex": r"Host KV swap space exhausted; (?P<requested_tokens>\d+) tokens dropped",
-                      "versions": "test"}],  # fmt: skip
+        "patterns": [
+            {"regex": r"Host KV swap space exhausted; (?P<requested_tokens>\d+) tokens dropped", "versions": "t"}
+        ],
         "extract": [],
         "suggest": "none",
-        "examples": {"match": ["[2026-03-14 22:07:33 TP0] Host KV swap space exhausted; 512 tokens dropped"],
-                     "no_match": ["[2026-03-14 22:07:33 TP0] Host KV swap space is 40% full"]},  # fmt: skip
+        "examples": {"match": [NEW_KIND_LINE.strip()], "no_match": ["[2026-03-14 22:07:33 TP0] Host KV swap 40% full"]},
     }
     data["kinds"].append(kind)
     path = tmp_path / "catalog-copy.yaml"
     path.write_text(yaml.safe_dump(data, sort_keys=False))
     return str(path)
-
-
-NEW_KIND_LINE = "[2026-03-14 22:07:33 TP0] Host KV swap space exhausted; 512 tokens dropped\n"
 
 
 def _exposition(app: App) -> str:
@@ -261,7 +261,7 @@ def test_reload_rebuilds_the_scrapers_and_keeps_an_unchanged_one(tmp_path):
 
 
 def test_reload_refuses_what_needs_a_restart_and_says_so(tmp_path, caplog):
-    app, clock = _app(tmp_path)
+    app, _clock = _app(tmp_path)
     changed = Config(**{**_fields(app.config), "listen": "127.0.0.1:1", "poll_interval": 3.0})
     with caplog.at_level("WARNING", logger="sglang_oom_exporter.daemon.app"):
         assert app.reload(changed, CATALOG) == "partial"

@@ -377,9 +377,19 @@ def test_sighup_reloads_the_config(tmp_path, daemon_factory):
     config.write_text(f"paths: ['{first}/*.log']\n")
     d = daemon_factory("--config", str(config))
     assert d.healthy() is False  # nothing matches yet, and /healthz says so
-    config.write_text(f"paths: ['{second}/*.log']\n")
+    target = f"http://127.0.0.1:{_free_port()}"  # nothing listens there: the new scraper reports it down
+    config.write_text(f"paths: ['{second}/*.log']\ntargets: [{{url: '{target}'}}]\n")
     d.send(signal.SIGHUP)
     wait_for(lambda: d.healthy() is True, what="the reloaded paths to be followed")
     append(second / "b.log", oom_block())
     settle(d, 1)
     assert d.count(source="b") == 1
+    metrics = d.metrics()
+    assert metrics[("sglang_oom_target_up", (("target", target),))] == 0.0
+    assert metrics[("sglang_oom_target_scrape_errors_total", (("reason", "refused"), ("target", target)))] >= 1.0
+    assert metrics[("sglang_oom_exporter_config_reloads_total", (("result", "applied"),))] == 1.0
+    config.write_text("paths: [\n")  # broken YAML: refused, the running configuration stays
+    d.send(signal.SIGHUP)
+    wait_for(lambda: d.metrics().get(("sglang_oom_exporter_config_reloads_total", (("result", "failed"),))) == 1.0,
+             what="the failed reload to be counted")  # fmt: skip
+    assert d.healthy() is True
