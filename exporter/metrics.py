@@ -331,7 +331,8 @@ class ExporterCollector(Collector):
         yield _info()
         if self._reloads is not None:
             reloads = CounterMetricFamily(
-                f"{SELF}_config_reloads", "SIGHUP reloads: applied, partial (a part needs a restart), failed.",
+                f"{SELF}_config_reloads",
+                "SIGHUP reloads: applied, partial (a part needs a restart), failed.",
                 labels=["result"],
             )
             for result, n in self._reloads().items():

@@ -163,7 +163,6 @@ class Matcher:
                         return group
         return None
 
-
     def resolve(self, base: Report, reports: Sequence[Report]) -> tuple[str, str | None, str | None]:
         """(kind, phase, subphase) of one joined failure, once: the frames of any member decide the phase.
 
