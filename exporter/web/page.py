@@ -91,7 +91,7 @@ def _numbers(e: OomEvent) -> str:
     items += [(k, v) for k, v in e.numbers.items() if k not in first]
     if e.phase:
         items.append(("phase", e.phase + (f"/{e.subphase}" if e.subphase else "")))
-    items += [(f"pool {p.name}", f"total={p.total} available={p.available} evictable={p.evictable}") for p in e.pools]
+    items += [(f"pool {p.name}", " ".join(f"{k}={v}" for k, v in p.as_dict().items() if k != "pool")) for p in e.pools]
     if e.inferred:
         items.append(("kind", "inferred from traceback frames"))
     return "<br>".join(f"{_e(k)}: {_e(v)}" for k, v in items) or "-"
