@@ -1,0 +1,188 @@
+"""End to end: an SGLang OOM in a log becomes a page, through the real daemon, Prometheus and Alertmanager.
+
+    fake SGLang (server args) <- serve (follows server.log, other.log) <- prometheus (rendered rules, 1s)
+                                                        -> prometheus-alertmanager (the example config) -> webhook
+
+The daemon follows two temporary logs (sources "server" and "other") and scrapes tests/fake_sglang.py for
+the server's args, so an OOM carries a concrete suggestion. Prometheus loads the committed rules file and
+scrapes the daemon every second under job sglang-oom-exporter; Alertmanager runs a copy of
+alerts/alertmanager.example.yml whose two webhook receivers point at an http.server inside this test and
+whose group_wait/group_interval are 1s (the example's 30s/5m would only make the test wait). Steps:
+
+1. a lone retraction on each source is counted, and after two rule evaluations that saw it nothing is
+   pending or firing and nothing was delivered;
+2. a prefill OOM block (16384 tokens asked, 6100 available, chunked_prefill_size 16384 on the server) is
+   appended: SGLangPrefillOOM reaches the pager receiver with the flag, the numbers and the suggested 4096.
+   The time from the append to the delivery is printed (the figure the README quotes);
+3. inhibition: the rules are reloaded with a derived copy in which SGLangKVCacheRetractionsHigh fires on
+   any retraction at once (for 0m, threshold 0.001 a minute; everything else unchanged, rendered from a
+   catalog copy). Its alert for "other" reaches the ticket receiver; the one for "server", whose OOM page is
+   firing, is held by Alertmanager as suppressed, inhibited by that page, and never delivered.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import yaml
+
+from sglang_oom_exporter.catalog import load_catalog
+from sglang_oom_exporter.render import RenderOptions
+from sglang_oom_exporter.render.alerts import ALERTMANAGER_PATH, RETRACTIONS_HIGH, RULES_PATH, alert_pack, rules_file
+from tests.fake_sglang import FakeSGLang
+from tests.promstack import (
+    ALERTMANAGER,
+    PROMETHEUS,
+    Alertmanager,
+    Prometheus,
+    WebhookReceiver,
+    require_binaries,
+    wait_until,
+)
+from tests.test_serve_e2e import Daemon, append
+from tests.test_targets_e2e import INFO, PREFILL
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(90)]
+
+ROOT = Path(__file__).resolve().parent.parent
+RETRACTION = "[2026-03-14 22:09:0{s} TP0] KV cache pool is full. Retract requests. #retracted_reqs: 2, #new_token_ratio: 0.4000 -> 0.5000\n"
+PAGE_BOUND_SECONDS = 20.0
+RULE_COUNT = len(alert_pack(load_catalog()))
+# SGLang's own /metrics at half KV usage: the near-full warning stays quiet, so step 1 can expect no alert at all.
+KV_HALF_USED = b"# TYPE sglang:token_usage gauge\nsglang:token_usage 0.5\n"
+
+
+def test_config_for_the_test_is_the_example_with_local_receivers_and_short_waits():
+    config = yaml.safe_load(_alertmanager_config("http://127.0.0.1:1"))
+    example = yaml.safe_load((ROOT / ALERTMANAGER_PATH).read_text())
+    assert config["inhibit_rules"] == example["inhibit_rules"]
+    assert config["route"]["routes"] == example["route"]["routes"]
+    assert [r["name"] for r in config["receivers"]] == ["pager", "ticket", "null"]
+
+
+def _alertmanager_config(hook_url: str) -> str:
+    """The example config, its webhooks pointed at the test's receiver (path = receiver name), 1s waits."""
+    config = yaml.safe_load((ROOT / ALERTMANAGER_PATH).read_text())
+    for receiver in config["receivers"]:
+        for hook in receiver.get("webhook_configs", []):
+            hook["url"] = f"{hook_url}/{receiver['name']}"
+    config["route"].update(group_wait="1s", group_interval="1s")
+    return yaml.safe_dump(config, sort_keys=False)
+
+
+def _fast_retraction_rules(path: Path) -> Path:
+    """The rules rendered from a catalog copy whose retraction alert fires on any retraction at once."""
+    catalog = load_catalog()
+    retract = catalog.kind(catalog.retraction_kind or "")
+    fast = replace(retract, alert={**retract.alert, "for": "0m", "threshold_per_minute": 0.001})
+    catalog = replace(catalog, kinds=tuple(fast if k.id == retract.id else k for k in catalog.kinds))
+    path.write_text(rules_file(catalog, RenderOptions()))
+    return path
+
+
+def _delivered(hook: WebhookReceiver, receiver: str, alertname: str, **labels: str) -> list[dict]:
+    return [
+        a for a in hook.alerts(f"/{receiver}")
+        if a["labels"].get("alertname") == alertname and all(a["labels"].get(k) == v for k, v in labels.items())
+    ]  # fmt: skip
+
+
+def test_an_oom_in_the_log_pages_with_its_fix_and_warnings_are_inhibited(tmp_path):
+    require_binaries(PROMETHEUS, ALERTMANAGER)
+    started = time.monotonic()
+    server_log, other_log = tmp_path / "server.log", tmp_path / "other.log"
+    server_log.write_text("")
+    other_log.write_text("")
+    with FakeSGLang() as fake, WebhookReceiver() as hook:
+        fake.metrics_body = KV_HALF_USED
+        fake.info_body = json.dumps(INFO).encode()
+        daemon = Daemon(["--sglang-url", fake.url, "--scrape-interval", "0.3s", "--scrape-timeout", "1s",
+                         str(server_log), str(other_log)], str(tmp_path / "state"))  # fmt: skip
+        daemon.start()
+        try:
+            with (
+                Alertmanager(tmp_path / "am", _alertmanager_config(hook.url)) as am,
+                Prometheus(
+                    tmp_path / "prom",
+                    rule_files=[ROOT / RULES_PATH],
+                    targets=[f"127.0.0.1:{daemon.port}"],
+                    alertmanager_url=am.url,
+                ) as prom,
+            ):
+                _run(prom, am, hook, server_log, other_log, tmp_path)
+        finally:
+            daemon.stop()
+    print(f"\nalert e2e: {time.monotonic() - started:.1f}s in all")
+
+
+def _run(prom, am, hook, server_log, other_log, tmp_path) -> None:
+    prom.wait_for_targets_up()
+    assert prom.wait_for_rules_loaded() == RULE_COUNT
+    wait_until(lambda: prom.query_value('max(sglang_oom_target_server_arg{arg="chunked_prefill_size"})') == 16384,
+               timeout=15, what="the server args in Prometheus")  # fmt: skip
+
+    # 1. A lone retraction on each source pages nothing.
+    append(server_log, RETRACTION.format(s=1))
+    append(other_log, RETRACTION.format(s=2))
+    retractions = 'sum(sglang_oom_events_total{kind="retract"})'
+    wait_until(lambda: prom.query_value(retractions) == 2, timeout=15, what="both retractions in Prometheus")
+    seen_at = time.time()
+    wait_until(lambda: all(g["lastEvaluation"] and _ts(g["lastEvaluation"]) > seen_at + 2 for g in prom.rule_groups()),
+               timeout=10, what="two rule evaluations after the retractions")  # fmt: skip
+    assert prom.alerts() == []
+    assert hook.snapshot() == []
+
+    # 2. A prefill OOM pages, with its fix.
+    appended = time.monotonic()
+    append(server_log, PREFILL.format(s=5))
+    note = hook.wait_for(lambda n: n["_path"] == "/pager", timeout=PAGE_BOUND_SECONDS, what="the page")
+    to_page = hook.received_at[hook.snapshot().index(note)] - appended
+    print(f"\ntime to page (log append -> Alertmanager webhook): {to_page:.1f}s")
+    (alert,) = note["alerts"]
+    assert alert["status"] == "firing"
+    assert alert["labels"] == {"alertname": "SGLangPrefillOOM", "kind": "prefill", "source": "server",
+                               "severity": "critical"}  # fmt: skip
+    ann = alert["annotations"]
+    assert ann["description"] == (
+        "1 fatal prefill OOM event(s) on source server in the last 5m: KV cache exhausted while scheduling a prefill "
+        "batch. The last one asked for 16384 KV tokens while 6100 were available. Suggested: --chunked-prefill-size "
+        "from 16384 to 4096."
+    )
+    assert ann["runbook_url"].endswith("/docs/runbooks/sglangprefilloom.md")
+    assert [n["_path"] for n in hook.snapshot()] == ["/pager"]  # nothing else fired
+
+    # 3. Inhibition: the retraction warning of the paged source is held back, the other source's goes out.
+    assert prom.reload(rule_files=[_fast_retraction_rules(tmp_path / "fast-retraction.rules.yaml")]) == RULE_COUNT
+    prom.wait_for_alert(RETRACTIONS_HIGH, source="server", timeout=10)
+    prom.wait_for_alert(RETRACTIONS_HIGH, source="other", timeout=10)
+    wait_until(lambda: _delivered(hook, "ticket", RETRACTIONS_HIGH, source="other"), timeout=15,
+               what="the other source's retraction warning at the ticket receiver")  # fmt: skip
+    wait_until(lambda: _am_alert(am, RETRACTIONS_HIGH, "server"), timeout=10, what="the held warning in Alertmanager")
+    held = _am_alert(am, RETRACTIONS_HIGH, "server")
+    page = _am_alert(am, "SGLangPrefillOOM", "server")
+    assert held["status"]["state"] == "suppressed"
+    assert held["status"]["inhibitedBy"] == [page["fingerprint"]]
+    assert _am_alert(am, RETRACTIONS_HIGH, "other")["status"] == {"inhibitedBy": [], "silencedBy": [],
+                                                                  "state": "active"}  # fmt: skip
+    # Both warnings were in Alertmanager before the other one was delivered (1s group_wait): the held one
+    # would have gone out in the same flush.
+    assert _delivered(hook, "ticket", RETRACTIONS_HIGH, source="server") == []
+    assert _delivered(hook, "pager", RETRACTIONS_HIGH) == []
+
+
+def _am_alert(am: Alertmanager, name: str, source: str) -> dict | None:
+    found = [a for a in am.alerts() if a["labels"]["alertname"] == name and a["labels"].get("source") == source]
+    assert len(found) <= 1, found
+    return found[0] if found else None
+
+
+def _ts(rfc3339: str) -> float:
+    """Prometheus' RFC 3339 timestamps (nanoseconds, Z) as epoch seconds."""
+    from datetime import datetime
+
+    head, _, frac = rfc3339.rstrip("Z").partition(".")
+    return datetime.fromisoformat(head + "+00:00").timestamp() + float(f"0.{frac or 0}")
