@@ -320,3 +320,12 @@ def test_the_example_inhibits_a_sources_warnings_while_its_oom_pages():
     assert names(no_logs["source_matchers"][0]) == {"SGLangOOMExporterDown"}
     assert names(no_logs["target_matchers"][0]) == {"SGLangOOMExporterNoLogs"}
     assert no_logs["equal"] == ["instance"]
+
+
+def test_readme_get_paged_names_every_alert_and_the_job():
+    readme = (ROOT / "README.md").read_text()
+    section = readme.split("\n## Get paged\n", 1)[1].split("\n## ", 1)[0]
+    for spec in SPECS:
+        assert f"`{spec.name}`" in section, spec.name
+    assert f"job_name: {JOB}" in section
+    assert f"amtool check-config {ALERTMANAGER_PATH}" in section
