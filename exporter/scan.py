@@ -122,7 +122,7 @@ def scan_stream(
 def load_server_args(path: str) -> dict[str, Any]:
     """The JSON that SGLang's /server_info (or /get_server_info) returns, saved to a file."""
     from .sources.http import ScrapeError
-    from .sources.scrape import parse_server_info
+    from .sources.sglang_metrics import parse_server_info
 
     try:
         with open(path, "rb") as fh:

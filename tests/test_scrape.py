@@ -9,13 +9,8 @@ import pytest
 import yaml
 
 from sglang_oom_exporter.sources.http import REASONS, ScrapeError, fetch
-from sglang_oom_exporter.sources.scrape import (
-    KvSnapshot,
-    ScrapeLoop,
-    TargetScraper,
-    parse_metrics,
-    parse_server_info,
-)
+from sglang_oom_exporter.sources.scrape import ScrapeLoop, TargetScraper
+from sglang_oom_exporter.sources.sglang_metrics import KvSnapshot, parse_metrics, parse_server_info
 from tests.fake_sglang import FakeSGLang
 
 DATA = Path(__file__).parent / "data" / "scrape"

@@ -8,165 +8,23 @@ its KV pool was just before an event (snapshot_before), and the settings the run
 ScrapeLoop thread per target calls TargetScraper.scrape_once, so a hanging target delays neither another
 target nor the log tailing, and fetch holds one total deadline so that even a server that sends one byte
 per second gives up on time. Failures set up=False with a reason from REASONS; nothing here raises into
-a loop.
-
-Aggregation when one SGLang name has several series (ranks, DP groups, processes):
-  1. Sum over the `pid` label first. Multiprocess gauges without a mode (num_retracted_reqs) carry one
-     series per process, and the pid changes with every restart.
-  2. Usage and ratio gauges (token_usage, new_token_ratio): the max over the remaining series, i.e. the
-     worst rank, because the worst rank is the one that runs out.
-  3. Token and request counts (and counters): group by `dp_rank` (absent = one group), take the max
-     within a group, then sum the groups. Each DP group owns its own KV pool and requests, while the TP
-     (and PP, MoE-EP) ranks of one group mirror the same pool; any other label (engine_type, model_name,
-     extra labels) is treated like tp_rank.
-Counters are read from their `_total` samples; sglang:total_retracted_reqs (0.4.10, cumulative although
-typed gauge) feeds retracted_requests_total like the 0.5.8+ counter. Nothing here exports: metrics.py reads
-the scrapers and yields the values under sglang_oom_target_* names, never SGLang's `sglang:` ones.
+a loop. Parsing, and the aggregation over ranks, live in sglang_metrics.py.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import threading
 import time
-from collections import defaultdict, deque
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, fields
-from types import MappingProxyType
+from collections import deque
+from collections.abc import Callable, Sequence
 from typing import Any
 
-from prometheus_client.parser import text_string_to_metric_families
-
-from ..sources.http import REASONS, ScrapeError, fetch
+from .http import REASONS, ScrapeError, fetch
+from .sglang_metrics import INFO_PATHS, KvSnapshot, ServerInfo, parse_metrics, parse_server_info
 
 log = logging.getLogger(__name__)
-
-INFO_KEYS = (
-    "chunked_prefill_size", "max_prefill_tokens", "max_running_requests", "mem_fraction_static", "page_size",
-    "context_length", "speculative_algorithm", "speculative_num_draft_tokens", "speculative_num_steps",
-    "speculative_eagle_topk", "schedule_conservativeness", "max_mamba_cache_size", "max_total_num_tokens",
-    "version", "model_path", "served_model_name",
-)  # fmt: skip
-INFO_PATHS = ("/server_info", "/get_server_info")  # newest first; the old path is a deprecated alias
-
-
-@dataclass(frozen=True, slots=True)
-class KvSnapshot:
-    """KV-related values of one target at one scrape, aggregated over ranks; None when not exposed."""
-
-    target: str
-    time: float  # wall seconds when the body arrived
-    token_usage: float | None = None
-    num_used_tokens: float | None = None
-    max_total_num_tokens: float | None = None
-    kv_available_tokens: float | None = None
-    kv_evictable_tokens: float | None = None
-    kv_used_tokens: float | None = None
-    running_requests: float | None = None
-    queued_requests: float | None = None
-    retracted_requests_total: float | None = None
-    retracted_reqs: float | None = None
-    aborted_requests_total: float | None = None
-    new_token_ratio: float | None = None
-
-    def as_dict(self) -> dict[str, Any]:
-        """Target, time and the values that are present."""
-        return {f.name: v for f in fields(self) if (v := getattr(self, f.name)) is not None}
-
-
-_MAX, _COUNT = "max", "count"
-# Snapshot field -> (aggregation, SGLang sample names, first present wins).
-_SOURCES: dict[str, tuple[str, tuple[str, ...]]] = {
-    "token_usage": (_MAX, ("sglang:token_usage",)),
-    "num_used_tokens": (_COUNT, ("sglang:num_used_tokens",)),
-    "max_total_num_tokens": (_COUNT, ("sglang:max_total_num_tokens",)),
-    "kv_available_tokens": (_COUNT, ("sglang:kv_available_tokens",)),
-    "kv_evictable_tokens": (_COUNT, ("sglang:kv_evictable_tokens",)),
-    "kv_used_tokens": (_COUNT, ("sglang:kv_used_tokens",)),
-    "running_requests": (_COUNT, ("sglang:num_running_reqs",)),
-    "queued_requests": (_COUNT, ("sglang:num_queue_reqs",)),
-    "retracted_requests_total": (_COUNT, ("sglang:num_retracted_requests_total", "sglang:total_retracted_reqs")),
-    "retracted_reqs": (_COUNT, ("sglang:num_retracted_reqs",)),
-    "aborted_requests_total": (_COUNT, ("sglang:num_aborted_requests_total",)),
-    "new_token_ratio": (_MAX, ("sglang:new_token_ratio",)),
-}
-_Series = list[tuple[dict[str, str], float]]
-
-
-def parse_metrics(body: bytes, target: str, now: float) -> KvSnapshot:
-    """Parse one SGLang /metrics body into a KvSnapshot; ScrapeError(not_metrics) when it is none."""
-    try:
-        text = body.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise ScrapeError("not_metrics", f"body is not UTF-8 text: {exc}") from None
-    head = text.lstrip()[:512].lower()
-    if head.startswith("<") or "<html" in head:
-        raise ScrapeError("not_metrics", "body is HTML")
-    series: defaultdict[str, _Series] = defaultdict(list)
-    families = 0
-    try:
-        for family in text_string_to_metric_families(text):
-            families += family.name.startswith("sglang:")
-            for sample in family.samples:
-                if sample.name.startswith("sglang:") and not math.isnan(sample.value):
-                    series[sample.name].append((sample.labels, sample.value))
-    except Exception as exc:  # the parser raises several types; any of them means "not metrics"
-        raise ScrapeError("not_metrics", f"unparsable: {str(exc)[:120]}") from exc
-    if not families and not series:
-        raise ScrapeError("not_metrics", "no sglang: metric family")
-    values: dict[str, float] = {}
-    for field, (rule, names) in _SOURCES.items():
-        found = next((series[n] for n in names if series.get(n)), None)
-        if found:
-            values[field] = _aggregate(found, rule)
-    return KvSnapshot(target, now, **values)
-
-
-def _aggregate(series: _Series, rule: str) -> float:
-    merged: dict[frozenset[tuple[str, str]], float] = defaultdict(float)
-    for labels, value in series:
-        merged[frozenset((k, v) for k, v in labels.items() if k != "pid")] += value
-    if rule == _MAX:
-        return max(merged.values())
-    groups: dict[str, float] = {}
-    for key, value in merged.items():
-        dp = dict(key).get("dp_rank", "")
-        groups[dp] = max(groups.get(dp, value), value)
-    return sum(groups.values())
-
-
-@dataclass(frozen=True, slots=True)
-class ServerInfo:
-    """The server-info settings the runbooks use (only keys the server sent) and its top-level key count."""
-
-    args: Mapping[str, Any]
-    raw_keys: int
-
-
-def parse_server_info(body: bytes) -> ServerInfo:
-    """Parse a /server_info or /get_server_info body; ScrapeError(bad_json) unless a JSON object."""
-    try:
-        raw = json.loads(body)
-    except (ValueError, RecursionError) as exc:
-        raise ScrapeError("bad_json", f"not JSON: {str(exc)[:120]}") from None
-    if not isinstance(raw, dict):
-        raise ScrapeError("bad_json", f"JSON {type(raw).__name__}, not an object")
-    args = {k: raw[k] for k in INFO_KEYS if k in raw and isinstance(raw[k], str | int | float | bool | type(None))}
-    if args.get("max_total_num_tokens") is None:
-        # Releases that keep scheduler info per DP rank put it in internal_states only; rank 0 first,
-        # the same per-rank meaning as the top-level value.
-        states = raw.get("internal_states")
-        for state in states if isinstance(states, list) else [states]:
-            value = state.get("max_total_num_tokens") if isinstance(state, dict) else None
-            if isinstance(value, int | float) and not isinstance(value, bool):
-                args["max_total_num_tokens"] = value
-                break
-    return ServerInfo(MappingProxyType(args), len(raw))
-
-
-# ---------------------------------------------------------------------------------------------- scrape
 
 Fetch = Callable[..., bytes]
 

@@ -10,155 +10,41 @@ line numbers. It never blocks and never raises for I/O: a watch event or a poll 
 
 from __future__ import annotations
 
-import gzip
-import hashlib
-import io
 import logging
 import os
 import stat
 import time
 import zlib
-from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass
-from typing import Any
+from collections.abc import Callable, Iterator
+
+from .fileid import (
+    DELETED,
+    FINGERPRINT_BYTES,
+    RECREATED,
+    RESET_REASONS,
+    ROTATED,
+    TRUNCATED,
+    TailChunk,
+    TailItem,
+    TailPosition,
+    TailReset,
+    TailStats,
+    fingerprint,
+    head_bytes,
+    open_binary,
+)
+
+# Re-exported: the tailer's consumers import its value types from here.
+__all__ = [
+    "DELETED", "FINGERPRINT_BYTES", "RECREATED", "RESET_REASONS", "ROTATED", "TRUNCATED", "FileTailer",
+    "TailChunk", "TailItem", "TailPosition", "TailReset", "TailStats", "fingerprint", "open_binary",
+]  # fmt: skip
 
 log = logging.getLogger(__name__)
 
-FINGERPRINT_BYTES = 1024
 # How far back start_at_end looks for a line start, so the first line it delivers is whole.
 _BACKSCAN_BYTES = 64 * 1024
 _COMPRESSED_SUFFIX = ".gz"  # only to rank siblings (plain first); compression itself is told by content
-# Why a file generation ended (TailReset.reason; the `reason` label of file_resets_total).
-ROTATED, TRUNCATED, RECREATED, DELETED = "rotated", "truncated", "recreated", "deleted"
-RESET_REASONS = (ROTATED, TRUNCATED, RECREATED, DELETED)
-
-
-@dataclass(frozen=True, slots=True)
-class TailPosition:
-    """Where a file was read up to: identity, resume offset and a fingerprint of its first bytes.
-
-    offset is just past the last newline delivered, so a resumed tail re-reads a partial last line whole.
-    """
-
-    path: str
-    dev: int
-    ino: int
-    offset: int
-    fingerprint: str
-    fingerprint_len: int
-
-    def to_dict(self) -> dict[str, Any]:
-        """Return a JSON-ready dict."""
-        return {
-            "path": self.path,
-            "dev": self.dev,
-            "ino": self.ino,
-            "offset": self.offset,
-            "fingerprint": self.fingerprint,
-            "fingerprint_len": self.fingerprint_len,
-        }
-
-    @classmethod
-    def from_dict(cls, raw: Mapping[str, Any]) -> TailPosition:
-        """Build a position from to_dict() output; raise ValueError on anything else."""
-        if not isinstance(raw, Mapping):
-            raise ValueError(f"position must be an object, got {type(raw).__name__}")
-        path, fingerprint = raw.get("path"), raw.get("fingerprint")
-        if not isinstance(path, str) or not path:
-            raise ValueError("position.path must be a non-empty string")
-        if not isinstance(fingerprint, str) or not _is_hex(fingerprint):
-            raise ValueError("position.fingerprint must be a hex string")
-        ints = {}
-        for key in ("dev", "ino", "offset", "fingerprint_len"):
-            value = raw.get(key)
-            # bool is an int subclass; a true/false here means a hand-edited or foreign file.
-            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-                raise ValueError(f"position.{key} must be a non-negative integer")
-            ints[key] = value
-        if ints["fingerprint_len"] > FINGERPRINT_BYTES:
-            raise ValueError(f"position.fingerprint_len must be at most {FINGERPRINT_BYTES}")
-        return cls(path, ints["dev"], ints["ino"], ints["offset"], fingerprint, ints["fingerprint_len"])
-
-
-@dataclass(frozen=True, slots=True)
-class TailChunk:
-    """New bytes of the tailed path, in file order; may end inside a line.
-
-    offset is where data starts in its file generation, and (dev, ino) names that generation, so a
-    consumer can key what it derives from these bytes (an event's first line) across restarts.
-    """
-
-    path: str
-    data: bytes
-    offset: int = 0
-    dev: int = 0
-    ino: int = 0
-
-
-@dataclass(frozen=True, slots=True)
-class TailReset:
-    """The bytes that follow belong to another file generation: flush the partial line, restart line numbers.
-
-    reason is one of RESET_REASONS.
-    """
-
-    path: str
-    reason: str
-
-
-@dataclass(slots=True)
-class TailStats:
-    """Counters a FileTailer keeps about itself; metrics.py exports them."""
-
-    bytes_read: int = 0
-    rotations: int = 0
-    truncations: int = 0
-    reopens: int = 0
-    deletions: int = 0
-    read_errors: int = 0
-    last_read_wall_time: float | None = None
-
-
-TailItem = TailChunk | TailReset
-
-
-def fingerprint(data: bytes) -> str:
-    """Hex digest used to recognise a file generation by its first bytes."""
-    return hashlib.blake2b(data, digest_size=16).hexdigest()
-
-
-def _is_hex(text: str) -> bool:
-    return all(c in "0123456789abcdef" for c in text)
-
-
-GZIP_MAGIC = b"\x1f\x8b"
-
-
-def open_binary(path: str) -> io.BufferedIOBase:
-    """Open a plain or gzip-compressed file for reading; the caller closes it.
-
-    Compression is told by content, not by name: rotated logs are compressed under either kind of name.
-    """
-    fh = open(path, "rb")  # noqa: SIM115 - returned to the caller, who closes it
-    try:
-        magic = fh.peek(len(GZIP_MAGIC))[: len(GZIP_MAGIC)]
-    except OSError:
-        fh.close()
-        raise
-    if magic != GZIP_MAGIC:
-        return fh
-    fh.close()
-    return gzip.open(path, "rb")
-
-
-def _head(path: str, size: int) -> bytes | None:
-    """First size bytes of a plain or .gz file, or None when it is shorter or unreadable."""
-    try:
-        with open_binary(path) as stream:
-            data = stream.read(size)
-    except (OSError, EOFError, zlib.error):
-        return None
-    return data if len(data) == size else None
 
 
 class FileTailer:
@@ -405,7 +291,7 @@ class FileTailer:
         yield from self._open_path()
 
     def _matches(self, path: str, pos: TailPosition) -> bool:
-        head = _head(path, pos.fingerprint_len)
+        head = head_bytes(path, pos.fingerprint_len)
         return head is not None and fingerprint(head) == pos.fingerprint
 
     def _find_rotated(self, pos: TailPosition) -> str | None:
