@@ -136,6 +136,27 @@ def test_every_exclusion_has_a_reason():
     assert all(len(spec["reason"].split()) >= 15 for spec in exclusions.values())
 
 
+@pytest.mark.parametrize(
+    ("text", "error"),
+    [
+        ("exclusions:\n  panel-units-rule:\n    entries: [{panel: x}]\n", "has no reason"),
+        ("exclusions:\n  panel-units-rule:\n    reason: r\n    entries: [{panle: x}]\n", "unknown entry keys"),
+    ],
+)
+def test_an_exclusion_without_reason_or_with_a_misspelt_key_is_refused(tmp_path, text, error):
+    path = tmp_path / ".lint"
+    path.write_text(text)
+    with pytest.raises(ValueError, match=error):
+        load_exclusions(path)
+
+
+def test_interpolate_knows_grafanas_three_variable_syntaxes():
+    values = {"pod": "a|b", "__rate_interval": "1m"}
+    assert interpolate('x{pod=~"$pod"}[$__rate_interval] ${pod} [[pod]] $other', values) == (
+        'x{pod=~"a|b"}[1m] a|b a|b $other'
+    )
+
+
 def _variable(d: dict[str, Any], name: str) -> dict[str, Any]:
     (v,) = [v for v in d["templating"]["list"] if v["name"] == name]
     return dict(v)
