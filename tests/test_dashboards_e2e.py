@@ -175,3 +175,5 @@ def _a_selected_source_filters_every_panel(prom: Prometheus, fatal_kinds: list[s
     assert len(prom.query(_grafana(current_expr, source="server"))) == 1
     results: dict[str, Any] = {e: prom.query(_grafana(e, source="other")) for e in (fatal_expr, current_expr, up_expr)}
     assert all(r == [] for r in results.values()), results
+    # Why "All" is ".*" and not the linter's ".+" (dashboards/.lint): plain-file series have no namespace label.
+    assert prom.query(_grafana(current_expr, namespace=".+")) == []
