@@ -1,7 +1,7 @@
 """The live daemon behind `serve`, assembled from its parts; and the reload that reconfigures them.
 
     TargetSet (scrapers) --context--> SourceSet (LogSource: FileTailer -> Pipeline) --> EventSink
-        --> EventCounts (metrics.py) + EventStore (web)        StateKeeper <--> state.json
+        --> EventCounts (metrics/) + EventStore (web)        StateKeeper <--> state.json
     Loop: steps the SourceSet on file events and ticks, saves through the keeper, starts every thread.
 
 Exactly once across restarts: the state holds, per file, the offset of the oldest byte still in flight

@@ -1,6 +1,6 @@
 """The event sink: the one place every OomEvent goes after dedupe, for `scan` and `serve` alike.
 
-    OomEvent --enrich (KV context + catalog's suggestion rule)--> counters (metrics.py) + EventStore
+    OomEvent --enrich (KV context + catalog's suggestion rule)--> counters (metrics/) + EventStore
                                                              \\--> event_json(): scan JSON and /events
 
 `scan` enriches with the server args it was given and keeps the events; `serve` enriches with the

@@ -97,7 +97,7 @@ class TailReset:
 
 @dataclass(slots=True)
 class TailStats:
-    """Counters a FileTailer keeps about itself; metrics.py exports them."""
+    """Counters a FileTailer keeps about itself; metrics/ exports them."""
 
     bytes_read: int = 0
     rotations: int = 0

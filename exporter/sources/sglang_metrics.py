@@ -10,7 +10,7 @@ Aggregation when one SGLang name has several series (ranks, DP groups, processes
      (and PP, MoE-EP) ranks of one group mirror the same pool; any other label (engine_type, model_name,
      extra labels) is treated like tp_rank.
 Counters are read from their `_total` samples; sglang:total_retracted_reqs (0.4.10, cumulative although
-typed gauge) feeds retracted_requests_total like the 0.5.8+ counter. Nothing here exports: metrics.py reads
+typed gauge) feeds retracted_requests_total like the 0.5.8+ counter. Nothing here exports: metrics/ reads
 the scrapers and yields the values under sglang_oom_target_* names, never SGLang's `sglang:` ones.
 """
 

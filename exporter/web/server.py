@@ -1,7 +1,7 @@
 """The HTTP edge, the last box of the pipeline: /metrics, /healthz, /events and a small HTML page.
 
     OomEvent -> EventStore (bounded ring) -> /events (JSON), / (HTML)
-    registry (metrics.py)                 -> /metrics
+    registry (metrics/)                   -> /metrics
     health callable (app.py)              -> /healthz
 
 Nothing here reads logs or counts events; app.py passes in the registry, the store and the health callable and
