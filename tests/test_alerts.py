@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from sglang_oom_exporter.catalog import load_catalog
+from sglang_oom_exporter.catalog import CatalogError, load_catalog
 from sglang_oom_exporter.config import parse_duration
 from sglang_oom_exporter.render import DEFAULT_RUNBOOK_BASE_URL, RenderOptions, runbook_page_url
 from sglang_oom_exporter.render.alerts import (
@@ -329,3 +329,29 @@ def test_readme_get_paged_names_every_alert_and_the_job():
         assert f"`{spec.name}`" in section, spec.name
     assert f"job_name: {JOB}" in section
     assert f"amtool check-config {ALERTMANAGER_PATH}" in section
+
+
+BAD_ALERT_FIELDS = [
+    (lambda d: d["alert_pack"].pop("kv_near_full"), "alert_pack.kv_near_full: missing: needs severity, threshold, for"),
+    (lambda d: d["alert_pack"].update(pager="x"), "alert_pack.pager: unknown key"),
+    (lambda d: d["alert_pack"]["crash_loop"].update(severity="page"), "alert_pack.crash_loop.severity: 'page' is not one of critical, warning, info"),
+    (lambda d: d["alert_pack"]["kv_near_full"].update(threshold=98), "alert_pack.kv_near_full.threshold: is a ratio: at most 1"),
+    (lambda d: d["alert_pack"]["state_errors"].update(window="30 minutes"), "alert_pack.state_errors.window: '30 minutes' is not a Prometheus duration (5m, 1h)"),
+    (lambda d: d["kinds"][0]["alert"].pop("keep_firing_for"), "kinds[prefill].alert.keep_firing_for: missing"),
+    (lambda d: d["kinds"][0]["alert"].update(non_fatal={"name": "Aborts", "severity": "warning", "for": "10m", "window": "15m", "threshold_per_minute": 0.1}), "kinds[prefill].alert.non_fatal: only for a kind with a `fatal: false` pattern"),
+    (lambda d: d["kinds"][1]["alert"]["non_fatal"].update(name="requests aborted"), "kinds[decode].alert.non_fatal.name: must be CamelCase (the alert name's ending)"),
+    (lambda d: d["kinds"][4]["alert"].update(threshold_per_minute=0), "kinds[retract].alert.threshold_per_minute: must be a positive number"),
+    (lambda d: d["kinds"][4]["alert"].update(window="5m"), "kinds[retract].alert.for: must be shorter than the window (5m)"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("mutate", "problem"), BAD_ALERT_FIELDS)
+def test_the_loader_names_each_bad_alert_field(tmp_path, mutate, problem):
+    data = yaml.safe_load(Path(CATALOG.path).read_text())
+    assert [k["id"] for k in data["kinds"][:5]] == ["prefill", "decode", "req_slots", "unknown", "retract"]
+    mutate(data)
+    path = tmp_path / "catalog.yaml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    with pytest.raises(CatalogError) as err:
+        load_catalog(str(path))
+    assert [p.split(": ", 1)[1] for p in err.value.problems] == [problem]

@@ -176,13 +176,14 @@ def _apply_note(kind: OomKind) -> str:
 
 
 def _patterns(kind: OomKind) -> str:
-    rows = "\n".join(f"  - `{p.regex.pattern}` ({p.versions})" for p in kind.patterns)
-    example = kind.match_examples[0] if kind.match_examples else ""
+    releases = "\n".join(f"- {p.versions}" for p in kind.patterns)
+    examples = "\n".join(kind.match_examples)
     return (
         "<details><summary>Background: what SGLang prints</summary>\n\n"
         f"{kind.title}. The exporter counts one event per server-level failure (all ranks and the traceback "
-        "that repeats the message are one event). The messages, by SGLang release:\n\n"
-        f"{rows}\n\nFor example:\n\n```\n{example}\n```\n\n</details>\n"
+        "that repeats the message are one event). The message has changed over SGLang releases; this kind "
+        f"matches these forms:\n\n{releases}\n\nLines like these (the catalog's own test examples):\n\n"
+        f"```\n{examples}\n```\n\n</details>\n"
     )
 
 
@@ -249,16 +250,19 @@ def _pack_page(spec: AlertSpec, catalog: Catalog, options: RenderOptions) -> str
         )
     else:  # pragma: no cover - every pack role is listed above
         raise ValueError(spec.role)
-    diagnosis = (
-        "The alert's `instance` label is the exporter's address; OOM-side labels "
-        f"({', '.join(f'`{label}`' for label in SOURCE_LABELS)}) name the SGLang server.\n\n"
-        + commands
-        + "\n"
-        + _series(_PACK_SERIES[spec.role])
-        + "\n"
-        + _dashboard(options)
-    )
+    diagnosis = _pack_labels(spec) + commands + "\n" + _series(_PACK_SERIES[spec.role]) + "\n" + _dashboard(options)
     return _page(spec, text["meaning"], text["impact"], diagnosis, text["mitigation"].replace("{job}", job))
+
+
+def _pack_labels(spec: AlertSpec) -> str:
+    if spec.role == "crash_loop":
+        return _labels_note()
+    if spec.role == "kv_near_full":
+        return (
+            "The alert's `target` label is the SGLang URL the exporter scrapes, `instance` the exporter's address, "
+            "and `namespace`/`pod` (sidecar mode) the pod both run in.\n\n"
+        )
+    return "The alert's `instance` label is the exporter's address (host:port of its /metrics).\n\n"
 
 
 def _page(spec: AlertSpec, meaning: str, impact: str, diagnosis: str, mitigation: str) -> str:
