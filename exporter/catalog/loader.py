@@ -45,7 +45,7 @@ PHASES = ("prefill", "decode", "frames", "none")
 PHASE_GROUPS = ("spec_verify", "decode", "prefill")
 # The phases a KV failure is resolved to; `phase_kinds` in the catalog names the kind each one counts as.
 KV_PHASES = ("prefill", "decode")
-# Suggestion rules a kind (or one of its patterns) may name in `suggest:`; advise/suggest.py implements each.
+# Suggestion rules a kind (or one of its patterns) may name in `suggest:`; advise/rules.py implements each.
 SUGGEST_RULES = (
     "none",
     "chunked_prefill",
@@ -127,7 +127,7 @@ class OomKind:
     alert: Mapping[str, Any]
     match_examples: tuple[str, ...]
     no_match_examples: tuple[str, ...]
-    suggest: str = "none"  # the advise/suggest.py rule that turns its events into flag values
+    suggest: str = "none"  # the advise/rules.py rule that turns its events into flag values
 
     def suggest_rule(self, message: str) -> str:
         """The suggestion rule for an event of this kind: a pattern's own rule when it matched, else the kind's."""
