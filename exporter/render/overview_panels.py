@@ -157,12 +157,17 @@ def health_panels() -> list[tuple[g.Json, int, int]]:
     )
     scrape = g.timeseries(
         "SGLang scrape errors by reason",
-        "Failed scrapes of the SGLang endpoints per $__rate_interval window, by reason (refused, timeout, "
-        "http_status, not_metrics...). Empty when every scrape worked. Errors here mean events lose their "
-        "KV context and concrete suggestions.",
-        [g.target(f"sum by (target, reason) "
-                  f"({scoped('increase(sglang_oom_target_scrape_errors_total[$__rate_interval])')}) > 0",
-                  "{{target}} {{reason}}")],
+        "Failed scrapes of the SGLang endpoints' /metrics and /server_info per $__rate_interval window, by "
+        "reason (refused, timeout, http_status, not_metrics...). Empty when every scrape worked. /metrics "
+        "errors cost events their KV context; /server_info errors cost them their concrete flag values.",
+        g.targets(
+            (f"sum by (target, reason) "
+             f"({scoped('increase(sglang_oom_target_scrape_errors_total[$__rate_interval])')}) > 0",
+             "{{target}} /metrics {{reason}}"),
+            (f"sum by (target, reason) "
+             f"({scoped('increase(sglang_oom_target_server_info_errors_total[$__rate_interval])')}) > 0",
+             "{{target}} /server_info {{reason}}"),
+        ),
         g.field_config("short", decimals=0),
     )  # fmt: skip
     loop = g.timeseries(
