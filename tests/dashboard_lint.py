@@ -180,6 +180,7 @@ def _template_rules(dashboard: Mapping[str, Any], title: str, filter_variables: 
             out.append(Problem(rule, f"no {name} variable", title))
             continue
         checks = {
+            "label": bool(v.get("label")),  # the tool wants Job/Instance; for our names any label will do
             "datasource": (v.get("datasource") or {}).get("uid") in TEMPLATED_DATASOURCES,
             "type": v.get("type") == "query",
             "multi": v.get("multi") is True,

@@ -254,8 +254,9 @@ def _events(kind_link: str) -> list[tuple[g.Json, int, int]]:
     events = sel("sglang_oom_events_total")
     by_kind = g.timeseries(
         "OOM events by kind",
-        "OOM events of every kind (fatal and recoverable) per $__rate_interval window. Retractions (kind retract) "
-        "are the near-miss the server survives; frequent ones precede fatal decode OOMs.",
+        "OOM events of every kind (fatal and recoverable) per $__rate_interval window. KV-cache retractions are "
+        "the near-miss the server survives; frequent ones precede fatal decode OOMs. Click a series for its "
+        "runbook section.",
         [g.target(f"sum by (kind) (increase({events}[$__rate_interval]))", "{{kind}}")],
         g.field_config("short", data_links=[g.link("Runbook for ${__field.labels.kind}", kind_link)], decimals=0),
         bars=True,
