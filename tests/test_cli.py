@@ -138,3 +138,25 @@ def test_server_args_that_are_not_json_exit_2(tmp_path):
     proc = _cli("scan", "--server-args", str(info), "-", stdin=b"")
     assert proc.returncode == 2
     assert "not server-info JSON" in proc.stderr.decode()
+
+
+def test_catalog_without_the_fallback_kind_exits_2_with_a_clear_error(tmp_path):
+    # It used to pass the loader and die later with a cut-short traceback: KeyError: 'unknown'.
+    import yaml
+
+    from sglang_oom_exporter.catalog.loader import default_catalog_path
+
+    with open(default_catalog_path(), encoding="utf-8") as fh:
+        data = yaml.safe_load(fh)
+    data["kinds"] = [k for k in data["kinds"] if k["id"] != "unknown"]
+    path = tmp_path / "no-unknown.yaml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    cut = (
+        "Traceback (most recent call last):\n"
+        + '  File "/sglang/srt/mem_cache/allocator.py", line 9, in alloc_token_slots\n'
+    )
+    proc = _cli("scan", "--catalog", str(path), "-", stdin=cut.encode())
+    assert proc.returncode == 2
+    err = proc.stderr.decode()
+    assert f"{path}:1: fallback_kind: names unknown kind 'unknown'" in err
+    assert "Traceback" not in err
