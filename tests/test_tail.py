@@ -91,7 +91,6 @@ def test_rename_create_rotation_drains_unread_data_first(log_dir, tailers):
     assert poll(tailer) == [b"a2\n", "reset:rotated", b"b1\n"]
     append(path, b"b2\n")
     assert poll(tailer) == [b"b2\n"]
-    assert (tailer.stats.rotations, tailer.stats.reopens) == (1, 1)
 
 
 def test_kubelet_rotation_0_log_to_timestamped_name(tmp_path, tailers):
@@ -128,7 +127,6 @@ def test_path_missing_for_a_while_then_recreated(log_dir, tailers):
     assert tailer.position is None
     append(path, b"second life\n")
     assert poll(tailer) == [b"second life\n"]
-    assert (tailer.stats.deletions, tailer.stats.reopens) == (1, 1)
 
 
 def test_renamed_away_keeps_draining_until_recreated(log_dir, tailers):
@@ -164,7 +162,6 @@ def test_copytruncate_smaller(log_dir, tailers):
     os.truncate(path, 0)
     append(path, b"new\n")
     assert poll(tailer) == ["reset:truncated", b"new\n"]
-    assert tailer.stats.truncations == 1
 
 
 def test_copytruncate_regrown_past_old_offset_before_next_look(log_dir, tailers):
@@ -177,7 +174,6 @@ def test_copytruncate_regrown_past_old_offset_before_next_look(log_dir, tailers)
     append(path, regrown)
     # Size alone says "grew by 37 bytes"; the fingerprint of the first bytes says "another file".
     assert poll(tailer) == ["reset:truncated", regrown]
-    assert tailer.stats.truncations == 1
 
 
 def test_delete(log_dir, tailers):
@@ -254,7 +250,6 @@ def test_restore_when_the_file_was_rotated_while_down(log_dir, tailers):
     append(path, b"c\n")
     tailer = tailers(path, position=pos, start_at_end=True)
     assert poll(tailer) == [b"b\n", "reset:rotated", b"c\n"]
-    assert tailer.stats.rotations == 1
 
 
 def test_restore_when_the_rotated_file_was_gzipped_while_down(log_dir, tailers):
@@ -290,7 +285,6 @@ def test_restore_when_truncated_while_down_without_a_copy(log_dir, tailers):
     append(path, b"c\n")
     tailer = tailers(path, position=pos, start_at_end=True)
     assert poll(tailer) == [b"c\n"]
-    assert tailer.stats.truncations == 1
 
 
 def test_restore_when_the_file_is_missing_and_no_rotated_copy_exists(log_dir, tailers):

@@ -100,10 +100,6 @@ class TailStats:
     """Counters a FileTailer keeps about itself; metrics/ exports them."""
 
     bytes_read: int = 0
-    rotations: int = 0
-    truncations: int = 0
-    reopens: int = 0
-    deletions: int = 0
     read_errors: int = 0
     last_read_wall_time: float | None = None
 

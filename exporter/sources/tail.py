@@ -74,7 +74,6 @@ class FileTailer:
         self._fp = fingerprint(b"")
         self._fp_len = 0
         self._seen = (-1, -1)  # (size, mtime_ns) at the last look; unchanged means nothing to do
-        self._had_file = False
         self._error_logged = False
         self._closed = False
 
@@ -116,7 +115,6 @@ class FileTailer:
                 return  # the idle case: one stat per file per poll
             self._seen = (st.st_size, st.st_mtime_ns)
             if self._truncated(st.st_size):
-                self.stats.truncations += 1
                 self._rewind()  # before the yield, like every state change, in case the consumer stops
                 yield TailReset(self.path, TRUNCATED)
             yield from self._read_to_eof()
@@ -129,10 +127,8 @@ class FileTailer:
             return  # renamed away and not yet replaced: keep draining until the new file shows up
         self._close_fd()
         if st is None:
-            self.stats.deletions += 1
             yield TailReset(self.path, DELETED)
             return
-        self.stats.rotations += 1
         yield TailReset(self.path, ROTATED if linked else RECREATED)
         yield from self._open_path()
 
@@ -241,9 +237,7 @@ class FileTailer:
             os.close(fd)
             self._error("open", OSError(f"not a regular file (mode {stat.filemode(st.st_mode)})"))
             return None
-        if self._had_file:
-            self.stats.reopens += 1
-        self._fd, self._dev, self._ino, self._had_file = fd, st.st_dev, st.st_ino, True
+        self._fd, self._dev, self._ino = fd, st.st_dev, st.st_ino
         self._rewind()
         self._seen = (st.st_size, st.st_mtime_ns)
         return st
@@ -284,10 +278,9 @@ class FileTailer:
         if rotated is not None:
             # Rotated (maybe compressed) while we were down: finish that generation from the saved offset.
             yield from self._drain_rotated(rotated, pos)
-            self.stats.rotations += 1
             yield TailReset(self.path, ROTATED)
-        elif same_file:
-            self.stats.truncations += 1  # same inode, other first bytes: copytruncate while down
+        # Same inode with other first bytes (copytruncate while down) needs no reset here: LogSource sees
+        # the first chunk start before its restored offset and starts a new epoch.
         yield from self._open_path()
 
     def _matches(self, path: str, pos: TailPosition) -> bool:
