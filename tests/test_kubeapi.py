@@ -59,7 +59,7 @@ def test_lists_the_nodes_pods_with_the_token_and_field_selector(api, tls):
     api.pods = [pod("llm", "llama-0", "10.0.0.5"), pod("llm", "other-node", "10.0.1.9", node="gpu-node-2")]
     doc = client(api, tls).list_pods(NODE)
     assert [p["metadata"]["name"] for p in doc["items"]] == ["llama-0"]
-    assert api.requests == [("/api/v1/pods?fieldSelector=spec.nodeName%3Dgpu-node-1", "Bearer tok-1")]
+    assert api.requests == [("/api/v1/pods?fieldSelector=spec.nodeName%3Dgpu-node-1&resourceVersion=0", "Bearer tok-1")]
 
 
 def test_the_token_is_read_on_every_list(api, tls):
@@ -379,7 +379,7 @@ def test_serve_in_node_mode_gives_pod_events_their_sglang_context(tmp_path, tls,
             wait_for(lambda: metric("sglang_oom_target_server_arg", target=sglang.url, arg="chunked_prefill_size")
                      == 16384, what="server args")  # fmt: skip
             assert all(auth == "Bearer tok-1" for _, auth in api.requests)
-            assert api.requests[0][0] == "/api/v1/pods?fieldSelector=spec.nodeName%3Dgpu-node-1"
+            assert api.requests[0][0] == "/api/v1/pods?fieldSelector=spec.nodeName%3Dgpu-node-1&resourceVersion=0"
             append(log, CRI_PREFILL)
             settle(d, 1)
             with urllib.request.urlopen(f"http://127.0.0.1:{d.port}/events", timeout=5) as r:
