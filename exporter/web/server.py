@@ -13,31 +13,24 @@ clients cannot pin threads. Log text is untrusted input: the page escapes all of
 from __future__ import annotations
 
 import contextlib
-import gzip
 import io
-import json
 import logging
 import socket
 import socketserver
 import ssl
 import threading
 import time
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
-from urllib.parse import parse_qs, urlsplit
 
 from prometheus_client import CollectorRegistry
-from prometheus_client.exposition import choose_encoder, gzip_accepted
 
 from .. import __version__
 from ..catalog.loader import Catalog
-from ..daemon.sink import event_json
 from ..daemon.store import EventStore, Health
 from ..sources.http import DeadlineReader
-from ..web.page import render_page
+from ..web.routes import DEFAULT_LIMIT, MAX_LIMIT, Response, Routes, text_response
 from ..web.webconfig import BasicAuth, WebConfig
 
 if TYPE_CHECKING:
@@ -45,27 +38,11 @@ if TYPE_CHECKING:
 
 
 _LOG = logging.getLogger(__name__)
+__all__ = ["DEFAULT_LIMIT", "MAX_HEAD_BYTES", "MAX_LIMIT", "ExporterServer"]  # tests and serve import these
 
-DEFAULT_LIMIT = 100  # events per /events response or page, unless ?limit= says otherwise
-MAX_LIMIT = 1000
 REQUEST_TIMEOUT = 10.0  # seconds for the TLS handshake plus the request head, and again for the response
 MAX_HEAD_BYTES = 16 * 1024  # request line plus headers; a GET needs a few hundred bytes
 MAX_CONNECTIONS = 64  # open connections; more are closed at once instead of starting threads
-_ERROR_LOG_INTERVAL = 60.0
-_NO_LABELS: Mapping[str, str] = MappingProxyType({})
-_PAGE_CSP = "default-src 'none'; style-src 'unsafe-inline'; base-uri 'none'; form-action 'none'"
-
-
-@dataclass(frozen=True, slots=True)
-class _Response:
-    status: int
-    content_type: str
-    body: bytes
-    headers: Mapping[str, str] = field(default_factory=dict)
-
-
-class _BadRequestError(Exception):
-    """A query the client must fix; its text is the 400 body."""
 
 
 class _HeadTooLargeError(Exception):
@@ -88,10 +65,7 @@ class ExporterServer:
         max_connections: int = MAX_CONNECTIONS,
     ) -> None:
         self._address = address
-        self._registry = registry
-        self._catalog = catalog
-        self._events = events
-        self._health = health
+        self.routes = Routes(registry=registry, catalog=catalog, events=events, health=health)
         self._web_config = web_config or WebConfig()
         users = web_config.basic_auth_users if web_config is not None else {}
         self.auth = BasicAuth(users) if users else None
@@ -99,13 +73,10 @@ class ExporterServer:
         self._max_connections = max_connections
         self._httpd: _HTTPServer | None = None
         self._thread: threading.Thread | None = None
-        self._error_lock = threading.Lock()
-        self._last_error_log = -_ERROR_LOG_INTERVAL
-        self._errors_suppressed = 0
 
     def set_catalog(self, catalog: Catalog) -> None:
         """A reloaded catalog: titles and remediations of new kinds show on /events and the page."""
-        self._catalog = catalog
+        self.routes.catalog = catalog
 
     @property
     def port(self) -> int:
@@ -146,85 +117,9 @@ class ExporterServer:
         thread.join(timeout)
         self._httpd = self._thread = None
 
-    def respond(self, path: str, headers: Message) -> _Response:
+    def respond(self, path: str, headers: Message) -> Response:
         """The response to a GET of path (auth is checked by the caller)."""
-        url = urlsplit(path)
-        route = _ROUTES.get(url.path)
-        if route is None:
-            return _text(404, "not found; try /, /metrics, /events or /healthz\n")
-        try:
-            return route(self, parse_qs(url.query), headers)
-        except _BadRequestError as exc:
-            return _text(400, f"{exc}\n")
-        except Exception:
-            self.log_failure(f"{url.path} failed")
-            return _text(500, "internal error; see the exporter's log\n")
-
-    def log_failure(self, what: str) -> None:
-        """Log the current exception, at most once a minute (a broken collector must not flood the log)."""
-        with self._error_lock:
-            now = time.monotonic()
-            if now - self._last_error_log < _ERROR_LOG_INTERVAL:
-                self._errors_suppressed += 1
-                return
-            suppressed, self._errors_suppressed, self._last_error_log = self._errors_suppressed, 0, now
-        _LOG.exception("%s suppressed_since_last=%d", what, suppressed)
-
-    def _metrics(self, query: dict[str, list[str]], headers: Message) -> _Response:
-        encoder, content_type = choose_encoder(headers.get("Accept", ""))
-        registry: Any = self._registry
-        if "name[]" in query:
-            registry = registry.restricted_registry(query["name[]"])
-        body = encoder(registry)
-        if gzip_accepted(headers.get("Accept-Encoding", "")):
-            return _Response(200, content_type, gzip.compress(body), {"Content-Encoding": "gzip"})
-        return _Response(200, content_type, body)
-
-    def _healthz(self, query: dict[str, list[str]], headers: Message) -> _Response:
-        try:
-            health = self._health()
-        except Exception as exc:
-            self.log_failure("health check raised")
-            health = Health(False, f"health check failed: {exc}")
-        return _text(200, "ok\n") if health.ok else _text(503, f"{health.reason or 'unhealthy'}\n")
-
-    def _events_json(self, query: dict[str, list[str]], headers: Message) -> _Response:
-        items = [
-            {**event_json(s.event, self._catalog), "labels": dict(s.labels)}
-            for s in self._events.entries(_limit(query))
-        ]
-        body = json.dumps({"events": items}, default=str).encode()
-        return _Response(200, "application/json", body)
-
-    def _page(self, query: dict[str, list[str]], headers: Message) -> _Response:
-        try:
-            health = self._health()
-        except Exception as exc:
-            health = Health(False, f"health check failed: {exc}")
-        page = render_page(self._events.entries(_limit(query)), self._catalog, health, self._events.capacity)
-        return _Response(200, "text/html; charset=utf-8", page.encode(), {"Content-Security-Policy": _PAGE_CSP})
-
-
-_ROUTES: dict[str, Callable[[ExporterServer, dict[str, list[str]], Message], _Response]] = {
-    "/": ExporterServer._page,
-    "/metrics": ExporterServer._metrics,
-    "/healthz": ExporterServer._healthz,
-    "/events": ExporterServer._events_json,
-}
-
-
-def _text(status: int, text: str, headers: Mapping[str, str] = _NO_LABELS) -> _Response:
-    return _Response(status, "text/plain; charset=utf-8", text.encode(), headers)
-
-
-def _limit(query: dict[str, list[str]]) -> int:
-    values = query.get("limit")
-    if not values:
-        return DEFAULT_LIMIT
-    value = values[-1]
-    if not (value.isascii() and value.isdigit()):
-        raise _BadRequestError(f"limit must be a whole number from 0 to {MAX_LIMIT}")
-    return MAX_LIMIT if len(value) > len(str(MAX_LIMIT)) else min(int(value), MAX_LIMIT)
+        return self.routes.respond(path, headers)
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -263,7 +158,7 @@ class _Handler(BaseHTTPRequestHandler):
         self.connection.settimeout(self.server.app.request_timeout)  # sendall: a bound on the whole response
         app = self.server.app
         if app.auth is not None and not app.auth.check(self.headers.get("Authorization")):
-            response = _text(401, "unauthorized\n", {"WWW-Authenticate": f'Basic realm="{BasicAuth.realm}"'})
+            response = text_response(401, "unauthorized\n", {"WWW-Authenticate": f'Basic realm="{BasicAuth.realm}"'})
         else:
             response = app.respond(self.path, self.headers)
         self.send_response(response.status)

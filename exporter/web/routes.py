@@ -1,0 +1,145 @@
+"""The HTTP edge's routes: /metrics, /healthz, /events and the HTML page, as plain request -> Response.
+
+server.py owns the sockets, threads, TLS and auth; this module only turns a path and headers into bytes.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import logging
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Any
+from urllib.parse import parse_qs, urlsplit
+
+from prometheus_client import CollectorRegistry
+from prometheus_client.exposition import choose_encoder, gzip_accepted
+
+from ..catalog.loader import Catalog
+from ..daemon.sink import event_json
+from ..daemon.store import EventStore, Health
+from .page import render_page
+
+if TYPE_CHECKING:
+    from email.message import Message
+
+_LOG = logging.getLogger(__name__)
+
+DEFAULT_LIMIT = 100  # events per /events response or page, unless ?limit= says otherwise
+MAX_LIMIT = 1000
+_ERROR_LOG_INTERVAL = 60.0
+_NO_LABELS: Mapping[str, str] = MappingProxyType({})
+_PAGE_CSP = "default-src 'none'; style-src 'unsafe-inline'; base-uri 'none'; form-action 'none'"
+
+
+@dataclass(frozen=True, slots=True)
+class Response:
+    """One HTTP response: status, content type, body and extra headers."""
+
+    status: int
+    content_type: str
+    body: bytes
+    headers: Mapping[str, str] = field(default_factory=dict)
+
+
+class BadRequestError(Exception):
+    """A query the client must fix; its text is the 400 body."""
+
+
+class Routes:
+    """The answers of the exporter's HTTP edge; thread-safe (one call per request thread)."""
+
+    def __init__(
+        self, *, registry: CollectorRegistry, catalog: Catalog, events: EventStore, health: Callable[[], Health]
+    ) -> None:
+        self._registry = registry
+        self.catalog = catalog  # replaced on a reload
+        self._events = events
+        self._health = health
+        self._error_lock = threading.Lock()
+        self._last_error_log = -_ERROR_LOG_INTERVAL
+        self._errors_suppressed = 0
+
+    def respond(self, path: str, headers: Message) -> Response:
+        """The response to a GET of path (auth is checked by the caller)."""
+        url = urlsplit(path)
+        route = _ROUTES.get(url.path)
+        if route is None:
+            return text_response(404, "not found; try /, /metrics, /events or /healthz\n")
+        try:
+            return route(self, parse_qs(url.query), headers)
+        except BadRequestError as exc:
+            return text_response(400, f"{exc}\n")
+        except Exception:
+            self.log_failure(f"{url.path} failed")
+            return text_response(500, "internal error; see the exporter's log\n")
+
+    def log_failure(self, what: str) -> None:
+        """Log the current exception, at most once a minute (a broken collector must not flood the log)."""
+        with self._error_lock:
+            now = time.monotonic()
+            if now - self._last_error_log < _ERROR_LOG_INTERVAL:
+                self._errors_suppressed += 1
+                return
+            suppressed, self._errors_suppressed, self._last_error_log = self._errors_suppressed, 0, now
+        _LOG.exception("%s suppressed_since_last=%d", what, suppressed)
+
+    def _metrics(self, query: dict[str, list[str]], headers: Message) -> Response:
+        encoder, content_type = choose_encoder(headers.get("Accept", ""))
+        registry: Any = self._registry
+        if "name[]" in query:
+            registry = registry.restricted_registry(query["name[]"])
+        body = encoder(registry)
+        if gzip_accepted(headers.get("Accept-Encoding", "")):
+            return Response(200, content_type, gzip.compress(body), {"Content-Encoding": "gzip"})
+        return Response(200, content_type, body)
+
+    def _healthz(self, query: dict[str, list[str]], headers: Message) -> Response:
+        try:
+            health = self._health()
+        except Exception as exc:
+            self.log_failure("health check raised")
+            health = Health(False, f"health check failed: {exc}")
+        return text_response(200, "ok\n") if health.ok else text_response(503, f"{health.reason or 'unhealthy'}\n")
+
+    def _events_json(self, query: dict[str, list[str]], headers: Message) -> Response:
+        items = [
+            {**event_json(s.event, self.catalog), "labels": dict(s.labels)} for s in self._events.entries(_limit(query))
+        ]
+        body = json.dumps({"events": items}, default=str).encode()
+        return Response(200, "application/json", body)
+
+    def _page(self, query: dict[str, list[str]], headers: Message) -> Response:
+        try:
+            health = self._health()
+        except Exception as exc:
+            health = Health(False, f"health check failed: {exc}")
+        page = render_page(self._events.entries(_limit(query)), self.catalog, health, self._events.capacity)
+        return Response(200, "text/html; charset=utf-8", page.encode(), {"Content-Security-Policy": _PAGE_CSP})
+
+
+_ROUTES: dict[str, Callable[[Routes, dict[str, list[str]], Message], Response]] = {
+    "/": Routes._page,
+    "/metrics": Routes._metrics,
+    "/healthz": Routes._healthz,
+    "/events": Routes._events_json,
+}
+
+
+def text_response(status: int, text: str, headers: Mapping[str, str] = _NO_LABELS) -> Response:
+    """A plain-text response."""
+    return Response(status, "text/plain; charset=utf-8", text.encode(), headers)
+
+
+def _limit(query: dict[str, list[str]]) -> int:
+    values = query.get("limit")
+    if not values:
+        return DEFAULT_LIMIT
+    value = values[-1]
+    if not (value.isascii() and value.isdigit()):
+        raise BadRequestError(f"limit must be a whole number from 0 to {MAX_LIMIT}")
+    return MAX_LIMIT if len(value) > len(str(MAX_LIMIT)) else min(int(value), MAX_LIMIT)
