@@ -1,5 +1,6 @@
-"""The live daemon behind `serve`: the loop, the set of log sources, the state keeper and the event store.
+"""The live daemon behind `serve`: source set, loop, state keeper, event sink and targets, wired in app.py.
 
-The only place threads start. It feeds bytes from `sources` into `detect` pipelines and events into
-`metrics` and the store that `web` serves.
+loop.py starts the daemon's threads (serve binds the HTTP edge first). The daemon feeds bytes from `sources`
+into `detect` pipelines, and events through sink.py into `metrics` and the store that `web` serves; `scan`
+uses the same sink.
 """

@@ -1,11 +1,13 @@
-"""The daemon's loop: when to discover, which sources to read, when to save; and the only place threads start.
+"""The daemon's loop: when to discover, which sources to read, when to save; and where its threads start.
 
-    start services (HTTP edge, file waker, scrape threads, stdin pump)
+    start services (file waker, scrape threads, node discovery, stdin pump)
     repeat: wait for a file event or a tick -> reload if asked -> discover (throttled) -> read the sources
             whose directory changed (all of them on a sweep) -> emit what is due -> save when due
     stop services, save the state, close the files
 
 Every decision takes the time from an injected clock, so tests drive step() without threads or sleeps.
+The one thread started elsewhere is the HTTP edge's: serve binds it before anything else, so that a port in
+use fails at once with exit status 2.
 """
 
 from __future__ import annotations

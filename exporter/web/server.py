@@ -2,10 +2,11 @@
 
     OomEvent -> EventStore (bounded ring) -> /events (JSON), / (HTML)
     registry (metrics/)                   -> /metrics
-    health callable (app.py)              -> /healthz
+    health callable (daemon/loop.py)      -> /healthz
 
-Nothing here reads logs or counts events; app.py passes in the registry, the store and the health callable and
-starts and stops the server. Each connection carries one request (HTTP/1.0) on its own daemon thread. The
+Nothing here reads logs or counts events; serve passes in the registry, the store and the health callable,
+and starts and stops the server around the daemon's loop. routes.py turns a request into a response; this module
+owns sockets, threads, TLS and basic auth. Each connection carries one request (HTTP/1.0) on its own daemon thread. The
 request head is capped in bytes and in time and the number of open connections is capped, so slow or hostile
 clients cannot pin threads. Log text is untrusted input: the page escapes all of it and allows no scripts.
 """
