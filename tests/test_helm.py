@@ -673,3 +673,13 @@ def test_prometheusrule_fails_on_a_missing_or_broken_rules_file(tmp_path, damage
     assert message in proc.stderr
     # Without the PrometheusRule the chart does not need the file.
     assert _run(*argv[:-2]).returncode == 0
+
+
+def test_the_exporter_never_follows_its_own_log():
+    # Its log quotes OOM lines; the default container filter leaves out names containing "oom-exporter".
+    from sglang_oom_exporter.sources.discover import KubernetesFilter
+
+    (container,) = workload(template("all-off-values.yaml"))["spec"]["template"]["spec"]["containers"]
+    assert container["name"] == "oom-exporter"
+    assert KubernetesFilter().matches_container(container["name"]) is False
+    assert KubernetesFilter().matches_container("sglang") is True

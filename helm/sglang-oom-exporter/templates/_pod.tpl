@@ -48,7 +48,7 @@ spec:
     {{- toYaml $podSC | nindent 4 }}
   terminationGracePeriodSeconds: 30
   containers:
-    - name: exporter
+    - name: oom-exporter  # the exporter's default container filter skips *oom-exporter*, so it never reads its own log
       image: {{ include "sglang-oom-exporter.image" . | quote }}
       imagePullPolicy: {{ (.Values.image | default dict).pullPolicy | default "IfNotPresent" }}
       args:
