@@ -13,7 +13,6 @@ from sglang_oom_exporter.sources.discover import (
     discover_pods,
     expand,
     glob_root,
-    parse_pod_log_path,
 )
 from sglang_oom_exporter.sources.tail import FileTailer, TailChunk
 
@@ -77,24 +76,18 @@ def test_dirs_to_watch_holds_file_dirs_and_existing_glob_roots(tmp_path):
     assert glob_root("*.log") == "."
 
 
-def test_parse_pod_log_path_takes_labels_from_the_path():
-    path = f"/var/log/pods/llm-prod_sglang-0_{UID}/sglang/3.log"
-    assert parse_pod_log_path(path, "/var/log/pods") == PodLogRef("llm-prod", "sglang-0", UID, "sglang", 3, path)
-
-
-@pytest.mark.parametrize(
-    "path",
-    [
-        f"/var/log/pods/ns_pod_{UID}/sglang/0.log.20260314-220733",
-        f"/var/log/pods/ns_pod_{UID}/sglang/0.log.20260314-220733.gz",
-        f"/var/log/pods/ns_pod_{UID}/sglang/current.log",
-        f"/var/log/pods/ns_pod_{UID}/0.log",
-        "/var/log/pods/nounderscore/sglang/0.log",
-        f"/var/log/other/ns_pod_{UID}/sglang/0.log",
-    ],
-)
-def test_parse_pod_log_path_rejects_other_files(path):
-    assert parse_pod_log_path(path, "/var/log/pods") is None
+def test_discover_pods_takes_labels_from_the_path_and_skips_other_files(tmp_path):
+    root = tmp_path / "pods"
+    good = touch(root / f"llm-prod_sglang-0_{UID}" / "sglang" / "3.log")
+    for rel in (
+        f"ns_pod_{UID}/sglang/0.log.20260314-220733",
+        f"ns_pod_{UID}/sglang/0.log.20260314-220733.gz",
+        f"ns_pod_{UID}/sglang/current.log",
+        f"ns_pod_{UID}/0.log",
+        "nounderscore/sglang/0.log",
+    ):
+        touch(root / rel)
+    assert discover_pods(str(root)) == [PodLogRef("llm-prod", "sglang-0", UID, "sglang", 3, str(good))]
 
 
 @pytest.mark.parametrize(

@@ -18,7 +18,6 @@ from dataclasses import dataclass
 
 log = logging.getLogger(__name__)
 
-DEFAULT_POD_LOG_ROOT = "/var/log/pods"
 
 # A glob such as "*.log*" or "*" would also pick up rotated generations (app.log.1, 0.log.20260314-220733,
 # *.gz). Those are read through their live file's FileTailer (drained on rotation, or restored from a
@@ -126,21 +125,6 @@ def _split_pod_dir(name: str) -> tuple[str, str, str] | None:
     if len(parts) < 3 or not all(parts):
         return None
     return parts[0], "_".join(parts[1:-1]), parts[-1]
-
-
-def parse_pod_log_path(path: str, root: str = DEFAULT_POD_LOG_ROOT) -> PodLogRef | None:
-    """Labels of <root>/<ns>_<pod>_<uid>/<container>/<n>.log; None for anything else (n.log.<ts>, .gz)."""
-    rel = os.path.relpath(path, root)
-    parts = rel.split(os.sep)
-    if len(parts) != 3 or parts[0] in (os.curdir, os.pardir):
-        return None
-    pod_dir, container, name = parts
-    pod = _split_pod_dir(pod_dir)
-    match = _POD_LOG_NAME.fullmatch(name)
-    if pod is None or match is None or not container:
-        return None
-    namespace, pod_name, uid = pod
-    return PodLogRef(namespace, pod_name, uid, container, int(match.group(1)), path)
 
 
 def discover_pods(root: str, pod_filter: KubernetesFilter | None = None) -> list[PodLogRef]:
