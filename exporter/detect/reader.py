@@ -260,20 +260,19 @@ class LineReader:
 
     def _advance_window(self, line: bytes, is_hit: bool) -> None:
         """One line of the window went by: a line of another wrapper stream leaves the window as it was."""
-        tag = wrapper_stream(line)
-        if (
-            not is_hit
-            and tag is not None
-            and self._armed is not None
-            and tag != self._armed
-            and self._foreign < MAX_FOREIGN_LINES
-        ):
-            self._foreign += 1
-            return
+        tag: bytes | None = None
+        known = False
+        if not is_hit and self._armed is not None and self._foreign < MAX_FOREIGN_LINES:
+            tag, known = wrapper_stream(line), True
+            if tag is not None and tag != self._armed:
+                self._foreign += 1
+                return
         after = self._window_after(line, is_hit)
         self._window = max(self._window - 1, after)
         if after:
-            self._armed, self._foreign = tag, 0
+            # Only a line that arms the window needs its stream (and a plain line has none: cheap).
+            self._armed = tag if known else wrapper_stream(line)
+            self._foreign = 0
 
     def _span_holds(self, line: bytes) -> bool:
         """Track open spans; True while one is open (and not past its bound)."""
