@@ -232,7 +232,8 @@ def _pack_page(spec: AlertSpec, catalog: Catalog, options: RenderOptions) -> str
         )
     elif spec.role == "kv_near_full":
         commands = (
-            "```sh\n# The exporter's mirror of SGLang's KV state (its port-forward as for the other alerts):\n"
+            "```sh\n# The exporter's mirror of SGLang's KV state (sidecar mode: the exporter runs in the SGLang pod):\n"
+            f"kubectl port-forward -n NAMESPACE pod/POD {PORT} &\n"
             f"curl -s http://127.0.0.1:{PORT}/metrics | grep -E '^sglang_oom_target_(token_usage|kv_|running|queued)'\n"
             "# SGLang's own view (start it with --enable-metrics), from a pod that reaches it:\n"
             "curl -s http://SGLANG_HOST:30000/metrics | grep -E 'token_usage|num_running_reqs|num_queue_reqs'\n"
