@@ -11,6 +11,7 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
 from sglang_oom_exporter.config import ConfigError, DiscoverTargetsConfig, load_config
+from sglang_oom_exporter.sources.http import ScrapeError
 from sglang_oom_exporter.sources.kubeapi import (
     REASONS,
     ApiClient,
@@ -21,6 +22,7 @@ from sglang_oom_exporter.sources.kubeapi import (
     endpoints,
     node_targets,
 )
+from sglang_oom_exporter.sources.scrape import TargetScraper
 from tests.fake_kubeapi import FakeKubeApi, pod
 from tests.fake_sglang import FakeSGLang
 from tests.helpers import openssl_cert
@@ -400,3 +402,47 @@ def test_serve_in_node_mode_gives_pod_events_their_sglang_context(tmp_path, tls,
             assert d.healthy() is True
         finally:
             d.stop()
+
+
+def test_a_new_followed_pod_is_listed_early_once(api, tls):
+    api.pods = [pod("llm", "a", "10.0.0.5"), pod("llm", "b", "10.0.0.6")]
+    followed = {("llm", "a"), ("llm", "gone")}
+    targets = NodeTargets(client(api, tls), NODE, lambda: set(followed))
+    assert targets.refresh_once() is True
+    assert targets.unmapped_new() is False  # "gone" was followed at the last list: no early list for it
+    followed.add(("llm", "b"))
+    assert targets.unmapped_new() is True  # b appeared after the list
+    assert targets.unmapped_new() is False  # ... and asks for one early list only
+    assert targets.refresh_once() is True
+    assert targets.scraper_for("llm", "b").url == "http://10.0.0.6:30000"
+    assert targets.unmapped_new() is False
+
+
+def test_started_discovery_maps_a_new_pod_before_the_interval(api, tls):
+    api.pods = [pod("llm", "a", "10.0.0.5")]
+    followed: set = set()
+    fetched: list[str] = []
+
+    def fetch(url, **_kwargs):  # the pod IP is not on this machine: never connect to it
+        fetched.append(url)
+        raise ScrapeError("refused", "test")
+
+    targets = NodeTargets(client(api, tls), NODE, lambda: set(followed), interval=600, scrape_interval=600,
+                          new_scraper=lambda url: TargetScraper(url, fetch=fetch))  # fmt: skip
+    targets.start()
+    try:
+        deadline = time.monotonic() + 8
+        while targets.refreshes < 1:
+            assert time.monotonic() < deadline, "no first list"
+            time.sleep(0.05)
+        followed.add(("llm", "a"))  # the exporter starts following the pod's log
+        while targets.scraper_for("llm", "a") is None:
+            assert time.monotonic() < deadline, "the new pod waited for the 600 s interval"
+            time.sleep(0.05)
+        assert targets.refreshes == 2
+        while not fetched:
+            assert time.monotonic() < deadline, "the new target was not scraped"
+            time.sleep(0.05)
+        assert fetched[0] == "http://10.0.0.5:30000/metrics"
+    finally:
+        assert targets.stop() is True

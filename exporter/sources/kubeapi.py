@@ -22,6 +22,7 @@ from __future__ import annotations
 import http.client
 import json
 import logging
+import math
 import os
 import ssl
 import threading
@@ -42,6 +43,7 @@ log = logging.getLogger(__name__)
 SERVICE_ACCOUNT_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
 NODE_NAME_ENV = "NODE_NAME"
 REASONS = ("no_node_name", "no_token", "refused", "timeout", "tls", "http_status", "bad_json", "too_large", "error")
+NEW_POD_CHECK_SECONDS = 2.0  # how often the loop looks for followed pods without an endpoint
 MAX_BODY_BYTES = 64 << 20  # one node's pod list is far smaller; a runaway answer must not fill memory
 
 PodKey = tuple[str, str]  # (namespace, pod)
@@ -210,6 +212,7 @@ class NodeTargets:
         self._new_scraper = new_scraper or (lambda url: TargetScraper(url, timeout=scrape_timeout))
         self._lock = threading.Lock()
         self._endpoints: dict[PodKey, PodEndpoint] = {}
+        self._listed_early: set[PodKey] = set()  # followed pods that already had their early list
         self._scrapers: dict[str, TargetScraper] = {}  # url -> scraper
         self._scrape_stops: dict[str, threading.Event] = {}
         self._threads: list[threading.Thread] = []
@@ -243,6 +246,8 @@ class NodeTargets:
             found = endpoints(self.client.list_pods(self.node), self.default_port, self.port_annotation)
             followed = set(self._followed())
             self._reconcile({key: ep for key, ep in found.items() if key in followed})
+            with self._lock:
+                self._listed_early = followed  # every pod followed now has been listed
         except DiscoveryError as exc:
             self._failed(exc.reason, exc.detail)
             return False
@@ -307,9 +312,27 @@ class NodeTargets:
             self._start_scrape(scraper, stop)
 
     def _run(self) -> None:
+        last = -math.inf
         while not self._stop.is_set():
-            self.refresh_once()
-            self._stop.wait(self.interval)
+            if time.monotonic() - last >= self.interval or self.unmapped_new():
+                last = time.monotonic()
+                self.refresh_once()
+            self._stop.wait(min(self.interval, NEW_POD_CHECK_SECONDS))
+
+    def unmapped_new(self) -> bool:
+        """Whether a followed pod has no endpoint and was never listed early: worth one list before the interval.
+
+        A new SGLang pod then gets its endpoint within seconds, not an interval; a pod that stays unmapped
+        (deleted, its log kept for source_retention) costs one early list, not one every few seconds.
+        """
+        try:
+            followed = set(self._followed())
+        except Exception:  # the regular refresh counts a broken callback
+            return False
+        with self._lock:
+            new = followed - self._endpoints.keys() - self._listed_early
+            self._listed_early |= new
+        return bool(new)
 
     def _start_scrape(self, scraper: TargetScraper, stop: threading.Event) -> None:
         def run() -> None:
