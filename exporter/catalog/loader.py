@@ -8,8 +8,6 @@ in one pass rather than one error at a time.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +15,14 @@ import regex
 import yaml
 
 from ..errors import ProblemsError
+from .alert_fields import AlertFields
+from .model import Catalog, OomKind, Pattern, RemediationStep
+
+# The value types live in model.py; they are imported from here by most of the code.
+__all__ = [
+    "EVENT_FIELDS", "KV_PHASES", "PHASES", "PHASE_GROUPS", "SEVERITIES", "SUGGEST_RULES", "Catalog", "CatalogError",
+    "OomKind", "Pattern", "RemediationStep", "default_catalog_path", "load_catalog",
+]  # fmt: skip
 
 # Named groups a pattern may capture: the numeric and textual fields of an event. Anything else is a typo.
 EVENT_FIELDS = frozenset(
@@ -89,98 +95,6 @@ class CatalogError(ProblemsError):
     """Every problem found in a catalog file, one per line."""
 
 
-@dataclass(frozen=True, slots=True)
-class Pattern:
-    """One message regex of a kind, compiled once."""
-
-    regex: regex.Pattern[str]
-    fatal: bool | None  # None: the kind's default
-    versions: str
-    suggest: str | None = None  # None: the kind's suggestion rule
-
-
-@dataclass(frozen=True, slots=True)
-class RemediationStep:
-    """One ordered step of a kind's fix."""
-
-    flag: str
-    action: str
-    when: str
-
-
-@dataclass(frozen=True, slots=True)
-class OomKind:
-    """A catalog entry after validation."""
-
-    id: str
-    title: str
-    fatal: str  # "true" | "false" | "raised"
-    severity: str
-    phase: str
-    join_on: str
-    anchors: tuple[str, ...]
-    patterns: tuple[Pattern, ...]
-    extract: tuple[regex.Pattern[str], ...]
-    summary: str
-    steps: tuple[RemediationStep, ...]
-    runbook: Mapping[str, str]
-    alert: Mapping[str, Any]
-    match_examples: tuple[str, ...]
-    no_match_examples: tuple[str, ...]
-    suggest: str = "none"  # the advise/rules.py rule that turns its events into flag values
-
-    def suggest_rule(self, message: str) -> str:
-        """The suggestion rule for an event of this kind: a pattern's own rule when it matched, else the kind's."""
-        for p in self.patterns:
-            if p.suggest is not None and p.regex.match(message):
-                return p.suggest
-        return self.suggest
-
-    def remediation(self) -> dict[str, Any]:
-        """The remediation as plain data for JSON and HTML output."""
-        return {
-            "summary": self.summary,
-            "steps": [{"flag": s.flag, "action": s.action, "when": s.when} for s in self.steps],
-            "runbook_anchor": self.id,
-        }
-
-
-@dataclass(frozen=True, slots=True)
-class Catalog:
-    """All kinds, in file order (the order in which patterns are tried), plus the frame tables."""
-
-    kinds: tuple[OomKind, ...]
-    phase_frames: Mapping[str, tuple[str, ...]]
-    allocator_frames: Mapping[str, str]
-    path: str
-    # Roles: which kind plays which part, so that no Python code names a kind (checked by the loader).
-    fallback_kind: str = ""  # a KV failure whose phase nothing tells (and a cut-short alloc_token_slots)
-    retraction_kind: str | None = None  # events whose retracted_requests feed the retracted-requests counter
-    phase_kinds: Mapping[str, str] = field(default_factory=dict)  # resolved KV phase -> the kind it counts as
-    # The alerts beyond one per kind (crash loop, near full, exporter guards) and the flags' SGLang versions.
-    alert_pack: Mapping[str, Any] = field(default_factory=dict)
-
-    @property
-    def ids(self) -> tuple[str, ...]:
-        """Kind ids in catalog order."""
-        return tuple(k.id for k in self.kinds)
-
-    def kind(self, kind_id: str) -> OomKind:
-        """The kind with this id (KeyError when there is none)."""
-        for k in self.kinds:
-            if k.id == kind_id:
-                return k
-        raise KeyError(kind_id)
-
-    def anchors(self) -> tuple[str, ...]:
-        """Every anchor literal of every kind, deduplicated, in catalog order."""
-        seen: dict[str, None] = {}
-        for k in self.kinds:
-            for a in k.anchors:
-                seen.setdefault(a, None)
-        return tuple(seen)
-
-
 class _LineLoader(yaml.SafeLoader):
     """A SafeLoader that remembers the line of every mapping, for file:line error messages."""
 
@@ -251,7 +165,7 @@ class _Validator:
             if target != "frames" and target not in ids:
                 self.err(data, f"allocator_frames.{fn}", f"names unknown kind {target!r}")
         roles = self._roles(data, ids)
-        alert_pack = _AlertFields(self).check(data)
+        alert_pack = AlertFields(self, SEVERITIES).check(data)
         if self.problems:
             raise CatalogError(self.problems)
         return Catalog(tuple(kinds), phase_frames, allocators, self.path, **roles, alert_pack=alert_pack)
@@ -445,106 +359,3 @@ class _Validator:
         if not steps:
             self.err(rem, f"{where}.remediation.steps", "needs at least one step")
         return summary, steps
-
-
-# Prometheus durations as the alert fields use them: 30s, 5m, 1h, 1h30m.
-_PROM_DURATION = re.compile(r"^(?:\d+(?:ms|s|m|h|d|w|y))+$")
-_DURATION_SECONDS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800, "y": 31536000}
-# alert_pack entries: the keys each must have (all of them, nothing else) besides severity.
-_PACK_ALERTS = {
-    "crash_loop": ("count", "window", "for", "keep_firing_for"),
-    "kv_near_full": ("threshold", "for"),
-    "exporter_down": ("for",),
-    "exporter_no_logs": ("window", "for"),
-    "target_down": ("for",),
-    "state_errors": ("window", "for"),
-}
-
-
-def _seconds(text: str) -> float:
-    return sum(int(n) * _DURATION_SECONDS[u] for n, u in re.findall(r"(\d+)(ms|s|m|h|d|w|y)", text))
-
-
-class _AlertFields:
-    """Checks what render/alerts.py reads: each kind's `alert:` block and the top-level `alert_pack`."""
-
-    def __init__(self, validator: _Validator) -> None:
-        self.v = validator
-
-    def check(self, data: dict[str, Any]) -> dict[str, Any]:
-        """Validate every kind's alert block and the alert_pack section; return the pack without line keys."""
-        for raw in data.get("kinds") or []:
-            if isinstance(raw, dict) and isinstance(raw.get("alert"), dict):
-                self._kind(raw, f"kinds[{raw.get('id')}].alert")
-        pack = data.get("alert_pack")
-        if not isinstance(pack, dict):
-            self.v.err(data, "alert_pack", "missing: the job name and the pack alerts' thresholds")
-            return {}
-        for key in sorted(set(pack) - {*_PACK_ALERTS, "job", "flag_versions", "__line__"}):
-            self.v.err(pack, f"alert_pack.{key}", "unknown key")
-        if not isinstance(pack.get("job"), str) or not pack["job"]:
-            self.v.err(pack, "alert_pack.job", "must be the scrape job name")
-        for name, keys in _PACK_ALERTS.items():
-            spec = pack.get(name)
-            if not isinstance(spec, dict):
-                self.v.err(pack, f"alert_pack.{name}", f"missing: needs severity, {', '.join(keys)}")
-                continue
-            self._fields(spec, f"alert_pack.{name}", {"severity", *keys}, {"severity", *keys})
-        versions = pack.get("flag_versions")
-        if not isinstance(versions, dict) or not all(
-            isinstance(k, str) and isinstance(t, str) and t for k, t in versions.items() if k != "__line__"
-        ):
-            self.v.err(pack, "alert_pack.flag_versions", "must map each remediation flag to its SGLang versions")
-        return dict(_strip_lines(pack))
-
-    def _kind(self, raw: dict[str, Any], where: str) -> None:
-        alert = raw["alert"]
-        fatal = raw.get("fatal")
-        if fatal in (True, "raised"):
-            self._fields(alert, where, {"for", "window", "keep_firing_for"}, {"for", "window", "keep_firing_for",
-                                                                            "non_fatal"})  # fmt: skip
-        elif "threshold_per_minute" in alert:
-            self._fields(alert, where, {"for", "window", "threshold_per_minute"}, {"for", "window",
-                                                                                  "threshold_per_minute"})  # fmt: skip
-        else:
-            self._fields(alert, where, set(), {"for", "window"})
-        non_fatal = alert.get("non_fatal")
-        if non_fatal is None:
-            return
-        patterns = raw.get("patterns") or []
-        if not any(isinstance(p, dict) and p.get("fatal") is False for p in patterns):
-            self.v.err(alert, f"{where}.non_fatal", "only for a kind with a `fatal: false` pattern")
-        keys = {"name", "severity", "for", "window", "threshold_per_minute"}
-        if not isinstance(non_fatal, dict):
-            self.v.err(alert, f"{where}.non_fatal", f"must be a mapping with {', '.join(sorted(keys))}")
-            return
-        self._fields(non_fatal, f"{where}.non_fatal", keys, keys)
-        if not re.match(r"^[A-Z][A-Za-z0-9]+$", str(non_fatal.get("name"))):
-            self.v.err(non_fatal, f"{where}.non_fatal.name", "must be CamelCase (the alert name's ending)")
-
-    def _fields(self, spec: dict[str, Any], where: str, required: set[str], allowed: set[str]) -> None:
-        for key in sorted(set(spec) - allowed - {"__line__"}):
-            self.v.err(spec, f"{where}.{key}", "unknown key")
-        for key in sorted(required - set(spec)):
-            self.v.err(spec, f"{where}.{key}", "missing")
-        for key in ("for", "window", "keep_firing_for"):
-            if key in spec and not _PROM_DURATION.match(str(spec[key])):
-                self.v.err(spec, f"{where}.{key}", f"{spec[key]!r} is not a Prometheus duration (5m, 1h)")
-        if "severity" in spec and spec["severity"] not in SEVERITIES:
-            self.v.err(spec, f"{where}.severity", f"{spec['severity']!r} is not one of {', '.join(SEVERITIES)}")
-        for key in ("threshold_per_minute", "threshold", "count"):
-            value = spec.get(key)
-            if key in spec and (isinstance(value, bool) or not isinstance(value, int | float) or value <= 0):
-                self.v.err(spec, f"{where}.{key}", "must be a positive number")
-        if "threshold" in spec and isinstance(spec["threshold"], int | float) and spec["threshold"] > 1:
-            self.v.err(spec, f"{where}.threshold", "is a ratio: at most 1")
-        durations = {k: str(spec[k]) for k in ("for", "window") if _PROM_DURATION.match(str(spec.get(k, "")))}
-        if len(durations) == 2 and _seconds(durations["for"]) >= _seconds(durations["window"]):
-            # One event keeps an increase() or rate() true for about one window: `for` must fit inside it.
-            self.v.err(spec, f"{where}.for", f"must be shorter than the window ({durations['window']})")
-
-
-def _strip_lines(value: Any) -> Any:
-    if isinstance(value, dict):
-        return {k: _strip_lines(v) for k, v in value.items() if k != "__line__"}
-    return value
