@@ -282,7 +282,11 @@ def test_only_the_state_dir_and_tmp_are_writable():
     assert volumes["pod-logs"]["hostPath"] == {"path": "/var/log/pods", "type": "Directory"}
     assert volumes["log-target-0"]["hostPath"] == {"path": "/var/lib/docker/containers", "type": "Directory"}
     assert mounts["log-target-0"]["readOnly"] is True
-    assert volumes["state"]["hostPath"] == {"path": "/var/lib/sglang-oom-exporter", "type": "DirectoryOrCreate"}
+    # One state directory per release on the node.
+    assert volumes["state"]["hostPath"] == {
+        "path": "/var/lib/sglang-oom-exporter/monitoring.t",
+        "type": "DirectoryOrCreate",
+    }
     assert mounts["state"]["mountPath"] == "/var/lib/sglang-oom-exporter"
     assert rendered_config(template("all-on-values.yaml"))["state_dir"] == "/var/lib/sglang-oom-exporter"
 

@@ -135,9 +135,10 @@ spec:
       emptyDir:
         sizeLimit: 16Mi
     {{- if eq $mode "daemonset" }}
+    # One directory per release: two releases on a node must never share (and overwrite) one state file.
     - name: state
       hostPath:
-        path: {{ $ds.stateHostPath | default "/var/lib/sglang-oom-exporter" }}
+        path: {{ printf "%s/%s.%s" ($ds.stateHostPath | default "/var/lib/sglang-oom-exporter" | trimSuffix "/") .Release.Namespace .Release.Name }}
         type: DirectoryOrCreate
     - name: pod-logs
       hostPath:
