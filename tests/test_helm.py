@@ -687,3 +687,19 @@ def test_the_exporter_never_follows_its_own_log():
     assert container["name"] == "oom-exporter"
     assert KubernetesFilter().matches_container(container["name"]) is False
     assert KubernetesFilter().matches_container("sglang") is True
+
+
+def test_the_packaged_chart_carries_the_rules_and_dashboards(tmp_path):
+    needs_rules()
+    needs_dashboards()
+    proc = _run(_helm(), "package", str(CHART), "-d", str(tmp_path))
+    assert proc.returncode == 0, proc.stderr
+    (package,) = tmp_path.glob("sglang-oom-exporter-*.tgz")
+    assert package.name == f"sglang-oom-exporter-{__version__}.tgz"
+    proc = _run(_helm(), "template", "t", str(package), "--set", "prometheusRule.enabled=true",
+                "--set", "grafanaDashboards.enabled=true")  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    docs = [d for d in yaml.safe_load_all(proc.stdout) if d]
+    assert one(docs, "PrometheusRule")["spec"]["groups"] == yaml.safe_load(RULES_FILE.read_text())["groups"]
+    dashboards = [d for d in by_kind(docs, "ConfigMap") if "grafana_dashboard" in d["metadata"]["labels"]]
+    assert len(dashboards) == len(list((CHART / "files" / "dashboards").glob("*.json")))
