@@ -78,7 +78,11 @@ class PodEndpoint:
 
 
 class ApiClient:
-    """Lists the pods of one node through the API server, as the pod's service account."""
+    """Lists the pods of one node through the API server, as the pod's service account.
+
+    timeout bounds each socket operation (connect, TLS handshake, each read), not the whole call: the caller is
+    the discovery thread, so a slow API server delays only the next list.
+    """
 
     def __init__(
         self,
