@@ -37,6 +37,20 @@ FRAGMENTS = [
     b"\r\n",
     b"\xff\xfe\x00garbage\n",
     b"[2026-03-14 22:07:35 TP0] Decode batch, #running-req: 3, token usage: 1.00\n",
+    # Section 10 variants
+    b"[gpu_id=1] Prefill out of memory. Try to lower your batch size.\n",
+    b"RuntimeError: CUDA Error: out of memory (2) /x/flashinfer/handler.cuh: line 1 at function cudaMallocAsync(b)\n",
+    b"ValueError: pool memory leak detected! [full] total=9, available=1, evictable=2, protected=0, session_held=0, "
+    b"uncached=0\n",
+    b"[swa] total=5, available=5, evictable=0, protected=0, session_held=0, uncached=0\n",
+    b"/x/sglang/srt/managers/router/model_rpc.py:1: UserWarning: Warning: available_size=1, max_total_num_token=2\n",
+    b"KV cache pool leak detected!\n",
+    b"Exception in ControllerSingle:\n",
+    b"Traceback (most recent call last):\n",
+    b'  File "/x/sglang/srt/speculative/eagle_info.py", line 3, in prepare_for_verify\n',
+    b"AssertionError: No space left for only one request, self.token_to_kv_pool_allocator.available_size()=6\n",
+    b"[2026-03-14 22:07:33] SIGQUIT received. signum=None, frame=None. It usually means one child failed.\n",
+    b"Available tokens: 6100\n",
 ]
 # The same records as docker-compose prints them, with another service's lines to mix in anywhere.
 COMPOSE_FRAGMENTS = [b"sglang-1  | " + f for f in FRAGMENTS if not f.startswith((b"2026-03-14T", b"\xff"))] + [
