@@ -8,6 +8,7 @@ suffixes for repeats), so a link that works here works on the rendered page.
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 from pathlib import Path
 
 import yaml
@@ -15,7 +16,7 @@ import yaml
 from sglang_oom_exporter.catalog import load_catalog
 from sglang_oom_exporter.render import RenderOptions, runbook_kind_url, runbook_page_url
 from sglang_oom_exporter.render.alerts import RULES_PATH, alert_pack
-from sglang_oom_exporter.render.runbooks import INDEX, PARTS, RUNBOOK_DIR
+from sglang_oom_exporter.render.runbooks import INDEX, PARTS, RUNBOOK_DIR, render_runbooks
 
 ROOT = Path(__file__).resolve().parent.parent
 CATALOG = load_catalog()
@@ -141,3 +142,13 @@ def test_mitigation_lists_the_catalog_flags_in_order_with_their_sglang_versions(
             flag = f"`{step.flag}`" if step.flag != "none" else "No flag"
             assert line.startswith(f"{i}. {flag}: {step.action}."), line
             assert line.endswith(f"SGLang: {versions[step.flag]}."), line
+
+
+def test_a_kinds_own_diagnosis_hint_leads_its_diagnosis():
+    prefill = CATALOG.kind("prefill")
+    hint = "Look for one very long prompt in the request log just before the failure."
+    kind = replace(prefill, runbook={**prefill.runbook, "diagnosis": hint})
+    catalog = replace(CATALOG, kinds=tuple(kind if k.id == "prefill" else k for k in CATALOG.kinds))
+    page = render_runbooks(catalog, RenderOptions(), {})[f"{RUNBOOK_DIR}/sglangprefilloom.md"]
+    assert _sections(page, "## ")["Diagnosis"].startswith(f"\n\n{hint}\n\nThe alert's labels say where")
+    assert hint not in _page("SGLangPrefillOOM")  # the shipped catalog has none

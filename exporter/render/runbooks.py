@@ -206,8 +206,10 @@ def _kind_page(spec: AlertSpec, kind: OomKind, catalog: Catalog, options: Render
         )
     series = ["sglang_oom_events_total", "sglang_oom_fatal_events_total", "sglang_oom_last_event_requested_tokens",
               "sglang_oom_last_event_available_tokens", "sglang_oom_suggested_flag_value"]  # fmt: skip
+    hint = kind.runbook.get("diagnosis", "")
     diagnosis = (
-        _labels_note()
+        (f"{hint.rstrip()}\n\n" if hint else "")
+        + _labels_note()
         + _kind_commands(kind, job)
         + "\n"
         + _series(series, f'{{kind="{kind.id}"}}')
