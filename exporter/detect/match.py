@@ -76,7 +76,10 @@ class Matcher:
         """Classify one record; None when it is not an event."""
         groups = _exception_groups(record) if record.kind == "traceback" else [list(record.lines)]
         frames_phase = self._frames_phase(record.frames)
-        for group in groups:
+        # The last exception of a chained traceback is the one the process died of: "Capture cuda graph
+        # failed: <CUDA OOM>" raised while handling the OOM is a startup failure, not also cuda_oom (facts
+        # 10.6). Earlier ones still count when the last names nothing.
+        for group in reversed(groups):
             if not group:
                 continue
             found = self.match_line(group[0])
