@@ -111,7 +111,8 @@ def test_for_is_below_the_window_and_event_alerts_keep_firing():
         assert f"[{spec.window}]" in rule["expr"], spec.name
     for spec in SPECS:
         if spec.role in ("fatal", "crash_loop"):
-            assert rules[spec.name]["keep_firing_for"] == spec.kind.alert["keep_firing_for"] if spec.kind else True
+            source = spec.kind.alert if spec.kind else CATALOG.alert_pack[spec.role]
+            assert rules[spec.name]["keep_firing_for"] == source["keep_firing_for"], spec.name
             assert parse_duration(rules[spec.name]["keep_firing_for"]) >= 600, spec.name
         else:
             assert "keep_firing_for" not in rules[spec.name], spec.name
@@ -228,6 +229,8 @@ def test_dashboard_url_is_templated_from_the_alert_labels(tmp_path):
         runbook_base_url="https://runbooks.example.com/sglang", grafana_url="https://grafana.example.com"
     )
     (tmp_path / "rules.yaml").write_text(rules_file(CATALOG, options))
+    lint = _run("promtool", "check", "rules", "--lint=all", "--lint-fatal", "rules.yaml", cwd=tmp_path)
+    assert lint.returncode == 0, lint.stdout + lint.stderr
     k8s = 'job="sglang-oom-exporter",instance="10.0.0.7:9877",kind="cuda_oom",namespace="llm",pod="sglang-0",container="sglang"'
     test = {
         "rule_files": ["rules.yaml"],
