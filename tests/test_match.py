@@ -6,6 +6,7 @@ import pytest
 
 from sglang_oom_exporter.detect.assemble import Assembler
 from sglang_oom_exporter.detect.model import LogLine
+from sglang_oom_exporter.detect.prefix import PrefixParser
 from tests.helpers import CATALOG, frames, scan_text
 
 GENERIC = "Out of memory. Try to lower your batch size.\nTry to allocate 96 tokens.\nAvailable tokens: 40 (available_size=40 + evictable_size=0)\n"
@@ -339,3 +340,25 @@ def test_a_file_cut_mid_traceback_with_its_exception_line_counts_once_with_the_p
 def test_frames_of_other_code_with_nothing_open_start_no_record():
     log = frames("forward", "alloc_token_slots", path="/opt/venv/lib/python3.12/site-packages/vllm/worker.py") + "\n"
     assert scan_text(log) == []
+
+
+@pytest.mark.parametrize(
+    ("line", "time", "ranks", "message"),
+    [
+        (
+            "[gpu_id=0] new fill batch. #seq: 4. #new_token: 7310.",
+            None,
+            "gpu_id=0",
+            "new fill batch. #seq: 4. #new_token: 7310.",
+        ),
+        ("[09:41:07 TP1] [gpu_id=1] Prefill out of memory.", "09:41:07", "TP1 gpu_id=1", "Prefill out of memory."),
+        ("[gpu_id=x] text", None, None, "[gpu_id=x] text"),
+    ],
+)
+def test_gpu_id_prefix_names_the_rank(line, time, ranks, message):
+    prefix, rest = PrefixParser().parse(line)
+    assert rest == message
+    if ranks is None:
+        assert prefix is None
+    else:
+        assert (prefix.time, prefix.ranks) == (time, ranks)
