@@ -151,9 +151,9 @@ def test_a_file_created_right_after_a_discovery_is_read_within_a_second(tmp_path
     app.loop.step()  # discovery at t=0 (nothing yet), sweep at t=0
     clock.now += 0.3
     (tmp_path / "new.log").write_text(BLOCK.format(s=1))
-    app.loop.mark_changed({str(tmp_path)})  # the waker's report of the create event
     app.loop.request_discover()
     assert app.loop.next_timeout() == pytest.approx(0.7)  # wait only until discovery may run again
+    app.loop.mark_changed({str(tmp_path)})  # the waker's report of the create event
     app.loop.step()  # t=0.3: too soon after the last discovery; the file is not a source yet
     assert app.sources.by_path == {}
     clock.now += 0.7
@@ -344,3 +344,42 @@ def test_a_catalog_without_the_fallback_kind_is_rejected_with_a_clear_error(tmp_
     assert [p for p in info.value.problems if "fallback_kind" in p] == [
         f"{path}:1: fallback_kind: names unknown kind 'unknown': it must be one of this catalog's kind ids"
     ]
+
+
+class FakeWaker:
+    """What the loop needs of sources/watch.Waker, recording how it was asked."""
+
+    def __init__(self) -> None:
+        self.timeouts: list[float | None] = []
+        self.watched: list[set[str]] = []
+
+    def wait(self, timeout: float | None) -> bool:
+        self.timeouts.append(timeout)
+        return False
+
+    def take_changed(self) -> set[str] | None:
+        return set()  # no event: nothing was watching when the bytes were written
+
+    def watch_dirs(self, dirs: set[str]) -> None:
+        self.watched.append(set(dirs))
+
+
+def test_bytes_written_before_a_new_directory_is_watched_are_read_at_once(tmp_path):
+    other = tmp_path / "other"
+    other.mkdir()
+    log = other / "b.log"
+    log.write_text("")
+    app, clock = _app(tmp_path, sweep_interval=600.0)
+    waker = FakeWaker()
+    app.loop.step()
+    app.loop._wait(waker, lambda: None)  # the first watch: every directory is looked at once more
+    app.loop.step()
+    app.reload(Config(**{**_fields(app.config), "paths": (str(other / "*.log"),)}), CATALOG)
+    app.loop.step()  # b.log is discovered and read (empty)
+    _append(log, BLOCK.format(s=1))  # written before other/ is watched: no file event will come
+    app.loop._wait(waker, lambda: None)
+    assert (waker.watched[-1], waker.timeouts[-1]) == ({str(other)}, 0.0)
+    app.loop.step()
+    clock.now += 1.0  # the traceback wait
+    app.loop.step()
+    assert app.counts.total("decode") == 1  # without the extra look: only at the 600 s sweep

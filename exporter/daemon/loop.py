@@ -144,8 +144,8 @@ class Loop:
 
     def next_timeout(self) -> float:
         """How long the loop may wait for a file event before it must look again."""
-        if self._behind:
-            return 0.0  # a backlog is being read in slices: go on at once
+        if self._behind or self._changed is None or self._changed:
+            return 0.0  # a backlog is being read in slices, or directories wait to be looked at: go on at once
         timeout = (
             min(self.config.poll_interval, BUSY_WAIT_SECONDS) if self.sources.busy() else self.config.poll_interval
         )
@@ -203,6 +203,8 @@ class Loop:
         dirs = self.sources.watch_dirs()
         if dirs is not self._watched:  # the same set object comes back until the sources change
             waker.watch_dirs(dirs)
+            # Bytes written before a directory's watch was in place raised no event: look there once more.
+            self.mark_changed(dirs - (self._watched or set()))
             self._watched = dirs
         waker.wait(self.next_timeout())
         if self._reload_requested.is_set():
