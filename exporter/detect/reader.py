@@ -13,6 +13,7 @@ in 1-byte pieces, or with the prefilter off gives the same events (property-test
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterator, Sequence
 from typing import Any, Protocol, cast
 
@@ -29,6 +30,8 @@ MAX_FOREIGN_LINES = 256  # other-stream lines held inside an open window before 
 
 _COMPOSE_TAG = regex.compile(rb"^([\w.-]+) +\|")
 _ANSI_B = regex.compile(rb"\x1b\[[0-9;]*[A-Za-z]")
+_NUL_AFTER_TEXT = regex.compile(rb"(?<=[^\x00\n])\x00")  # the first NUL of a run that follows text
+_NOT_NUL = regex.compile(rb"[^\x00]")
 
 
 class Finder(Protocol):
@@ -94,6 +97,12 @@ class HyperscanFinder:
 
 def minimal_literals(literals: Sequence[str]) -> tuple[bytes, ...]:
     """Drop literals that contain another one: a line holding the longer holds the shorter."""
+    return _minimal_literals(tuple(literals))
+
+
+@functools.lru_cache(maxsize=64)
+def _minimal_literals(literals: tuple[str, ...]) -> tuple[bytes, ...]:
+    # Cached: every pipeline of a run asks for the same sets (a scan of 1,000 files built them 3,000 times).
     unique = sorted({lit.encode() for lit in literals if lit}, key=len)
     kept: list[bytes] = []
     for lit in unique:
@@ -166,6 +175,7 @@ class LineReader:
         self._held: list[RawLine] = []  # the last few skipped lines, for a later hit's look-back
         self._earlier_generations = 0
         self._pos = 0  # file offset of the next byte fed
+        self._last_byte = b"\n"  # the last byte fed (a NUL run behind text breaks the line)
         self._partial_start = 0  # file offset where the partial line began
         self._base = 0  # file offset of buf[0] in the region being walked
         self.next_lineno = 1
@@ -182,6 +192,9 @@ class LineReader:
             return
         data_start = self._pos
         self._pos += len(data)
+        if b"\x00" in data:
+            data = self._break_nul_runs(data)
+        self._last_byte = data[-1:]
         cut = data.rfind(b"\n")
         if cut < 0:
             self._extend_partial(data, data_start)
@@ -222,6 +235,7 @@ class LineReader:
         self.next_lineno = lineno
         self._earlier_generations -= lineno - 1
         self._pos = offset
+        self._last_byte = b"\n"  # a generation starts at a line start
 
     def resume_point(self) -> tuple[int, int]:
         """(offset, lineno) of the oldest byte the reader still holds: a restart must re-read from there."""
@@ -231,7 +245,25 @@ class LineReader:
             return self._partial_start, self.next_lineno
         return self._pos, self.next_lineno
 
+    def _break_nul_runs(self, data: bytes) -> bytes:
+        """A NUL run behind text ends that line: its first NUL becomes a newline (same length, same offsets).
+
+        Copytruncate under a writer without O_APPEND leaves NULs up to the writer's offset and then its next
+        line with no newline between; the run's leading NULs are then dropped from the line that follows
+        (_line, _extend_partial), so that line reads as it was written, however the bytes are chunked.
+        """
+        out = bytearray(data)
+        if out[0] == 0 and self._last_byte not in (b"\n", b"\x00"):
+            out[0] = 0x0A
+        for m in _NUL_AFTER_TEXT.finditer(data):
+            out[m.start()] = 0x0A
+        return bytes(out)
+
     def _extend_partial(self, data: bytes, start: int) -> None:
+        if not self._partial and not self._truncating and data[:1] == b"\x00":
+            kept = data.lstrip(b"\x00")
+            start += len(data) - len(kept)
+            data = kept
         if not self._partial and not self._truncating and data:
             self._partial_start = start
         if self._truncating or not data:
@@ -245,6 +277,9 @@ class LineReader:
             self._partial += data
 
     def _line(self, buf: bytes, pos: int, end: int) -> RawLine:
+        if buf[pos : pos + 1] == b"\x00":  # the NUL run of a copytruncate hole ahead of the line's text
+            m = _NOT_NUL.search(buf, pos, end)
+            pos = end if m is None else m.start()
         if end - pos > self._max_line:
             self.oversized_lines += 1
             end = pos + self._max_line
