@@ -121,7 +121,7 @@ class LogSource:
         pos = self.tailer.position
         if pos is None:
             return None
-        lineno = 1
+        lineno: int | None = None  # not known before the first read (a primed start): counted on resume
         if self.generation == f"{pos.dev}:{pos.ino}:{self.epoch}":
             offset, lineno = self.pipeline.resume_point()
             pos = TailPosition(

@@ -75,6 +75,7 @@ class Loop:
         self._last_error_log = -1e18
         self._reload_requested = threading.Event()
         self._watched: set[str] | None = None
+        self._starting = False  # run() until the starting positions are saved: not ready yet
 
     # --- one pass ----------------------------------------------------------------------------
 
@@ -158,6 +159,8 @@ class Loop:
         stalled = self._wall() - self._last_loop
         if stalled > max(30.0, 10 * self.config.poll_interval):
             return Health(False, f"the main loop has not run for {stalled:.0f}s")
+        if self._starting:
+            return Health(False, "starting: saving where each log file will be read from")
         with self.sources.lock:
             if self.sources.problem:
                 return Health(False, self.sources.problem)
@@ -185,7 +188,8 @@ class Loop:
             for service in services:
                 service.start()
                 started.append(service)
-            self.keeper.load()
+            self._starting = True
+            self._start()
             while not stop.is_set():
                 self.step()
                 if waker is None:
@@ -197,6 +201,22 @@ class Loop:
                 service.stop()
             self.keeper.save()
             self.sources.close()
+
+    def _start(self) -> None:
+        """Load the state, find the files, and save where each will be read from before its first byte is read.
+
+        Without this save a SIGKILL before the first periodic one made the restart a first run, which reads
+        existing files from their end: whatever was written while the daemon was down was lost.
+        """
+        self.keeper.load()
+        with self.sources.lock:
+            self.sources.discover()
+            self._last_discover = self._clock()
+            for source in self.sources.by_path.values():
+                if source.tailer is not None:
+                    source.tailer.prime()
+        self.keeper.save()
+        self._starting = False
 
     def _wait(self, waker: Wakeups, reload: Callable[[], None]) -> None:
         """Wait for a file event or the timeout; then reload if asked and note where files changed."""

@@ -196,9 +196,13 @@ class SourceSet:
         )  # fmt: skip
         source = LogSource(path, labels, label_map, pipeline, None, directory=os.path.abspath(os.path.dirname(path)))
         if path != STDIN:
-            position = self._resume(source, self.saved.pop(path, None))
+            saved = self.saved.pop(path, None)
+            position = self._resume(source, saved)
             # Files that exist at the very first start are history; files that appear later are read from 0.
             start_at_end = not self.had_state and not self.config.from_beginning and not self._discovered_once
+            # A rejected saved position: the kept counters already hold what this file had, so read from 0
+            # would count it twice. Its end is the safe side.
+            start_at_end = start_at_end or (saved is not None and position is None)
             source.tailer = FileTailer(path, start_at_end=start_at_end and position is None, position=position)
         return source
 
@@ -208,7 +212,8 @@ class SourceSet:
             return None
         try:
             position = TailPosition.from_dict(saved["position"])
-            source.resume_lineno = int(saved.get("lineno", 1))
+            lineno = saved.get("lineno", 1)
+            source.resume_lineno = None if lineno is None else int(lineno)
             source.resume_offset = position.offset
             source.epoch = int(saved.get("epoch", 0))
             source.pipeline.restore_state(saved.get("dedupe", {}))

@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import math
 import os
 import tempfile
 import time
@@ -55,7 +56,7 @@ class StateStore:
             data, reason = _parse(raw)
             if data is not None:
                 return data
-        self._reject(reason)
+        self.reject(reason)
         return None
 
     def save(self, data: Mapping[str, Any]) -> None:
@@ -94,7 +95,8 @@ class StateStore:
         finally:
             os.close(dir_fd)
 
-    def _reject(self, reason: str) -> None:
+    def reject(self, reason: str) -> None:
+        """Move an unusable state file aside and warn; the caller starts as on a first run."""
         self.rejected += 1
         aside = f"{self.path}.corrupt-{int(self._clock())}"
         try:
@@ -131,9 +133,12 @@ class StateStore:
 def _parse(raw: bytes) -> tuple[dict[str, Any] | None, str]:
     """The data of a state file's bytes, or None and the reason it is unusable."""
     try:
-        doc = json.loads(raw.decode("utf-8"))
+        # NaN and Infinity are not JSON, and no counter can hold them: refused like any other corruption.
+        doc = json.loads(raw.decode("utf-8"), parse_constant=_refuse_constant)
     except (UnicodeDecodeError, ValueError) as exc:
         return None, f"not valid JSON: {exc}"
+    if not _finite(doc):
+        return None, "a number is out of range (1e400 reads as Infinity)"
     if not isinstance(doc, dict):
         return None, f"top level is {type(doc).__name__}, not an object"
     version = doc.get("version")
@@ -143,6 +148,24 @@ def _parse(raw: bytes) -> tuple[dict[str, Any] | None, str]:
     if not isinstance(data, dict):
         return None, "'data' is missing or not an object"
     return data, ""
+
+
+def _refuse_constant(name: str) -> float:
+    raise ValueError(f"{name} is not a number a counter can hold")
+
+
+def _finite(value: object) -> bool:
+    """Whether every float in a parsed JSON document is finite (iteratively: a deep document cannot recurse)."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, float) and not math.isfinite(item):
+            return False
+        if isinstance(item, dict):
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+    return True
 
 
 class StateKeeper:
@@ -180,15 +203,19 @@ class StateKeeper:
             self.errors += self._store.rejected
             return
         try:
-            self._counts.restore_state(data["counters"])
             files = data.get("files", {})
             if not isinstance(files, dict):
-                raise ValueError("files is not a mapping")
+                raise ValueError(f"'files' is {type(files).__name__}, not an object")
+            if "counters" not in data:
+                raise ValueError("'counters' is missing")
+            # Checked before anything is applied: restore_state raises before it changes a counter.
+            self._counts.restore_state(data["counters"])
             self._sources.saved = {str(k): v for k, v in files.items() if isinstance(v, dict)}
             self._sources.had_state = True
         except (ValueError, KeyError, TypeError) as exc:
-            # Documented fallback: start as on a first run (existing files read from their end).
-            self._error(f"ignoring the state file: {exc}")
+            # Documented fallback, as for a corrupt file: moved aside, and a first run (files read from their end).
+            self.errors += 1
+            self._store.reject(f"wrong types: {exc}")
             self._sources.saved = {}
 
     def save_if_due(self) -> None:

@@ -84,6 +84,11 @@ class FileTailer:
             return self._restore
         return TailPosition(self.path, self._dev, self._ino, self._commit, self._fp, self._fp_len)
 
+    def prime(self) -> None:
+        """Open the path and take the starting offset without reading, so the state can hold it first."""
+        if not self._closed and self._fd is None and self._restore is None:
+            self._open_at_start()
+
     def close(self) -> None:
         """Release the open file; later polls yield nothing."""
         self._closed = True
@@ -206,14 +211,19 @@ class FileTailer:
         if self._restore is not None:
             yield from self._resume(self._restore)
             return
+        if self._open_at_start():
+            yield from self._read_to_eof()
+
+    def _open_at_start(self) -> bool:
+        """Open the path at 0, or at its last line start on a first start; False when it cannot be opened."""
         st = self._open()
         if st is None:
-            return
+            return False
         if self._start_at_end:
             self._offset = self._commit = self._line_start_before(st.st_size)
             self._take_fingerprint()
         self._start_at_end = False
-        yield from self._read_to_eof()
+        return True
 
     def _open(self) -> os.stat_result | None:
         """Open the path read-only; None when it is missing (not an error) or unreadable (counted)."""
