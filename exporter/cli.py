@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Sequence
 from importlib import resources
@@ -60,6 +61,15 @@ def build_parser() -> argparse.ArgumentParser:
         help="an extra log-prefix pattern (named groups ts and ranks) for custom SGLang logging configs; repeatable",
     )
     scan.add_argument("--no-prefilter", action="store_true", help="parse every line (slower; for debugging)")
+    scan.add_argument(
+        "--jobs",
+        type=_jobs,
+        default=_cpus(),
+        metavar="N",
+        help="worker processes (default: the number of CPUs). Files go to different workers and a big plain "
+        "file is cut into ranges, with the same result as --jobs 1, which reads in this process. gzip files "
+        "are each read whole by one worker; stdin is read in this process",
+    )
     scan.add_argument("--server-args", metavar="FILE",
                       help="JSON from SGLang's /server_info (or /get_server_info): suggestions then start from the "
                       "server's current flag values")  # fmt: skip
@@ -174,6 +184,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     return _scan(args)
 
 
+def _cpus() -> int:
+    """CPUs this process may run on (a container's cpuset), else the machine's."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0)) or 1
+    return os.cpu_count() or 1
+
+
+def _jobs(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a whole number >= 1, not {text!r}")
+    return value
+
+
 def _fail(message: str) -> int:
     print(f"sglang-oom-exporter: {message}", file=sys.stderr)
     return EXIT_USAGE
@@ -228,7 +255,7 @@ def _scan(args: argparse.Namespace) -> int:
     try:
         server_args = load_server_args(args.server_args) if args.server_args else None
         result = scan_paths(catalog, paths, prefilter=not args.no_prefilter, extra_prefixes=args.prefix_regex,
-                            server_args=server_args)  # fmt: skip
+                            server_args=server_args, jobs=args.jobs)  # fmt: skip
     except InputError as exc:
         return _fail(str(exc))
     if args.format == "json":

@@ -91,6 +91,7 @@ def scan_stream(
     prefilter: bool = True,
     extra_prefixes: Iterable[str] = (),
     chunk: int = CHUNK,
+    finder: str = "auto",
 ) -> tuple[list[OomEvent], PipelineStats]:
     """Run one input through its own pipeline to the end."""
     events: list[OomEvent] = []
@@ -102,6 +103,7 @@ def scan_stream(
         location=location,
         sink=events.append,
         prefilter=prefilter,
+        finder=finder,
         extra_prefixes=tuple(extra_prefixes),
     )
     try:
@@ -142,16 +144,44 @@ def scan_paths(
     prefilter: bool = True,
     extra_prefixes: Iterable[str] = (),
     server_args: Mapping[str, Any] | None = None,
+    jobs: int = 1,
+    finder: str = "auto",
+    chunk: int = CHUNK,
+    range_size: int | None = None,
+    start_method: str | None = None,
 ) -> ScanResult:
-    """Scan every path in order; InputError on the first unreadable one."""
+    """Scan every path in order; InputError on the first unreadable one.
+
+    jobs > 1 scans in that many worker processes (files in parallel, big plain files cut into ranges) with
+    the same result; range_size and start_method only exist for tests (scanpar.py says why they are safe).
+    """
     matcher = Matcher(catalog)
     sink = EventSink(catalog)
     context = Context(args=server_args)
     result = ScanResult(catalog)
+    paths = list(paths)
+    if jobs > 1 and any(p != "-" for p in paths):
+        from .scanpar import MIN_RANGE, ScanOptions, scan_parallel
+
+        for path in paths:
+            if path != "-":
+                open_input(path)[1].close()  # unreadable inputs fail before any worker starts
+        options = ScanOptions(prefilter, tuple(extra_prefixes), finder, chunk)
+        try:
+            done = scan_parallel(catalog, matcher, paths, jobs=jobs, options=options,
+                                 range_size=range_size or MIN_RANGE, start_method=start_method)  # fmt: skip
+        except OSError as exc:
+            raise InputError(f"error reading: {exc}") from exc
+        if done is not None:
+            for name, events, stats in done:
+                result.events.extend(sink.enrich(e, context) for e in events)
+                result.stats.append((name, stats))
+            return result
     for path in paths:
         name, fh = open_input(path)
         try:
-            events, stats = scan_stream(catalog, matcher, name, fh, prefilter=prefilter, extra_prefixes=extra_prefixes)
+            events, stats = scan_stream(catalog, matcher, name, fh, prefilter=prefilter,
+                                        extra_prefixes=extra_prefixes, chunk=chunk, finder=finder)  # fmt: skip
         finally:
             if name != "-":
                 fh.close()

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import calendar
 import datetime as dt
+import functools
 from collections.abc import Sequence
 
 import regex
@@ -35,11 +36,17 @@ BUILTIN_PATTERNS = (
 _STAMP = regex.compile(r"^(?:(\d{4})-(\d\d)-(\d\d)[ T])?(\d\d):(\d\d):(\d\d)(?:[.,](\d+))?(Z|[+-]\d\d:?\d\d)?$")
 
 
+@functools.lru_cache(maxsize=16)
+def _compiled(extra_patterns: tuple[str, ...]) -> tuple[regex.Pattern[str], ...]:
+    # Once per run, not once per source: a scan of 1,000 files spent a quarter of a second here.
+    return tuple(regex.compile(p) for p in (*extra_patterns, *BUILTIN_PATTERNS))
+
+
 class PrefixParser:
     """Splits a line into its prefix and message, trying the built-in and configured patterns."""
 
     def __init__(self, extra_patterns: Sequence[str] = ()) -> None:
-        self._patterns = tuple(regex.compile(p) for p in (*extra_patterns, *BUILTIN_PATTERNS))
+        self._patterns = _compiled(tuple(extra_patterns))
 
     def parse(self, text: str) -> tuple[Prefix | None, str]:
         """Return (prefix, message); prefix is None for a bare continuation or unprefixed line."""

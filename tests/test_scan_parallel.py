@@ -1,0 +1,175 @@
+"""`scan --jobs N` gives the JSON of `scan --jobs 1`, byte for byte, wherever the file is cut.
+
+Every golden log and generated scheduler logs are scanned serially and in worker processes with ranges
+forced down to a few hundred bytes (so cuts fall inside blocks, tracebacks, the ranks of one tick and CRI
+partial lines), with both literal finders and with the read size of the serial scan varied too. Hypothesis
+builds random logs from golden pieces and generated lines. A control test shows that a split which does not
+check for quiet points gets wrong answers on the same inputs, so these comparisons can fail.
+"""
+
+from __future__ import annotations
+
+import glob
+import gzip
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from sglang_oom_exporter import scanpar
+from sglang_oom_exporter.scan import InputError, scan_paths
+from tests.helpers import CATALOG
+
+HERE = os.path.dirname(__file__)
+ROOT = os.path.dirname(HERE)
+CASES = sorted(glob.glob(os.path.join(HERE, "data", "logs", "*.log")))
+FINDERS = ("hyperscan", "bytes.find")
+sys.path.insert(0, os.path.join(ROOT, "bench"))
+import gen_scheduler_log  # noqa: E402
+
+
+def _finder(name: str) -> str:
+    if name == "hyperscan":
+        pytest.importorskip("hyperscan", reason="hyperscan has no wheel for this platform")
+    return name
+
+
+def _json(paths, **kw) -> str:
+    return json.dumps(scan_paths(CATALOG, paths, **kw).to_json())
+
+
+def _generated(tmp_path, lines: int, every: int, seed: int) -> str:
+    path = str(tmp_path / f"gen-{lines}-{every}-{seed}.log")
+    subprocess.run([sys.executable, os.path.join(ROOT, "bench", "gen_scheduler_log.py"), path, "--lines", str(lines),
+                    "--oom-every", str(every), "--seed", str(seed)], check=True, capture_output=True)  # fmt: skip
+    return path
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("finder", FINDERS)
+def test_every_golden_log_cut_everywhere_gives_the_serial_json(finder):
+    finder = _finder(finder)
+    joined = 0
+    for path in CASES:
+        for chunk in (61, 4 * 1024 * 1024):
+            serial = _json([path], finder=finder, chunk=chunk)
+            for range_size in (97, 700):
+                got = _json([path], finder=finder, chunk=chunk, jobs=2, range_size=range_size)
+                assert got == serial, (os.path.basename(path), chunk, range_size)
+                joined += 1
+    assert joined == 4 * len(CASES)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("finder", FINDERS)
+def test_generated_scheduler_log_cut_every_few_kilobytes(tmp_path, finder, monkeypatch):
+    finder = _finder(finder)
+    chained = []
+    join = scanpar.join_segments
+
+    def counting(name, segments, matcher):
+        chained.append(sum(1 for s in segments if s.start is not None))
+        return join(name, segments, matcher)
+
+    monkeypatch.setattr(scanpar, "join_segments", counting)
+    path = _generated(tmp_path, 20_000, 300, 7)
+    truth = json.loads(open(path + ".truth.json").read())
+    serial = _json([path], finder=finder)
+    doc = json.loads(serial)
+    assert (doc["counts"]["prefill"], doc["counts"]["decode"]) == (truth["prefill"], truth["decode"])
+    assert doc["inputs"][0]["lines_read"] == 20_000
+    for range_size in (1500, 40_000):
+        assert _json([path], finder=finder, jobs=2, range_size=range_size) == serial, range_size
+    # About 2,000 and 70 ranges: most of them start at a quiet point of their own (the rest are read by the
+    # range before them), so the comparison above really went through joins.
+    assert chained[0] > 1000
+    assert chained[1] > 50
+
+
+@pytest.mark.timeout(60)
+def test_a_split_that_ignores_quiet_points_gets_it_wrong(tmp_path, monkeypatch):
+    # The control: join at the first line after each cut, whatever is in flight there. The generated log's
+    # events are 17-line block+traceback groups, one every 40 lines, so with ranges of 2,000 bytes many cuts
+    # fall inside one.
+    path = _generated(tmp_path, 3000, 40, 3)
+    serial = _json([path])
+    assert _json([path], jobs=2, range_size=2000) == serial
+    monkeypatch.setattr(scanpar, "quiet", lambda pipe: True)
+    assert _json([path], jobs=2, range_size=2000, start_method="fork") != serial
+
+
+@pytest.mark.timeout(60)
+def test_many_files_in_order_with_gzip_and_a_missing_one(tmp_path):
+    paths = []
+    for i, case in enumerate(CASES[:12]):
+        data = open(case, "rb").read()
+        if i % 3 == 0:
+            p = tmp_path / f"{i}.log.gz"
+            p.write_bytes(gzip.compress(data))
+        else:
+            p = tmp_path / f"{i}.log"
+            p.write_bytes(data)
+        paths.append(str(p))
+    serial = _json(paths)
+    assert _json(paths, jobs=2) == serial
+    assert _json(paths, jobs=3, range_size=300) == serial
+    assert [i["path"] for i in json.loads(serial)["inputs"]] == paths
+    missing = str(tmp_path / "missing.log")
+    for jobs in (1, 2):
+        with pytest.raises(InputError, match=f"cannot read {missing}: No such file"):
+            scan_paths(CATALOG, [paths[1], missing], jobs=jobs)
+
+
+@pytest.mark.timeout(60)
+def test_spawned_workers_give_the_same_json(tmp_path):
+    path = _generated(tmp_path, 2000, 100, 11)
+    assert _json([path, CASES[0]], jobs=2, range_size=5000, start_method="spawn") == _json([path, CASES[0]])
+
+
+def _filler() -> list[bytes]:
+    """The lines of a small generated scheduler log with an OOM every 50 lines, made once."""
+    import tempfile
+    from pathlib import Path
+
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "filler.log"
+        gen_scheduler_log.generate(out, 3000, 50, 5)
+        return out.read_bytes().splitlines(keepends=True)
+
+
+_PIECES = [open(p, "rb").read().splitlines(keepends=True) for p in CASES]
+_FILLER = _filler()
+
+
+@st.composite
+def _logs(draw):
+    parts = []
+    for _ in range(draw(st.integers(1, 6))):
+        for lines in (draw(st.sampled_from(_PIECES)), _FILLER):
+            lo = draw(st.integers(0, len(lines) - 1))
+            hi = draw(st.integers(lo, min(len(lines), lo + 120)))
+            parts.extend(lines[lo:hi])
+    data = b"".join(parts)
+    if draw(st.booleans()) and data.endswith(b"\n"):
+        data = data[:-1]  # a last line without its newline
+    return data
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=_logs(), range_size=st.integers(40, 2000), chunk=st.sampled_from([33, 500, 4 * 1024 * 1024]),
+       finder=st.sampled_from(FINDERS))  # fmt: skip
+def test_random_logs_cut_anywhere_give_the_serial_json(tmp_path, data, range_size, chunk, finder):
+    if finder == "hyperscan":
+        pytest.importorskip("hyperscan")
+    path = tmp_path / "random.log"
+    path.write_bytes(data)
+    serial = _json([str(path)], finder=finder, chunk=chunk)
+    assert _json([str(path)], finder=finder, chunk=chunk, jobs=2, range_size=range_size) == serial
