@@ -128,6 +128,7 @@ _ROUTES: dict[str, Callable[[Routes, dict[str, list[str]], Message], Response]] 
     "/healthz": Routes._healthz,
     "/events": Routes._events_json,
 }
+ROUTE_PATHS = frozenset(_ROUTES)  # the paths served (GET and HEAD only)
 
 
 def text_response(status: int, text: str, headers: Mapping[str, str] = _NO_LABELS) -> Response:
