@@ -128,7 +128,7 @@ def test_other_service_lines_inside_a_block_neither_use_up_nor_extend_the_window
         + foreign * 20
         + b"sglang-1  | Available tokens: 5 (available_size=5 + evictable_size=0)\n"
         + b"sglang-1  | \n"
-        + b"sglang-1  | [2026-03-14 22:07:34] INFO:     127.0.0.1:41002 - \"GET /health HTTP/1.1\" 200 OK\n" * 3
+        + b'sglang-1  | [2026-03-14 22:07:34] INFO:     127.0.0.1:41002 - "GET /health HTTP/1.1" 200 OK\n' * 3
         + foreign * 30
     )
     reader = LineReader(["ut of memory"], extenders=["Try to allocate", "vailable"], finder=finder, before=0)
