@@ -9,6 +9,7 @@ import shutil
 import pytest
 
 from sglang_oom_exporter.sources.tail import (
+    DELETED_LINGER_SECONDS,
     FINGERPRINT_BYTES,
     FileTailer,
     TailChunk,
@@ -119,9 +120,12 @@ def test_kubelet_rotation_0_log_to_timestamped_name(tmp_path, tailers):
 def test_path_missing_for_a_while_then_recreated(log_dir, tailers):
     path = log_dir / "server.log"
     append(path, b"first\n")
-    tailer = tailers(path)
+    now = [0.0]
+    tailer = tailers(path, clock=lambda: now[0])
     assert poll(tailer) == [b"first\n"]
     os.remove(path)
+    assert poll(tailer) == []  # kept while a writer may still hold it
+    now[0] += DELETED_LINGER_SECONDS
     assert poll(tailer) == ["reset:deleted"]
     assert poll(tailer) == []
     assert tailer.position is None
@@ -179,11 +183,24 @@ def test_copytruncate_regrown_past_old_offset_before_next_look(log_dir, tailers)
 def test_delete(log_dir, tailers):
     path = log_dir / "app.log"
     append(path, b"read\n")
-    tailer = tailers(path)
+    now = [0.0]
+    tailer = tailers(path, clock=lambda: now[0])
     assert poll(tailer) == [b"read\n"]
-    append(path, b"unread\n")
-    os.remove(path)
-    assert poll(tailer) == [b"unread\n", "reset:deleted"]
+    with open(path, "ab") as writer:
+        writer.write(b"unread\n")
+        writer.flush()
+        os.remove(path)
+        assert poll(tailer) == [b"unread\n"]
+        assert tailer.lingering
+        writer.write(b"after the rm\n")  # a writer that still holds the deleted file
+        writer.flush()
+        now[0] += DELETED_LINGER_SECONDS - 1
+        assert poll(tailer) == [b"after the rm\n"]
+    now[0] += DELETED_LINGER_SECONDS - 1
+    assert poll(tailer) == []  # quiet for less than the linger since its last growth
+    now[0] += 1
+    assert poll(tailer) == ["reset:deleted"]
+    assert not tailer.lingering
     assert tailer.position is None
     assert poll(tailer) == []
 

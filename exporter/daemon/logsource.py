@@ -88,7 +88,7 @@ class LogSource:
             self.close_at = now + IDLE_CLOSE_SECONDS
             self.gone_since = None
         self.tick(now)
-        return fed >= budget
+        return fed >= budget or tailer.lingering  # a deleted file draining has no directory events: look again
 
     def tick(self, now: float) -> None:
         """Close records of a quiet source and emit the events whose wait is over."""

@@ -45,6 +45,9 @@ log = logging.getLogger(__name__)
 # How far back start_at_end looks for a line start, so the first line it delivers is whole.
 _BACKSCAN_BYTES = 64 * 1024
 _COMPRESSED_SUFFIX = ".gz"  # only to rank siblings (plain first); compression itself is told by content
+# A deleted file whose writer still holds it open keeps growing with no name: it is read through our handle
+# until it has been quiet this long (no directory event tells us about it, so it is looked at every pass).
+DELETED_LINGER_SECONDS = 30.0
 
 
 class FileTailer:
@@ -58,11 +61,14 @@ class FileTailer:
         position: TailPosition | None = None,
         read_size: int = 1 << 20,
         wall_clock: Callable[[], float] = time.time,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.path = path
         self.stats = TailStats()
         self._read_size = max(1, read_size)
         self._wall_clock = wall_clock
+        self._clock = clock
+        self._deleted_at: float | None = None  # when the held file lost its last name, or last grew after it
         self._restore = position
         # Existing files on a first start are history, not pages; a file that appears later is read
         # from 0 because a crashing container can write its OOM in its first second.
@@ -88,6 +94,11 @@ class FileTailer:
         """Open the path and take the starting offset without reading, so the state can hold it first."""
         if not self._closed and self._fd is None and self._restore is None:
             self._open_at_start()
+
+    @property
+    def lingering(self) -> bool:
+        """Whether a deleted file is still being drained through our handle: poll it every pass."""
+        return self._deleted_at is not None
 
     def close(self) -> None:
         """Release the open file; later polls yield nothing."""
@@ -126,10 +137,18 @@ class FileTailer:
             return
         # The path is gone or names another file. Finish the generation we hold first: anything
         # written to it before the switch (kubelet renames n.log, then the runtime reopens) is ours.
+        before = self._offset
         yield from self._read_to_eof()
         linked = self._linked()
         if st is None and linked:
             return  # renamed away and not yet replaced: keep draining until the new file shows up
+        if st is None:
+            now = self._clock()
+            if self._deleted_at is None or self._offset > before:
+                self._deleted_at = now
+            if now - self._deleted_at < DELETED_LINGER_SECONDS:
+                return  # deleted, but a writer may still hold it: keep reading it until it goes quiet
+        self._deleted_at = None
         self._close_fd()
         if st is None:
             yield TailReset(self.path, DELETED)
