@@ -383,3 +383,15 @@ def test_bytes_written_before_a_new_directory_is_watched_are_read_at_once(tmp_pa
     clock.now += 1.0  # the traceback wait
     app.loop.step()
     assert app.counts.total("decode") == 1  # without the extra look: only at the 600 s sweep
+
+
+def test_the_loop_wakes_when_a_quiet_file_closes_its_records(tmp_path):
+    log = tmp_path / "a.log"
+    log.write_text("")
+    app, clock = _app(tmp_path, poll_interval=1.0)
+    _run(app, clock, 1)
+    _append(log, "[2026-03-14 22:07:33 TP0] Prefill out of memory. Try to lower your batch size.\n")
+    app.loop.mark_changed({str(tmp_path)})
+    app.loop.step()  # read: the record stays open until a second of quiet
+    clock.now += 0.9
+    assert app.loop.next_timeout() == pytest.approx(0.1)  # not the 0.2 s busy tick: the close is due sooner

@@ -76,6 +76,9 @@ class Loop:
         self._reload_requested = threading.Event()
         self._watched: set[str] | None = None
         self._starting = False  # run() until the starting positions are saved: not ready yet
+        self._state_seen = (keeper.errors, keeper.saves)
+        self._state_failing = False  # the last save attempt failed, and none has succeeded since
+        self._trouble_logged = ""  # what health last logged: each change is logged once, not every pass
 
     # --- one pass ----------------------------------------------------------------------------
 
@@ -106,6 +109,23 @@ class Loop:
             self._drain_stdin(now)
         self.keeper.save_if_due()
         self._last_loop = self._wall()
+        self._note_health()
+
+    def _note_health(self) -> None:
+        """Follow the state saves' outcome, and log each change of what health reports once."""
+        errors, saves = self.keeper.errors, self.keeper.saves
+        if saves > self._state_seen[1]:
+            self._state_failing = False
+        elif errors > self._state_seen[0]:
+            self._state_failing = True
+        self._state_seen = (errors, saves)
+        with self.sources.lock:
+            trouble = self._trouble()
+            if trouble == self._trouble_logged:
+                return
+            self._trouble_logged = trouble
+            level = logging.WARNING if self._state_failing else logging.INFO
+            log.log(level, "health: %s", trouble or f"following {len(self.sources.by_path)} log source(s)")
 
     def _guarded(self, source: LogSource, now: float, look: bool) -> bool:
         """Poll (or tick) one source; an unexpected error in it is counted and logged, never raised."""
@@ -150,8 +170,14 @@ class Loop:
         timeout = (
             min(self.config.poll_interval, BUSY_WAIT_SECONDS) if self.sources.busy() else self.config.poll_interval
         )
+        now = self._clock()
         if self._discover_requested:
-            timeout = min(timeout, max(0.0, DISCOVER_MIN_GAP - (self._clock() - self._last_discover)))
+            timeout = min(timeout, max(0.0, DISCOVER_MIN_GAP - (now - self._last_discover)))
+        close = self.sources.next_close()
+        if close is not None:
+            # Wake when a quiet file's records close, not at the next tick after it: that is when a block
+            # and its traceback become an event, and the tick's phase must not add to the latency.
+            timeout = min(timeout, max(0.0, close - now))
         return timeout
 
     def health(self) -> Health:
@@ -162,11 +188,26 @@ class Loop:
         if self._starting:
             return Health(False, "starting: saving where each log file will be read from")
         with self.sources.lock:
-            if self.sources.problem:
-                return Health(False, self.sources.problem)
-            if not self.sources.by_path:
-                return Health(False, "no log source is configured or found yet")
-            return Health(True, f"following {len(self.sources.by_path)} log source(s)")
+            trouble = self._trouble()
+            following = f"following {len(self.sources.by_path)} log source(s)"
+            if not trouble:
+                return Health(True, following)
+            if trouble == _waiting(self.sources.waiting) and len(self.sources.waiting) < len(self.sources.by_path):
+                return Health(True, f"{following}; {trouble}")  # some files are read: not blind
+            return Health(False, trouble)
+
+    def _trouble(self) -> str:
+        """What keeps the daemon from reading every configured source and saving its state ("": nothing)."""
+        if self.sources.problem:
+            return self.sources.problem
+        if not self.sources.by_path:
+            return "no log source is configured or found yet"
+        if self._state_failing:
+            return (
+                f"the state cannot be saved in {self.config.state_dir} (sglang_oom_exporter_state_errors_total "
+                "counts it; see the log): a restart would re-read from the end of every file"
+            )
+        return _waiting(self.sources.waiting)
 
     def last_loop(self) -> float:
         """Wall time when the last pass completed."""
@@ -249,3 +290,14 @@ class Loop:
                 source.pipeline.finish()  # the end of stdin: everything pending counts now
             return
         source.tick(now)
+
+
+def _waiting(paths: list[str]) -> str:
+    """The configured files that do not exist yet, in words ("" for none)."""
+    if not paths:
+        return ""
+    why = "(normal until SGLang starts and writes its log)"
+    if len(paths) == 1:
+        return f"waiting for {paths[0]} to appear {why}"
+    names = ", ".join(paths[:3]) + (", ..." if len(paths) > 3 else "")
+    return f"waiting for {len(paths)} files to appear {why}: {names}"

@@ -24,6 +24,7 @@ from ..detect.model import OomEvent
 from ..detect.pipeline import Pipeline
 from ..metrics import EventCounts, SourceStats
 from ..sources.discover import KubernetesFilter, dirs_to_watch, discover_pods, expand
+from ..sources.handles import HandleBudget, handle_bound
 from ..sources.tail import FileTailer, TailPosition
 from .logsource import LogSource
 from .sink import Context, EventSink
@@ -59,11 +60,14 @@ class SourceSet:
         self.saved: dict[str, dict[str, Any]] = {}  # positions from the state file, taken by new sources
         self.had_state = False
         self.problem = ""
+        self.waiting: list[str] = []  # followed files that do not exist (yet): a configured path before SGLang starts
         self.errors = 0  # unexpected exceptions while reading a source (the loop goes on)
         self.bad_positions = 0  # saved positions that could not be used (a state error)
         self._discovered_once = False
         self._watch_dirs: set[str] | None = None
         self._kfilter = _filter(config)
+        # Never more log files open than the open-file limit allows with room for HTTP and the state file.
+        self.handles = HandleBudget(handle_bound())
 
     # --- discovery ---------------------------------------------------------------------------
 
@@ -92,6 +96,8 @@ class SourceSet:
                 new.append(path)
             self._discovered_once = True
             self.problem = self._discovery_problem(found)
+            # One stat per file at discovery's pace; a glob or a pod log only matches files that exist.
+            self.waiting = sorted(p for p, known in found.items() if known is None and not os.path.exists(p))
             self._retire(self._clock(), set(found))
         return new
 
@@ -157,6 +163,11 @@ class SourceSet:
         with self.lock:
             return sum(1 for s in self.by_path.values() if s.pipeline.pending() or s.close_at is not None)
 
+    def next_close(self) -> float | None:
+        """The earliest time a quiet source's open records are due to close (None: no source waits for it)."""
+        with self.lock:
+            return min((s.close_at for s in self.by_path.values() if s.close_at is not None), default=None)
+
     def bytes_read(self) -> int:
         """Bytes read over every file source (the keeper's "anything new?" mark)."""
         with self.lock:
@@ -203,7 +214,9 @@ class SourceSet:
             # A rejected saved position: the kept counters already hold what this file had, so read from 0
             # would count it twice. Its end is the safe side.
             start_at_end = start_at_end or (saved is not None and position is None)
-            source.tailer = FileTailer(path, start_at_end=start_at_end and position is None, position=position)
+            source.tailer = FileTailer(
+                path, start_at_end=start_at_end and position is None, position=position, budget=self.handles
+            )
         return source
 
     def _resume(self, source: LogSource, saved: dict[str, Any] | None) -> TailPosition | None:
