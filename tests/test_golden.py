@@ -17,7 +17,7 @@ import yaml
 from sglang_oom_exporter.catalog.loader import EVENT_FIELDS
 from sglang_oom_exporter.detect import reader
 from sglang_oom_exporter.scan import scan_paths
-from tests.helpers import CATALOG
+from tests.helpers import CATALOG, scan_bytes
 
 HERE = os.path.dirname(__file__)
 CASES = sorted(glob.glob(os.path.join(HERE, "data", "logs", "*.log")))
@@ -79,3 +79,20 @@ def test_every_fixture_has_an_expected_file_with_the_core_fields():
 def test_the_finder_fixture_really_swaps_the_finder(finder):
     line_reader = reader.LineReader(["ut of memory"])
     assert line_reader._finder.name == finder
+
+
+@pytest.mark.parametrize(
+    "case", ["compose_foreign_lines_tp8_prefill_0_4_10", "compose_foreign_lines_tp1_generic_decode_0_5_6"]
+)
+def test_compose_cases_give_what_the_sglang_service_alone_gives(case, finder):
+    with open(os.path.join(HERE, "data", "logs", f"{case}.log"), "rb") as fh:
+        lines = fh.read().splitlines(keepends=True)
+    alone = b"".join(line for line in lines if line.startswith(b"sglang-1 "))
+    assert len(alone.splitlines()) < len(lines) - 5
+
+    def what(events):
+        return [(e.kind, e.fatal, e.ranks, e.phase, e.numbers, e.pools) for e in events]
+
+    mixed_events = what(scan_bytes(b"".join(lines)))
+    assert len(mixed_events) == 1
+    assert mixed_events == what(scan_bytes(alone))
