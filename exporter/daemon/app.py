@@ -97,6 +97,10 @@ class App:
             "loop_timestamp_seconds": self.loop.last_loop(),
             "pending_events": float(self.sources.pending()),
             "busy_sources": float(self.sources.busy()),
+            "open_files": float(self.sources.handles.open_files),
+            "file_handle_parks_total": float(self.sources.handles.parks),
+            "open_file_limit_hits_total": float(self.sources.handles.limit_hits),
+            "sources_waiting": float(len(self.sources.waiting)),
         }
 
     def reload(self, config: Config, catalog: Catalog) -> str:

@@ -207,6 +207,11 @@ class Loop:
                 f"the state cannot be saved in {self.config.state_dir} (sglang_oom_exporter_state_errors_total "
                 "counts it; see the log): a restart would re-read from the end of every file"
             )
+        if self.sources.handles.waiting:
+            return (
+                f"{self.sources.handles.waiting} log file(s) wait for a file handle: the open-file limit leaves room "
+                f"for {self.sources.handles.limit} open at once (sglang_oom_exporter_open_file_limit_hits_total)"
+            )
         return _waiting(self.sources.waiting)
 
     def last_loop(self) -> float:

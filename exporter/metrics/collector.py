@@ -202,8 +202,12 @@ _EXTRA_HELP = {
     "loop_timestamp_seconds": "When the main loop last completed a pass (a stalled loop stops moving).",
     "pending_events": "Events waiting for their traceback or for other ranks.",
     "busy_sources": "Sources still joining lines or events; a second of quiet closes them (0: caught up).",
+    "sources_waiting": "Configured log files that do not exist yet (SGLang not started, or a wrong path).",
     "event_sink_errors_total": "Events that could not be recorded.",
     "source_errors_total": "Unexpected errors while reading a source (the loop goes on).",
+    "open_files": "Log files open now (at most a bound under the open-file limit; the others are parked).",
+    "file_handle_parks_total": "Idle log files closed to stay under the open-file bound, reopened when they change.",
+    "open_file_limit_hits_total": "Log file opens refused by the open-file bound or limit (retried; see /healthz).",
 }
 
 

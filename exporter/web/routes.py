@@ -104,7 +104,9 @@ class Routes:
         except Exception as exc:
             self.log_failure("health check raised")
             health = Health(False, f"health check failed: {exc}")
-        return text_response(200, "ok\n") if health.ok else text_response(503, f"{health.reason or 'unhealthy'}\n")
+        if health.ok:
+            return text_response(200, f"ok: {health.reason}\n" if health.reason else "ok\n")
+        return text_response(503, f"{health.reason or 'unhealthy'}\n")
 
     def _events_json(self, query: dict[str, list[str]], headers: Message) -> Response:
         items = [
