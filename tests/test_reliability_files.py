@@ -83,3 +83,61 @@ def test_events_a_writer_adds_after_its_file_was_deleted_are_drained(tmp_path, d
             writer.write(oom_block())
             writer.flush()
         settle(d, 5)
+
+
+# --- defect 2: more files than the open-file limit -------------------------------------------------
+
+_NOFILE = 128  # soft and hard: raising the soft limit to the hard one cannot help here
+
+
+class LimitedDaemon(Daemon):
+    """The daemon with RLIMIT_NOFILE lowered in the child before it starts."""
+
+    def start(self) -> LimitedDaemon:
+        import resource
+        import subprocess
+        import sys
+
+        def limit() -> None:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (_NOFILE, _NOFILE))
+
+        cmd = [sys.executable, "-m", "sglang_oom_exporter", "serve", "--listen", f"127.0.0.1:{self.port}",
+               "--state-dir", self.state_dir, "--poll-interval", "0.5s", "--traceback-wait", "1s", *self.args]  # fmt: skip
+        # stderr to a file: 300 event lines would fill a pipe nobody reads and block the daemon.
+        with open(os.path.join(self.state_dir + ".stderr"), "ab") as err:
+            self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err, preexec_fn=limit)
+        wait_for(lambda: self.healthy() is not None, what="the daemon to answer /healthz")
+        return self
+
+
+@pytest.mark.timeout(120)
+def test_more_files_than_the_open_file_limit_are_all_counted_and_http_answers(tmp_path):
+    files = [tmp_path / f"pod{i:03d}.log" for i in range(2 * _NOFILE + 44)]  # 300 files, limit 128
+    for f in files:
+        f.write_text("[2026-03-14 22:00:00 TP0] started\n")
+    d = LimitedDaemon([str(tmp_path / "*.log")], str(tmp_path / "state")).start()
+    try:
+        wait_for(lambda: d.healthy() is True, timeout=30, what="/healthz 200")
+        for f in files:
+            _append(f, oom_block())
+        settle(d, len(files))
+        m = d.metrics()
+        assert m[("sglang_oom_exporter_files_watched", ())] == len(files)
+        assert 0 < m[("sglang_oom_exporter_open_files", ())] <= _NOFILE - 64
+        assert m[("sglang_oom_exporter_file_handle_parks_total", ())] > 0
+        assert m[("sglang_oom_exporter_open_file_limit_hits_total", ())] == 0  # the bound kept it below the limit
+        saves = m[("sglang_oom_exporter_state_saves_total", ())]
+        assert saves >= 1
+        assert m[("sglang_oom_exporter_state_errors_total", ())] == 0
+        assert sum(v for (name, _), v in m.items() if name == "sglang_oom_exporter_read_errors_total") == 0
+    finally:
+        code = d.stop()
+    assert code == 0
+    # The clean stop saved every file's position: a restart under the same limit counts nothing twice.
+    d2 = LimitedDaemon([str(tmp_path / "*.log")], str(tmp_path / "state")).start()
+    try:
+        for f in files[:10]:
+            _append(f, oom_block())
+        settle(d2, len(files) + 10)
+    finally:
+        d2.stop()

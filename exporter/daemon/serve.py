@@ -16,6 +16,7 @@ from prometheus_client import CollectorRegistry
 
 from ..catalog.loader import Catalog, CatalogError, load_catalog
 from ..config import Config, ConfigError, load_config, parse_listen
+from ..sources.handles import raise_open_file_limit
 from ..sources.kubeapi import DiscoveryCollector
 from ..sources.watch import Waker
 from ..web.server import ExporterServer
@@ -65,6 +66,8 @@ def serve(args: argparse.Namespace) -> int:
         level=config.log_level.upper(), stream=sys.stderr,
         format="%(asctime)s level=%(levelname)s logger=%(name)s %(message)s",
     )  # fmt: skip
+    soft, hard = raise_open_file_limit()  # before the App, whose file-handle bound is taken from it
+    log.debug("open-file limit soft=%d hard=%d", soft, hard)
     stdin, stdout = stdio() if "-" in args.paths else (None, None)
     waker = Waker(force_polling=config.force_polling, polling_interval=config.poll_interval,
                   recursive=config.kubernetes is not None)  # fmt: skip

@@ -10,12 +10,14 @@ line numbers. It never blocks and never raises for I/O: a watch event or a poll 
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import stat
 import time
 import zlib
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 
 from .fileid import (
     DELETED,
@@ -33,6 +35,7 @@ from .fileid import (
     head_bytes,
     open_binary,
 )
+from .handles import HandleBudget
 
 # Re-exported: the tailer's consumers import its value types from here.
 __all__ = [
@@ -62,6 +65,7 @@ class FileTailer:
         read_size: int = 1 << 20,
         wall_clock: Callable[[], float] = time.time,
         clock: Callable[[], float] = time.monotonic,
+        budget: HandleBudget | None = None,
     ) -> None:
         self.path = path
         self.stats = TailStats()
@@ -69,6 +73,9 @@ class FileTailer:
         self._wall_clock = wall_clock
         self._clock = clock
         self._deleted_at: float | None = None  # when the held file lost its last name, or last grew after it
+        self._budget = budget
+        # Parked: the handle was given back to the budget; what the file was and where we were in it.
+        self._parked: _Parked | None = None
         self._restore = position
         # Existing files on a first start are history, not pages; a file that appears later is read
         # from 0 because a crashing container can write its OOM in its first second.
@@ -87,7 +94,8 @@ class FileTailer:
     def position(self) -> TailPosition | None:
         """Resume point for the state file; None when no file is open (and no restore is pending)."""
         if self._fd is None:
-            return self._restore
+            p = self._parked
+            return self._restore if p is None else TailPosition(self.path, p.dev, p.ino, p.commit, p.fp, p.fp_len)
         return TailPosition(self.path, self._dev, self._ino, self._commit, self._fp, self._fp_len)
 
     def prime(self) -> None:
@@ -103,13 +111,34 @@ class FileTailer:
     def close(self) -> None:
         """Release the open file; later polls yield nothing."""
         self._closed = True
+        self._parked = None
         self._close_fd()
+
+    def park(self) -> bool:
+        """Give the handle back, keeping where we are, to reopen by path when the file changes.
+
+        Only while the path still names the file we hold: a deleted or renamed-away generation can only be
+        drained through its handle, so it keeps it (False).
+        """
+        if self._fd is None or self._deleted_at is not None:
+            return False
+        try:
+            st = os.stat(self.path)
+        except OSError:
+            return False
+        if (st.st_dev, st.st_ino) != (self._dev, self._ino):
+            return False
+        self._parked = _Parked(self._dev, self._ino, self._offset, self._commit, self._fp, self._fp_len, self._seen)
+        self._close_fd()
+        return True
 
     def poll(self) -> Iterator[TailItem]:
         """Yield everything new since the last poll, in read_size pieces, with resets between generations."""
         if self._closed:
             return
-        if self._fd is None:
+        if self._fd is None and self._parked is not None:
+            yield from self._unpark(self._parked)
+        elif self._fd is None:
             yield from self._open_path()
         else:
             yield from self._follow()
@@ -204,6 +233,8 @@ class FileTailer:
         self.stats.bytes_read += len(data)
         self.stats.last_read_wall_time = self._wall_clock()
         self._error_logged = False
+        if self._budget is not None:
+            self._budget.touch(self)
 
     def _refresh_fingerprint(self) -> None:
         # The fingerprint covers min(FINGERPRINT_BYTES, size) bytes, so it grows with a young file.
@@ -245,7 +276,10 @@ class FileTailer:
         return True
 
     def _open(self) -> os.stat_result | None:
-        """Open the path read-only; None when it is missing (not an error) or unreadable (counted)."""
+        """Open the path read-only; None when it is missing (not an error), unreadable (counted) or when no
+        handle is free under the open-file bound (counted by the budget; retried on a later poll)."""
+        if self._budget is not None and not self._budget.acquire(self):
+            return None
         try:
             # O_NONBLOCK: a FIFO at a log path must not hang the loop; regular files ignore it.
             fd = os.open(self.path, os.O_RDONLY | os.O_NONBLOCK)
@@ -254,6 +288,9 @@ class FileTailer:
             self._start_at_end = False
             return None
         except OSError as exc:
+            if self._budget is not None and exc.errno in (errno.EMFILE, errno.ENFILE):
+                self._budget.refused(self, str(exc))  # the kernel's limit, despite the bound: wait a turn
+                return None
             self._error("open", exc)
             return None
         try:
@@ -267,6 +304,8 @@ class FileTailer:
             self._error("open", OSError(f"not a regular file (mode {stat.filemode(st.st_mode)})"))
             return None
         self._fd, self._dev, self._ino = fd, st.st_dev, st.st_ino
+        if self._budget is not None:
+            self._budget.opened(self)
         self._rewind()
         self._seen = (st.st_size, st.st_mtime_ns)
         return st
@@ -284,6 +323,39 @@ class FileTailer:
         if newline >= 0:
             return size - window + newline + 1
         return 0 if window == size else size
+
+    # --- reopening a parked file ------------------------------------------------------------
+
+    def _unpark(self, p: _Parked) -> Iterator[TailItem]:
+        """Reopen a parked file where it was left; if the path now names another file, settle the old one."""
+        try:
+            st: os.stat_result | None = os.stat(self.path)
+        except OSError:
+            st = None
+        if st is not None and (st.st_dev, st.st_ino) == (p.dev, p.ino):
+            if st.st_size == p.offset and (st.st_size, st.st_mtime_ns) == p.seen:
+                return  # idle: parked files cost one stat, like open ones
+            if self._open() is None:
+                return  # no handle free: stay parked, try again on the next poll
+            if (self._dev, self._ino) == (p.dev, p.ino):
+                self._parked = None
+                self._offset, self._commit, self._fp, self._fp_len = p.offset, p.commit, p.fp, p.fp_len
+                self._seen = (-1, -1)  # look: appends, or a copytruncate while parked
+                yield from self._follow()
+                return
+            self._close_fd()  # replaced between the stat and the open: settle the old one below
+        # The generation we parked is no longer at the path: renamed (drain it from a sibling) or deleted.
+        self._parked = None
+        pos = TailPosition(self.path, p.dev, p.ino, p.offset, p.fp, p.fp_len)
+        rotated = self._find_rotated(pos)
+        if rotated is not None:
+            yield from self._drain_rotated(rotated, pos)
+        self._start_at_end = False
+        if st is None and rotated is None:
+            yield TailReset(self.path, DELETED)  # deleted while parked: what it got after parking is lost
+            return
+        yield TailReset(self.path, ROTATED if rotated is not None else RECREATED)
+        yield from self._open_path()
 
     # --- restoring a saved position ---------------------------------------------------------
 
@@ -361,6 +433,8 @@ class FileTailer:
     def _close_fd(self) -> None:
         if self._fd is not None:
             fd, self._fd = self._fd, None
+            if self._budget is not None:
+                self._budget.released(self)
             os.close(fd)
 
     def _error(self, op: str, exc: BaseException) -> None:
@@ -369,3 +443,16 @@ class FileTailer:
         level = logging.DEBUG if self._error_logged else logging.WARNING
         log.log(level, "tail error path=%s op=%s error=%s", self.path, op, exc)
         self._error_logged = True
+
+
+@dataclass(frozen=True, slots=True)
+class _Parked:
+    """A parked file's identity and our place in it."""
+
+    dev: int
+    ino: int
+    offset: int
+    commit: int
+    fp: str
+    fp_len: int
+    seen: tuple[int, int]
