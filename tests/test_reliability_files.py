@@ -12,6 +12,8 @@ import signal
 
 import pytest
 
+from sglang_oom_exporter.sources.handles import HandleBudget
+from sglang_oom_exporter.sources.tail import FileTailer, TailChunk
 from tests import test_serve_e2e
 from tests.test_serve_e2e import Daemon, oom_block, settle, wait_for
 
@@ -141,3 +143,91 @@ def test_more_files_than_the_open_file_limit_are_all_counted_and_http_answers(tm
         settle(d2, len(files) + 10)
     finally:
         d2.stop()
+
+
+# --- the handle budget at the tailer level: what happens to a file while it is parked -------------
+
+
+def _items(tailer: FileTailer) -> list[bytes | str]:
+    out: list[bytes | str] = []
+    for item in tailer.poll():
+        out.append(item.data if isinstance(item, TailChunk) else f"reset:{item.reason}")
+    return out
+
+
+@pytest.fixture
+def pair(tmp_path):
+    """Two tailers sharing a budget of one handle: reading one parks the other."""
+    budget = HandleBudget(1)
+    a, b = tmp_path / "a.log", tmp_path / "b.log"
+    a.write_bytes(b"a1\n")
+    b.write_bytes(b"b1\n")
+    ta, tb = FileTailer(str(a), budget=budget), FileTailer(str(b), budget=budget)
+    assert _items(ta) == [b"a1\n"]
+    assert _items(tb) == [b"b1\n"]  # a parked to make room
+    assert budget.open_files == 1
+    assert budget.parks == 1
+    yield a, b, ta, tb, budget
+    ta.close()
+    tb.close()
+
+
+def test_parked_file_resumes_where_it_was_with_a_partial_line(pair):
+    a, _, ta, _, budget = pair
+    _append(a, "a2 no newline yet")
+    assert _items(ta) == [b"a2 no newline yet"]  # b parks now
+    assert ta.position is not None
+    _append(a, " ...now\n")
+    assert _items(ta) == [b" ...now\n"]
+    assert budget.open_files == 1
+
+
+def test_parked_file_costs_a_stat_when_idle(pair):
+    _, _, ta, _, budget = pair
+    assert _items(ta) == []
+    assert budget.parks == 1  # nothing changed: ta stayed parked, b kept its handle
+
+
+def test_parked_file_renamed_is_drained_from_its_new_name(pair):
+    a, _, ta, _, _ = pair
+    _append(a, "a2\n")
+    os.rename(a, str(a) + ".1")
+    a.write_bytes(b"new1\n")
+    assert _items(ta) == [b"a2\n", "reset:rotated", b"new1\n"]
+
+
+def test_parked_file_copytruncated_is_read_from_0(pair):
+    a, _, ta, _, _ = pair
+    with open(a, "r+b") as fh:
+        fh.truncate(0)
+    a.write_bytes(b"fresh\n")
+    assert _items(ta) == ["reset:truncated", b"fresh\n"]
+
+
+def test_parked_file_deleted_is_a_reset(pair):
+    a, _, ta, _, _ = pair
+    os.unlink(a)
+    assert _items(ta) == ["reset:deleted"]
+    a.write_bytes(b"again\n")
+    assert _items(ta) == [b"again\n"]
+
+
+def test_a_draining_deleted_file_keeps_its_handle_and_the_next_open_waits(tmp_path):
+    budget = HandleBudget(1)
+    a, b = tmp_path / "a.log", tmp_path / "b.log"
+    a.write_bytes(b"a1\n")
+    b.write_bytes(b"b1\n")
+    ta, tb = FileTailer(str(a), budget=budget), FileTailer(str(b), budget=budget)
+    try:
+        assert _items(ta) == [b"a1\n"]
+        os.unlink(a)
+        assert _items(ta) == []  # lingering: only its handle can still read it
+        assert _items(tb) == []  # refused: nothing could park
+        assert budget.limit_hits == 1
+        assert budget.waiting == 1
+        ta.close()
+        assert _items(tb) == [b"b1\n"]
+        assert budget.waiting == 0
+    finally:
+        ta.close()
+        tb.close()
