@@ -18,16 +18,18 @@ from ..detect.model import Gap, OomEvent, RawLine, Record
 from ..detect.prefix import PrefixParser
 from ..detect.reader import LineReader
 
-# Every traceback header (0.2.x "Exception in ModelTpServer:" is followed by one) has this line, and
-# the header itself falls in the reader's look-back.
-TRACEBACK_OPENERS = ("Traceback (most recent call last)",)
+# One literal of every traceback header the assembler knows (its _HEADER): a header alone still opens a record
+# there, so the reader must pass it too ("Exception in ModelRpcClient:" / "... ControllerSingle:", facts 10.5).
+TRACEBACK_OPENERS = ("Traceback (most recent call last)", "hit an exception", "Exception in ")
 # A CRI partial record can cut an anchor in two ("Out of mem" | "ory."): no piece holds the literal, so
 # every partial record is a hit of its own; they are rare (long lines, or a write without its newline).
 CRI_PARTIAL_LITERALS = (" stdout P ", " stderr P ")
 CRI_SPANS = ((" stdout P ", " stdout F "), (" stderr P ", " stderr F "))
-# Frames of SGLang's own code: a file that begins mid-traceback (rotation cut it) has no header and no
-# exception line, only frames that may end in an allocator (R5); every one of them must reach the assembler.
-FRAME_LITERALS = ("sglang/srt/",)
+# A file that begins mid-traceback (rotation cut it) has no header and no exception line, only frames that may
+# end in an allocator (R5). Every frame line is a hit, so the reader passes all of them (a path in a custom log
+# format is no frame); a frame of SGLang's own code (OWN_CODE) may then start a headless traceback.
+FRAME_LITERALS = ('.py", line ',)
+OWN_CODE = ("sglang/srt/",)
 # Not searched for (a block's detail lines follow its anchor line), but they keep the window open.
 DETAIL_LITERALS = (
     'File "',
@@ -80,7 +82,7 @@ class Pipeline:
             prefilter=prefilter,
         )
         self._decoder = Decoder()
-        self._assembler = Assembler(anchors, PrefixParser(extra_prefixes), FRAME_LITERALS)
+        self._assembler = Assembler(anchors, PrefixParser(extra_prefixes), OWN_CODE)
         self._matcher = matcher
         self._events = 0
         self._records = 0

@@ -226,6 +226,7 @@ class LineReader:
             yield Gap(len(self._held))
             self._held = []
         self._window = 0
+        self._armed, self._foreign = None, 0
 
     def reset(self, offset: int = 0, lineno: int = 1) -> Iterator[RawLine | Gap]:
         """A new file generation follows (rotation, truncation, a restart resuming mid-file): flush, and
