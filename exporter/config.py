@@ -7,6 +7,7 @@ listing each key path (and the file's line where there is one), so `--check-conf
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
@@ -91,8 +92,42 @@ _DURATION_KEYS = (
     "poll_interval", "sweep_interval", "discover_interval", "state_interval", "traceback_wait", "source_retention",
     "scrape_interval", "scrape_timeout",
 )  # fmt: skip
+_MS, _HOUR, _DAY = 0.001, 3600.0, 86400.0
+# (smallest, largest) per duration: past these a timer overflows (OverflowError in a wait) or the setting
+# makes no sense (a loop that ticks once a year); either way --check-config says so instead of the daemon dying.
+_DURATION_BOUNDS = {
+    "poll_interval": (_MS, _HOUR), "sweep_interval": (_MS, _DAY), "discover_interval": (_MS, _DAY),
+    "state_interval": (_MS, _DAY), "traceback_wait": (_MS, _HOUR), "source_retention": (1.0, 365 * _DAY),
+    "scrape_interval": (_MS, _DAY), "scrape_timeout": (_MS, _HOUR), "discover_targets.interval": (1.0, _DAY),
+}  # fmt: skip
+
+
+def bounded_duration(key: str, value: Any) -> float:
+    """parse_duration, then the key's bounds; ValueError names them."""
+    seconds = parse_duration(value)
+    low, high = _DURATION_BOUNDS[key]
+    if not (math.isfinite(seconds) and low <= seconds <= high):
+        raise ValueError(f"{str(value).strip()!r} must be between {_human(low)} and {_human(high)}")
+    return seconds
+
+
+def _human(seconds: float) -> str:
+    for unit, size in (("d", _DAY), ("h", _HOUR), ("s", 1.0)):
+        if seconds >= size and seconds % size == 0:
+            return f"{seconds / size:g}{unit}"
+    return f"{seconds * 1000:g}ms"
+
+
+def unknown_env(env: Mapping[str, str]) -> list[str]:
+    """SGLANG_OOM_EXPORTER_* variables that no setting reads (a typo is otherwise silently ignored)."""
+    return sorted(k for k in env if k.startswith(ENV_PREFIX) and k[len(ENV_PREFIX) :] not in _KNOWN_ENV)
+
+
 _BOOL_KEYS = ("from_beginning", "force_polling")
 _STR_KEYS = ("listen", "state_dir", "catalog", "web_config", "log_level")
+# The environment variables load_config reads, after ENV_PREFIX.
+_KNOWN_ENV = frozenset({"CONFIG", "PATHS", "SGLANG_URL", "KUBERNETES_LOGS",
+                        *(k.upper() for k in (*_DURATION_KEYS, *_BOOL_KEYS, *_STR_KEYS))})  # fmt: skip
 _FILE_KEYS = frozenset({*_DURATION_KEYS, *_BOOL_KEYS, *_STR_KEYS, "paths", "sources", "kubernetes", "prefix_regex",
                         "recent_events", "targets"})  # fmt: skip
 _URL = regex.compile(r"^https?://[^\s/]+(?:/[^\s]*)?$")
@@ -111,9 +146,7 @@ class _Builder:
     def set(self, where: str, key: str, value: Any) -> None:
         try:
             if key in _DURATION_KEYS:
-                value = parse_duration(value)
-                if value <= 0:
-                    raise ValueError("must be positive")
+                value = bounded_duration(key, value)
             elif key in _BOOL_KEYS:
                 value = _bool(value)
             elif key == "recent_events":
@@ -273,9 +306,10 @@ def _discover_targets(builder: _Builder, where: str, raw: Any) -> DiscoverTarget
             if isinstance(raw["port"], bool) or not 0 < values["port"] < 65536:
                 raise ValueError(f"port {raw['port']!r} is not between 1 and 65535")
         if "interval" in raw:
-            values["interval"] = parse_duration(raw["interval"])
-            if values["interval"] <= 0:
-                raise ValueError("interval must be positive")
+            try:
+                values["interval"] = bounded_duration("discover_targets.interval", raw["interval"])
+            except ValueError as exc:
+                raise ValueError(f"interval {exc}") from None
         for key in ("port_annotation", "service_account_dir"):
             if key in raw:
                 values[key] = str(raw[key])

@@ -104,7 +104,11 @@ class App:
         }
 
     def reload(self, config: Config, catalog: Catalog) -> str:
-        """Apply a new config and catalog (SIGHUP); returns applied, or partial when a part needs a restart."""
+        """Apply a new config and catalog (SIGHUP); returns applied, partial (a part needs a restart) or failed."""
+        if not config.paths and config.kubernetes is None and self.stdin is None:
+            # An empty or truncated file (an editor mid-save) would otherwise stop every source at once.
+            self.reload_failed("the new configuration names no log path and no Kubernetes log root")
+            return "failed"
         refused = [key for key in RESTART_ONLY if getattr(config, key) != getattr(self.config, key)]
         config = replace(config, **{key: getattr(self.config, key) for key in RESTART_ONLY})
         if label_names_for(config.kubernetes is not None) != self.counts.label_names:

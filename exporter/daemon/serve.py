@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import signal
 import sys
 import threading
@@ -15,13 +16,14 @@ from typing import Any, BinaryIO
 from prometheus_client import CollectorRegistry
 
 from ..catalog.loader import Catalog, CatalogError, load_catalog
-from ..config import Config, ConfigError, load_config, parse_listen
+from ..config import Config, ConfigError, load_config, parse_listen, unknown_env
 from ..sources.handles import raise_open_file_limit
 from ..sources.kubeapi import DiscoveryCollector
 from ..sources.watch import Waker
 from ..web.server import ExporterServer
 from ..web.webconfig import WebConfig, WebConfigError, load_web_config
 from .app import App
+from .signals import SignalRelay
 
 log = logging.getLogger("sglang_oom_exporter")
 
@@ -55,6 +57,10 @@ def serve(args: argparse.Namespace) -> int:
         config, catalog = _load(args)
         web = load_web_config(config.web_config) if config.web_config else None
         address = parse_listen(config.listen)
+        unknown = unknown_env(os.environ)
+        if unknown and args.check_config:
+            # A typo would be silently ignored: --check-config fails on it, serve warns and runs.
+            raise ConfigError([f"{name}: unknown variable (no setting reads it)" for name in unknown])
     except _LOAD_ERRORS as exc:
         print(f"sglang-oom-exporter: bad configuration:\n{exc}", file=sys.stderr)
         return 1 if args.check_config else 2
@@ -66,6 +72,8 @@ def serve(args: argparse.Namespace) -> int:
         level=config.log_level.upper(), stream=sys.stderr,
         format="%(asctime)s level=%(levelname)s logger=%(name)s %(message)s",
     )  # fmt: skip
+    for name in unknown:
+        log.warning("unknown variable %s (ignored): no setting reads it; see --help for the names", name)
     soft, hard = raise_open_file_limit()  # before the App, whose file-handle bound is taken from it
     log.debug("open-file limit soft=%d hard=%d", soft, hard)
     stdin, stdout = stdio() if "-" in args.paths else (None, None)
@@ -85,12 +93,12 @@ def serve(args: argparse.Namespace) -> int:
 def _run(args: argparse.Namespace, app: App, server: ExporterServer, waker: Waker, web: WebConfig | None) -> int:
     stop = threading.Event()
 
-    def on_stop(signum: int, _frame: Any) -> None:
-        log.info("signal %s: saving state and exiting", signal.Signals(signum).name)
+    def on_stop() -> None:
+        log.info("signal: saving state and exiting")
         stop.set()
         waker.wake()
 
-    def on_hup(_signum: int, _frame: Any) -> None:
+    def on_hup() -> None:
         app.loop.request_reload()
         waker.wake()
 
@@ -102,12 +110,13 @@ def _run(args: argparse.Namespace, app: App, server: ExporterServer, waker: Wake
             return
         app.reload(config, catalog)
 
-    signal.signal(signal.SIGTERM, on_stop)
-    signal.signal(signal.SIGINT, on_stop)
-    signal.signal(signal.SIGHUP, on_hup)
+    # The handlers run on the relay's thread, never inside the main thread's locks (signals.py).
+    relay = SignalRelay({signal.SIGTERM: on_stop, signal.SIGINT: on_stop, signal.SIGHUP: on_hup})
+    relay.install()
     try:
         server.start()
     except OSError as exc:
+        relay.close()
         print(f"sglang-oom-exporter: cannot listen on {app.config.listen}: {exc}", file=sys.stderr)
         return 2
     log.info("serving on %s port=%d paths=%d kubernetes=%s state_dir=%s tls=%s", app.config.listen, server.port,
@@ -117,4 +126,5 @@ def _run(args: argparse.Namespace, app: App, server: ExporterServer, waker: Wake
         app.loop.run(stop, waker=waker, services=[waker, *app.services()], reload=reload)
     finally:
         server.stop()
+        relay.close()
     return 0

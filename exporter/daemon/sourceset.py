@@ -128,20 +128,42 @@ class SourceSet:
 
         Each file source is rebuilt from what the state file would hold for it (the offset of its oldest
         byte in flight and its dedupe memory), so the new pipeline, matcher and traceback wait take over
-        without losing or recounting an event. stdin cannot be re-read: it keeps its pipeline.
+        without losing or recounting an event. stdin cannot be re-read: it keeps its pipeline. A file the new
+        config no longer names is let go at once (what it had pending counts now); its position is kept, so
+        naming it again later resumes where it stopped.
         """
         with self.lock:
             self.config, self.catalog = config, catalog
             self.matcher = Matcher(catalog)
             self._kfilter = _filter(config)
             self._watch_dirs = None
+            wanted = set(expand(config.paths))
+            k = config.kubernetes
+            if k is not None and self._kfilter is not None:
+                wanted.update(ref.path for ref in discover_pods(k.logs_root, self._kfilter))
             for path, source in list(self.by_path.items()):
+                if path != STDIN and source.tailer is not None and path not in wanted:
+                    self._let_go(path, source)
+                    continue
                 saved = source.state()
                 if source.tailer is None or saved is None:
                     continue
                 source.tailer.close()
                 self.saved[path] = saved
                 self.by_path[path] = self._new_source(path, source.labels, source.label_map)
+
+    def _let_go(self, path: str, source: LogSource) -> None:
+        """Stop following a file a reload removed: count what it had pending, keep its position, drop its series."""
+        source.pipeline.finish()
+        saved = source.state()
+        if saved is not None:
+            self.saved[path] = saved
+        if source.tailer is not None:
+            source.tailer.close()
+        del self.by_path[path]
+        if not any(s.labels == source.labels for s in self.by_path.values()):
+            self.counts.drop(source.labels)
+        log.info("source dropped path=%s: the reloaded configuration no longer names it", path)
 
     # --- statistics --------------------------------------------------------------------------
 
