@@ -8,6 +8,7 @@ hold the daemon still where a scenario needs the writes to land between two of i
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 
 import pytest
@@ -231,3 +232,20 @@ def test_a_draining_deleted_file_keeps_its_handle_and_the_next_open_waits(tmp_pa
     finally:
         ta.close()
         tb.close()
+
+
+def test_copytruncate_drains_the_unread_end_from_the_copy(tmp_path):
+    """logrotate's copytruncate: bytes not read before the truncate are still in the copy beside the file."""
+    log = tmp_path / "app.log"
+    log.write_bytes(b"a\n")
+    tailer = FileTailer(str(log))
+    try:
+        assert _items(tailer) == [b"a\n"]
+        _append(log, "b\n")  # not read before the rotation
+        shutil.copyfile(log, str(log) + ".1")
+        with open(log, "r+b") as fh:
+            fh.truncate(0)
+        log.write_bytes(b"c\n")
+        assert _items(tailer) == [b"b\n", "reset:truncated", b"c\n"]
+    finally:
+        tailer.close()

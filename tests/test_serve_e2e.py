@@ -66,8 +66,21 @@ class Daemon:
         cmd = [sys.executable, "-m", "sglang_oom_exporter", "serve", "--listen", f"127.0.0.1:{self.port}",
                "--state-dir", self.state_dir, "--poll-interval", "0.5s", "--traceback-wait", "1s", *self.args]  # fmt: skip
         self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-        wait_for(lambda: self.healthy() is not None, what="the daemon to answer /healthz")
+        wait_for(self.started, what="the daemon to answer /healthz with its starting positions saved")
         return self
+
+    def started(self) -> bool:
+        """/healthz answers, and no longer with `starting` (the positions every file is read from are saved)."""
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/healthz", timeout=2) as r:
+                body = r.read()
+        except urllib.error.HTTPError as exc:
+            body = exc.read()
+        except OSError:
+            assert self.proc is not None
+            assert self.proc.poll() is None, self.stderr()
+            return False
+        return not body.startswith(b"starting")
 
     def healthy(self) -> bool | None:
         try:

@@ -160,7 +160,12 @@ class FileTailer:
                 return  # the idle case: one stat per file per poll
             self._seen = (st.st_size, st.st_mtime_ns)
             if self._truncated(st.st_size):
+                # copytruncate: what we had not read yet is in the copy beside the file (app.log.1), if any.
+                copy = TailPosition(self.path, self._dev, self._ino, self._offset, self._fp, self._fp_len)
                 self._rewind()  # before the yield, like every state change, in case the consumer stops
+                rotated = self._find_rotated(copy) if copy.fingerprint_len else None
+                if rotated is not None:
+                    yield from self._drain_rotated(rotated, copy)
                 yield TailReset(self.path, TRUNCATED)
             yield from self._read_to_eof()
             return
@@ -379,7 +384,10 @@ class FileTailer:
         if rotated is not None:
             # Rotated (maybe compressed) while we were down: finish that generation from the saved offset.
             yield from self._drain_rotated(rotated, pos)
-            yield TailReset(self.path, ROTATED)
+            # A copy of a file that was then truncated in place: the path keeps the inode, so the bytes that
+            # follow need a new epoch (TRUNCATED), or their keys would collide with the copy's.
+            same_inode = st is not None and (st.st_dev, st.st_ino) == (pos.dev, pos.ino)
+            yield TailReset(self.path, TRUNCATED if same_inode else ROTATED)
         # Same inode with other first bytes (copytruncate while down) needs no reset here: LogSource sees
         # the first chunk start before its restored offset and starts a new epoch.
         yield from self._open_path()
