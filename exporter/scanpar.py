@@ -256,32 +256,52 @@ def cut_points(path: str, size: int, ranges: int) -> tuple[int, ...]:
     return tuple(cuts)
 
 
-def join_segments(name: str, segments: Sequence[_Segment], matcher: Matcher) -> tuple[list[OomEvent], PipelineStats]:
-    """Chain a cut file's segments at their shared quiet points, and dedupe its reports as one source."""
-    by_start = {s.start: s for s in segments if s.start is not None}
-    size = max(s.end for s in segments)
-    seg, base = by_start[0], 0
-    reports: list[Report] = []
-    stats = PipelineStats()
-    while True:
-        for r in seg.reports:
-            reports.append(replace(r, record=replace(r.record, lineno=r.record.lineno + base)) if base else r)
-        stats = _plus(stats, seg.stats)
-        if seg.end >= size:
-            break
-        nxt = by_start.get(seg.end)
-        if nxt is None:
-            raise RuntimeError(f"{name}: no segment starts at the join {seg.end}")
-        base += seg.lines_at_end - nxt.lines_at_start
-        seg = nxt
-    events: list[OomEvent] = []
-    deduper = Deduper(name, name, events.append, resolve=matcher.resolve)
-    for report in reports:
-        deduper.add(report, 0.0)
-    deduper.flush(None)
-    events.sort(key=lambda e: int(e.location.rsplit(":", 1)[1]))
-    stats.events = len(events)
-    return events, stats
+class Joiner:
+    """Chains a cut file's segments at their shared quiet points and dedupes its reports as one source.
+
+    Segments may come in any order; each is used as soon as the chain reaches it, so the parent dedupes
+    the first ranges while workers still read the last ones.
+    """
+
+    def __init__(self, name: str, size: int, matcher: Matcher) -> None:
+        self.events: list[OomEvent] = []
+        self.stats = PipelineStats()
+        self._name, self._size = name, size
+        self._deduper = Deduper(name, name, self.events.append, resolve=matcher.resolve)
+        self._waiting: dict[int, _Segment] = {}
+        self._next = 0  # where the next segment of the chain must start
+        self._base = 0  # file line number of that segment's line 1, minus 1, minus its lines before start
+
+    def add(self, segment: _Segment) -> None:
+        """Take one worker's segment (a segment without a start is a range its neighbour read)."""
+        if segment.start is not None:
+            self._waiting[segment.start] = segment
+        while self._next < self._size and self._next in self._waiting:
+            seg = self._waiting.pop(self._next)
+            base = self._base - seg.lines_at_start
+            for r in seg.reports:
+                self._deduper.add(replace(r, record=replace(r.record, lineno=r.record.lineno + base)) if base else r)
+            self.stats = _plus(self.stats, seg.stats)
+            self._next = seg.end
+            self._base = base + seg.lines_at_end
+
+    def finish(self) -> tuple[list[OomEvent], PipelineStats]:
+        """The file's events in line order, and its stats, once every segment was added."""
+        if self._next < self._size:
+            raise RuntimeError(f"{self._name}: no segment starts at the join {self._next}")
+        self._deduper.flush(None)
+        self.events.sort(key=lambda e: int(e.location.rsplit(":", 1)[1]))
+        self.stats.events = len(self.events)
+        return self.events, self.stats
+
+
+def join_segments(name: str, segments: Iterable[_Segment], matcher: Matcher) -> tuple[list[OomEvent], PipelineStats]:
+    """Chain a cut file's segments and dedupe its reports: the events and stats of a serial scan."""
+    segments = list(segments)
+    joiner = Joiner(name, max(s.end for s in segments), matcher)
+    for seg in segments:
+        joiner.add(seg)
+    return joiner.finish()
 
 
 def _is_gzip(path: str) -> bool:
@@ -336,25 +356,27 @@ def scan_parallel(
         return None  # one input, too small to cut: a worker would only add its start-up
     ctx = multiprocessing.get_context(start_method) if start_method else _context()
     workers = min(jobs, len(tasks))
+    out: list[tuple[str, list[OomEvent], PipelineStats] | None] = [None] * len(plan)
+    owner: list[tuple[int, Joiner | None]] = []  # per task: its input's place in plan, and the joiner if cut
+    for place, (path, n) in enumerate(plan):
+        joiner = Joiner(path, os.stat(path).st_size, matcher) if n > 1 else None
+        owner.extend((place, joiner) for _ in range(n))
     with ctx.Pool(workers, initializer=_init, initargs=(catalog, options)) as pool:
-        results = pool.map(_run, tasks, chunksize=max(1, len(tasks) // (workers * 8)))
-    out: list[tuple[str, list[OomEvent], PipelineStats]] = []
-    i = 0
-    for path, n in plan:
+        # In order, as they finish: the parent dedupes the first ranges of a file while workers read on.
+        chunksize = max(1, len(tasks) // (workers * 8))
+        for (place, joiner), result in zip(owner, pool.imap(_run, tasks, chunksize), strict=True):
+            if isinstance(result, _Whole):
+                out[place] = (plan[place][0], result.events, result.stats)
+            elif joiner is not None:
+                joiner.add(result)
+                if result.index == plan[place][1] - 1:
+                    out[place] = (plan[place][0], *joiner.finish())
+    for place, (path, n) in enumerate(plan):
         if n == 0:
             import sys
 
             events, stats = scan_stream(catalog, matcher, "-", sys.stdin.buffer, prefilter=options.prefilter,
                                         extra_prefixes=options.extra_prefixes, finder=options.finder,
                                         chunk=options.chunk)  # fmt: skip
-            out.append((path, events, stats))
-            continue
-        part = results[i : i + n]
-        i += n
-        if n == 1 and isinstance(part[0], _Whole):
-            out.append((path, part[0].events, part[0].stats))
-        else:
-            segments = [p for p in part if isinstance(p, _Segment)]
-            events, stats = join_segments(path, segments, matcher)
-            out.append((path, events, stats))
-    return out
+            out[place] = (path, events, stats)
+    return [o for o in out if o is not None]

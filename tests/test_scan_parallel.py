@@ -71,13 +71,15 @@ def test_every_golden_log_cut_everywhere_gives_the_serial_json(finder):
 def test_generated_scheduler_log_cut_every_few_kilobytes(tmp_path, finder, monkeypatch):
     finder = _finder(finder)
     chained = []
-    join = scanpar.join_segments
+    add = scanpar.Joiner.add
 
-    def counting(name, segments, matcher):
-        chained.append(sum(1 for s in segments if s.start is not None))
-        return join(name, segments, matcher)
+    def counting(self, segment):
+        if segment.index == 0:
+            chained.append(0)
+        chained[-1] += segment.start is not None
+        add(self, segment)
 
-    monkeypatch.setattr(scanpar, "join_segments", counting)
+    monkeypatch.setattr(scanpar.Joiner, "add", counting)
     path = _generated(tmp_path, 20_000, 300, 7)
     truth = json.loads(open(path + ".truth.json").read())
     serial = _json([path], finder=finder)
@@ -173,3 +175,24 @@ def test_random_logs_cut_anywhere_give_the_serial_json(tmp_path, data, range_siz
     path.write_bytes(data)
     serial = _json([str(path)], finder=finder, chunk=chunk)
     assert _json([str(path)], finder=finder, chunk=chunk, jobs=2, range_size=range_size) == serial
+
+
+def test_the_catalog_reads_the_same_through_libyaml_as_through_pure_python():
+    # Start-up parses the catalog with libyaml when PyYAML has it; the tree, with the line of every mapping
+    # that file:line errors quote, must be the one the pure-Python loader gives.
+    import yaml
+
+    from sglang_oom_exporter.catalog import loader
+
+    if not yaml.__with_libyaml__:
+        pytest.skip("PyYAML without libyaml: the pure-Python loader is the only one")
+    assert issubclass(loader._LineLoader, yaml.CSafeLoader)
+
+    class Pure(yaml.SafeLoader):
+        pass
+
+    Pure.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, loader._construct_mapping)
+    text = open(loader.default_catalog_path(), encoding="utf-8").read()
+    fast = yaml.load(text, Loader=loader._LineLoader)  # noqa: S506 - a SafeLoader subclass
+    assert fast == yaml.load(text, Loader=Pure)  # noqa: S506 - a SafeLoader subclass
+    assert fast["kinds"][0]["__line__"] == text[: text.index("- id:")].count("\n") + 1
