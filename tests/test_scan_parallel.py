@@ -196,3 +196,18 @@ def test_the_catalog_reads_the_same_through_libyaml_as_through_pure_python():
     fast = yaml.load(text, Loader=loader._LineLoader)  # noqa: S506 - a SafeLoader subclass
     assert fast == yaml.load(text, Loader=Pure)  # noqa: S506 - a SafeLoader subclass
     assert fast["kinds"][0]["__line__"] == text[: text.index("- id:")].count("\n") + 1
+
+
+@pytest.mark.timeout(60)
+def test_cli_jobs_with_stdin_between_files_keeps_input_order():
+    # stdin is read in the calling process, in its place among the inputs the workers read.
+    data = open(CASES[1], "rb").read()
+    outs = []
+    for jobs in ("1", "2"):
+        argv = [sys.executable, "-m", "sglang_oom_exporter", "scan", "--format", "json", "--jobs", jobs, CASES[0], "-",
+                CASES[2]]  # fmt: skip
+        r = subprocess.run(argv, input=data, capture_output=True, check=True)
+        outs.append(json.loads(r.stdout))
+    assert outs[0] == outs[1]
+    assert [i["path"] for i in outs[1]["inputs"]] == [CASES[0], "-", CASES[2]]
+    assert outs[1]["inputs"][1]["lines_read"] == data.count(b"\n") + (not data.endswith(b"\n"))
