@@ -26,6 +26,7 @@ import sys
 from pathlib import Path
 
 from bench_scan import MTAIL_PROG, check_ours, ensure_log, parse_mtail, run_measured, warm_cache
+from bench_scan_files import parallel_headroom
 
 FIND_LOOP = """\
 import sys
@@ -89,7 +90,8 @@ def main(argv: list[str] | None = None) -> int:
             if i:
                 best[name] = min(best.get(name, float("inf")), r.seconds)
             print(f"  {'warm-up' if i == 0 else f'run {i}'}: {name:16s} {r.seconds:8.3f}s  {note}", file=sys.stderr)
-    print(f"\n{log.name}: {truth['lines']} lines, {size / 1e9:.2f} GB, best of {args.runs}, {cpus} CPUs")
+    print(f"\n{log.name}: {truth['lines']} lines, {size / 1e9:.2f} GB, best of {args.runs}, {cpus} CPUs, "
+          f"two-process headroom {parallel_headroom():.2f}x (2 = two free cores)")  # fmt: skip
     for name, t in best.items():
         print(f"{name:16s} {t:8.3f} s  {size / 1e6 / t:7.0f} MB/s")
     ratio = None

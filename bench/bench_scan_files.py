@@ -27,6 +27,30 @@ BENCH_DIR = Path(__file__).resolve().parent
 MTAIL_PROG = BENCH_DIR / "oom.mtail"
 
 
+def _burn(n: int) -> int:
+    s = 0
+    for i in range(n):
+        s += i
+    return s
+
+
+def parallel_headroom(n: int = 10_000_000) -> float:
+    """How much faster two processes finish two equal CPU loops than one process: about 2 with two free
+    cores, 1 or less when other work holds them (then a parallel scan cannot gain either)."""
+    import multiprocessing
+    import time
+
+    t0 = time.perf_counter()
+    _burn(n)
+    _burn(n)
+    serial = time.perf_counter() - t0
+    with multiprocessing.get_context("fork").Pool(2) as pool:
+        t0 = time.perf_counter()
+        pool.map(_burn, [n, n])
+        both = time.perf_counter() - t0
+    return serial / both
+
+
 def make_files(n: int, lines: int) -> tuple[Path, dict[str, int], bool]:
     """The directory of n generated files and the summed truth; reuse it when its truth file matches."""
     out = OUT_DIR / f"files-{n}x{lines}"
@@ -91,7 +115,8 @@ def main(argv: list[str] | None = None) -> int:
             if i:
                 best[name] = min(best.get(name, float("inf")), r.seconds)
             print(f"  {'warm-up' if i == 0 else f'run {i}'}: {name:18s} {r.seconds:7.3f}s  {note}", file=sys.stderr)
-    print(f"\n{len(paths)} files, {size / 1e6:.1f} MB, best of {args.runs}, {cpus} CPUs")
+    print(f"\n{len(paths)} files, {size / 1e6:.1f} MB, best of {args.runs}, {cpus} CPUs, "
+          f"two-process headroom {parallel_headroom():.2f}x (2 = two free cores)")  # fmt: skip
     for name, t in best.items():
         print(f"{name:18s} {t:7.3f} s")
     ratio = None
