@@ -130,3 +130,27 @@ def test_sigkill_in_the_first_second_loses_nothing_written_while_down(tmp_path):
         settle(second, 6)
     finally:
         second.stop()
+
+
+def test_a_generation_born_after_the_last_save_and_rotated_away_while_down_is_read(tmp_path):
+    """The state is saved as soon as a new generation is seen, so a restart can find it by its inode."""
+    log = tmp_path / "a.log"
+    app, clock = _app(tmp_path, state_interval=60.0)  # no periodic save within the test: only the ones it makes
+    _run(app, clock, 1.0)
+    log.write_text(BLOCK.format(s=1))
+    app.loop.request_discover()
+    _run(app, clock, 8.0)
+    assert app.counts.total("decode") == 1
+    app.keeper.save()  # as the periodic save would
+    os.rename(log, tmp_path / "a.log.1")
+    log.write_text(BLOCK.format(s=2))
+    app.loop.mark_changed({str(tmp_path)})
+    _run(app, clock, 2.5)  # read and counted (after the traceback wait), no periodic save due
+    assert app.counts.total("decode") == 2
+    app.sources.close()  # SIGKILL: no save on the way out
+    os.rename(log, tmp_path / "a.log.2")  # rotated again while down
+    log.write_text(BLOCK.format(s=3))
+    app2, clock2 = _app(tmp_path)
+    app2.keeper.load()
+    _run(app2, clock2, 8.0)
+    assert app2.counts.total("decode") == 3

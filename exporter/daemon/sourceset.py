@@ -190,6 +190,11 @@ class SourceSet:
         with self.lock:
             return min((s.close_at for s in self.by_path.values() if s.close_at is not None), default=None)
 
+    def generations(self) -> int:
+        """File generations opened or first identified over every file source (the keeper saves after one)."""
+        with self.lock:
+            return sum(s.tailer.stats.generations for s in self.by_path.values() if s.tailer)
+
     def bytes_read(self) -> int:
         """Bytes read over every file source (the keeper's "anything new?" mark)."""
         with self.lock:

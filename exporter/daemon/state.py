@@ -187,6 +187,7 @@ class StateKeeper:
         self._clock = clock
         self._last_save = clock()
         self._saved_mark: tuple[float, float] | None = None  # (bytes read, events) at the last save
+        self._saved_generations = 0
         self.saves = 0
         self.errors = 0
 
@@ -225,12 +226,17 @@ class StateKeeper:
         """
         if self._clock() - self._last_save >= self.interval:
             self.save(force=False)
+        elif self._store is not None and self._sources.generations() != self._saved_generations:
+            # A rotation, truncation or new file was seen: save now. A restart knows only the generations in
+            # the state file; one born after the last save and rotated away while down was never read again.
+            self.save()
 
     def save(self, *, force: bool = True) -> None:
         """Write positions, counters and dedupe memory atomically; a failure is counted and logged."""
         if self._store is None:
             return
         mark = (float(self._sources.bytes_read()), self._counts.total())
+        generations = self._sources.generations()
         if not force and mark == self._saved_mark:
             self._last_save = self._clock()
             return
@@ -245,6 +251,7 @@ class StateKeeper:
             self._store.save(data)
             self.saves += 1
             self._saved_mark = mark
+            self._saved_generations = generations
         except (OSError, TypeError, ValueError) as exc:
             self._error(f"cannot save the state file: {exc}")
         self._last_save = self._clock()

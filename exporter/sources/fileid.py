@@ -102,6 +102,9 @@ class TailStats:
     bytes_read: int = 0
     read_errors: int = 0
     last_read_wall_time: float | None = None
+    # New generations opened or first identified (first bytes read): the state keeper saves soon after one,
+    # so that a restart knows the generation even if it is rotated away while the daemon is down.
+    generations: int = 0
 
 
 TailItem = TailChunk | TailReset

@@ -254,6 +254,8 @@ class FileTailer:
         except OSError as exc:
             self._error("read", exc)
             return
+        if self._fp_len == 0 and head:
+            self.stats.generations += 1  # identifiable from now on (a copy of it can be told by its first bytes)
         self._fp, self._fp_len = fingerprint(head), len(head)
 
     def _rewind(self) -> None:
@@ -308,6 +310,8 @@ class FileTailer:
             os.close(fd)
             self._error("open", OSError(f"not a regular file (mode {stat.filemode(st.st_mode)})"))
             return None
+        if (st.st_dev, st.st_ino) != (self._dev, self._ino):
+            self.stats.generations += 1  # not a parked file coming back
         self._fd, self._dev, self._ino = fd, st.st_dev, st.st_ino
         if self._budget is not None:
             self._budget.opened(self)
