@@ -35,7 +35,7 @@ _HEADER = regex.compile(r"Traceback \(most recent call last\):\s*$|hit an except
 _FRAME = regex.compile(r'^\s+File "(?P<path>[^"]*)", line \d+, in (?P<func>[\w<>.]+)')
 _CHAINED = ("During handling of the above exception", "The above exception was the direct cause")
 _DETAIL = regex.compile(
-    r"^\s*(?:Try to allocate"
+    r"^\s*+(?:Try to allocate"  # possessive: a line of blanks must not be split between \s and the class below
     r"|Ava(?:il|li)able"
     r"|SWA available"
     r"|(?:Full|SWA) LRU list"
