@@ -362,3 +362,34 @@ def test_gpu_id_prefix_names_the_rank(line, time, ranks, message):
         assert prefix is None
     else:
         assert (prefix.time, prefix.ranks) == (time, ranks)
+
+
+def test_emitted_groups_keep_no_records_so_the_dedupe_window_stays_small():
+    # The window keeps the last groups so that late ranks and tracebacks join them; it used to keep every
+    # line of every rank's block and traceback too (about 25 KB per TP8 event, 256 events per file).
+    from sglang_oom_exporter.detect.match import Matcher
+    from sglang_oom_exporter.detect.pipeline import Pipeline
+
+    events: list = []
+    pipeline = Pipeline(CATALOG, Matcher(CATALOG), source="t", location="t.log", sink=events.append)
+    for minute in range(30):
+        ts = f"2026-03-14 22:{minute:02d}:33"
+        log = _crash("TP1", ("prepare_for_decode", "alloc_token_slots"), ts=ts) + _crash(
+            "TP0", ("prepare_for_decode",), ts=ts
+        )
+        pipeline.feed(log.encode(), now=float(minute))
+    # The last failure: TP0's block alone, counted when the traceback wait runs out.
+    pipeline.feed(f"[2026-03-14 22:40:33 TP0] {GENERIC}".encode(), now=100.0)
+    pipeline.close_open(150.0)  # the file went quiet: its open record closes
+    pipeline.tick(200.0)
+    assert [(e.kind, e.ranks) for e in events] == [("decode", ("TP0", "TP1"))] * 30 + [("unknown", ("TP0",))]
+    groups = list(pipeline._deduper._groups)
+    assert len(groups) == 31
+    assert all(g.emitted for g in groups)
+    assert sum(len(m.reports) for g in groups for m in g.members.values()) == 0
+    # Its traceback, arriving after the event was counted, still joins the emitted group: no second event.
+    late = "[2026-03-14 22:40:33 TP0] Scheduler hit an exception: Traceback (most recent call last):\n"
+    pipeline.feed((late + frames("prepare_for_decode") + "RuntimeError: " + GENERIC + "\n").encode(), now=201.0)
+    pipeline.finish()
+    assert len(events) == 31
+    assert sum(len(m.reports) for g in pipeline._deduper._groups for m in g.members.values()) == 0

@@ -153,7 +153,8 @@ class Deduper:
             member.trace = seen
         else:
             member.block = seen
-        member.reports.append(report)
+        if not group.emitted:  # a late report only joins an emitted group; its records are not needed again
+            member.reports.append(report)
         if rec.lineno < group.lineno:
             group.lineno, group.offset = rec.lineno, rec.offset
         group.last_lineno = max(group.last_lineno, rec.lineno)
@@ -237,15 +238,20 @@ class Deduper:
 
     def _emit(self, group: _Group) -> None:
         group.emitted = True
+        members = sorted((m for m in group.members.values() if m.reports), key=lambda m: m.reports[0].record.lineno)
+        reports = [r for m in members for r in m.reports]
+        # An emitted group stays in the window only so that late ranks and tracebacks join it (by its _Seen
+        # marks and body); its reports hold every line of every rank's block and traceback, so let them go.
+        # Keeping them made the window about 25 KB per TP8 event, 256 events per followed file.
+        for m in group.members.values():
+            m.reports = []
         key = self._key(group)
         if key in self._emitted_keys:
             self.suppressed += 1  # re-read after a restart: counted before it
             return
         self._emitted_keys.append(key)
-        members = sorted((m for m in group.members.values() if m.reports), key=lambda m: m.reports[0].record.lineno)
-        if not members:
+        if not reports:
             return
-        reports = [r for m in members for r in m.reports]
         first = reports[0]
         base = next((r for r in reports if not r.inferred), first)
         kind, phase, subphase = self._resolve(base, reports)
