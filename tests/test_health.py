@@ -150,3 +150,14 @@ def test_serve_with_an_unusable_state_dir_fails_healthz(tmp_path, daemon_factory
     wait_for(lambda: d.healthy() is True, what="a save to succeed")
     assert os.path.isfile(state / "state.json")
     d.stop()
+
+
+def test_a_loop_not_yet_started_says_starting(tmp_path):
+    # serve binds /healthz before the loop primes the files; a probe then must not read "ready" or any other
+    # reason, or a writer racing the start could append before the starting positions are taken.
+    (tmp_path / "a.log").write_text("")
+    app, clock = _app(tmp_path, paths=(str(tmp_path / "a.log"),))
+    health = app.loop.health()
+    assert (health.ok, health.reason) == (False, "starting: saving where each log file will be read from")
+    _steps(app, clock)
+    assert (app.loop.health().ok, app.loop.health().reason) == (True, "following 1 log source(s)")

@@ -75,7 +75,9 @@ class Loop:
         self._last_error_log = -1e18
         self._reload_requested = threading.Event()
         self._watched: set[str] | None = None
-        self._starting = False  # run() until the starting positions are saved: not ready yet
+        # Not ready until run() has saved the starting positions. True from construction: serve binds the HTTP
+        # edge and starts services before run() primes the files, and /healthz must say `starting` meanwhile.
+        self._starting = True
         self._state_seen = (keeper.errors, keeper.saves)
         self._state_failing = False  # the last save attempt failed, and none has succeeded since
         self._trouble_logged = ""  # what health last logged: each change is logged once, not every pass
@@ -84,6 +86,7 @@ class Loop:
 
     def step(self) -> None:
         """Discover files, read what is new, emit what is due, save the state when due."""
+        self._starting = False  # run() steps only after _start(); a test may step a loop it never ran
         now = self._clock()
         with self.sources.lock:
             fresh: set[str] = set()
