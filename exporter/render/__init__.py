@@ -76,14 +76,11 @@ def render_all(catalog: Catalog, options: RenderOptions | None = None) -> Files:
 def write_files(files: Mapping[str, str], out_dir: str | Path) -> list[str]:
     """Write the files under out_dir (creating folders); return the paths whose content changed."""
     root = Path(out_dir)
-    changed = []
-    for rel, text in sorted(files.items()):
+    changed = stale_files(files, root)
+    for rel in changed:
         path = root / rel
-        if path.is_file() and path.read_text(encoding="utf-8") == text:
-            continue
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text, encoding="utf-8")
-        changed.append(rel)
+        path.write_text(files[rel], encoding="utf-8")
     return changed
 
 
