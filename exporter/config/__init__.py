@@ -1,0 +1,33 @@
+"""Configuration of `serve`: frozen dataclasses and load_config(). Raw dicts stop here.
+
+Precedence: command-line flags, then environment variables (prefix SGLANG_OOM_EXPORTER_), then the YAML
+file, then the defaults, which work without any file. Every problem is collected into one ConfigError
+listing each key path (and the file's line where there is one), so `--check-config` shows them all.
+
+  model.py     the dataclasses (a new setting is a field here ...)
+  keys.py      ... and its key, type and bounds here; the Builder that checks each value
+  values.py    the value parsers: durations, booleans, listen addresses, URLs, regexes
+  yamlfile.py  the file's shape; load.py layers file, environment and flags
+"""
+
+from __future__ import annotations
+
+from .keys import ENV_PREFIX, bounded_duration, unknown_env
+from .load import ConfigError, load_config
+from .model import DEFAULT_LISTEN, DEFAULT_PORT, Config, DiscoverTargetsConfig, KubernetesConfig
+from .values import parse_duration, parse_listen
+
+__all__ = [
+    "DEFAULT_LISTEN",
+    "DEFAULT_PORT",
+    "ENV_PREFIX",
+    "Config",
+    "ConfigError",
+    "DiscoverTargetsConfig",
+    "KubernetesConfig",
+    "bounded_duration",
+    "load_config",
+    "parse_duration",
+    "parse_listen",
+    "unknown_env",
+]

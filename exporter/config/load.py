@@ -1,0 +1,82 @@
+"""Configuration, the layers: load_config() builds the Config from the YAML file, then the environment
+(prefix SGLANG_OOM_EXPORTER_), then the command-line flags, each overriding the one before; the defaults
+(model.py) work without any of them. Every problem is collected into one ConfigError.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import replace
+from typing import Any
+
+from ..errors import ProblemsError
+from .keys import ENV_PREFIX, SCALAR_KEYS, Builder
+from .model import Config, KubernetesConfig
+from .values import URL
+from .yamlfile import read_file
+
+
+class ConfigError(ProblemsError):
+    """Every problem found in the configuration, one per line."""
+
+
+def load_config(
+    path: str | None = None,
+    *,
+    env: Mapping[str, str] | None = None,
+    flags: Mapping[str, Any] | None = None,
+) -> Config:
+    """Build the Config from file, environment and flags; ConfigError lists every problem."""
+    env = os.environ if env is None else env
+    flags = flags or {}
+    builder = Builder()
+    path = flags.get("config") or env.get(ENV_PREFIX + "CONFIG") or path
+    if path:
+        read_file(builder, path)
+    _from_env(builder, env)
+    _from_flags(builder, flags)
+    if builder.problems:
+        raise ConfigError(builder.problems)
+    return Config(**builder.values)
+
+
+def _with_logs_root(builder: Builder, root: str) -> None:
+    base = builder.values.get("kubernetes")
+    builder.values["kubernetes"] = replace(base, logs_root=root) if base else KubernetesConfig(root)
+
+
+def _from_env(builder: Builder, env: Mapping[str, str]) -> None:
+    for key in SCALAR_KEYS:
+        name = ENV_PREFIX + key.upper()
+        if env.get(name):
+            builder.set(name, key, env[name])
+    if env.get(ENV_PREFIX + "PATHS"):
+        builder.values["paths"] = tuple(p for p in env[ENV_PREFIX + "PATHS"].split(",") if p)
+    if env.get(ENV_PREFIX + "SGLANG_URL"):
+        builder.values["sglang_urls"] = tuple(u.rstrip("/") for u in env[ENV_PREFIX + "SGLANG_URL"].split(",") if u)
+    if env.get(ENV_PREFIX + "KUBERNETES_LOGS"):
+        _with_logs_root(builder, env[ENV_PREFIX + "KUBERNETES_LOGS"])
+
+
+def _from_flags(builder: Builder, flags: Mapping[str, Any]) -> None:
+    for key, value in flags.items():
+        if value is None or key == "config":
+            continue
+        if key == "paths":
+            if value:
+                builder.values["paths"] = tuple(value)
+        elif key == "kubernetes_logs":
+            _with_logs_root(builder, value)
+        elif key == "sglang_url":
+            bad = [u for u in value if not URL.match(u)]
+            builder.problems.extend(f"--sglang-url: {u!r} is not an http(s) URL" for u in bad)
+            if value and not bad:
+                builder.values["sglang_urls"] = tuple(u.rstrip("/") for u in value)
+        elif key == "prefix_regex":
+            for i, rx in enumerate(value):
+                builder.check_regex(f"--prefix-regex[{i}]", rx)
+            if value:
+                builder.values["prefix_regex"] = tuple(value)
+        else:
+            builder.set(f"--{key.replace('_', '-')}", key, value)
