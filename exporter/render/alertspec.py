@@ -1,0 +1,89 @@
+"""Render, one alert: the AlertSpec value every alert module returns, the pack's fixed names and groups, and
+how a kind id becomes an alert name. alerts.py turns a list of these into the rules file; runbooks.py into pages.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from ..catalog import OomKind
+from . import DASHBOARD_URL_VARIABLES, OVERVIEW_DASHBOARD_UID, RenderOptions, runbook_page_url
+
+OOM_GROUP = "sglang-oom"
+EXPORTER_GROUP = "sglang-oom-exporter"
+
+# Alert names that are a contract (README, ROADMAP, user routes and silences); the per-kind ones are derived.
+RETRACTIONS_HIGH = "SGLangKVCacheRetractionsHigh"
+CRASH_LOOP = "SGLangOOMCrashLoop"
+NEAR_FULL = "SGLangKVCacheNearFull"
+EXPORTER_DOWN = "SGLangOOMExporterDown"
+NO_LOGS = "SGLangOOMExporterNoLogs"
+TARGET_DOWN = "SGLangOOMTargetDown"
+STATE_ERRORS = "SGLangOOMExporterStateErrors"
+
+# Words of a kind id that are acronyms keep their case in alert names (CUDA, not Cuda).
+ACRONYMS = {"cuda": "CUDA", "kv": "KV", "oom": "OOM", "pd": "PD", "gpu": "GPU", "swa": "SWA"}
+NAME_RE = re.compile(r"^SGLang[A-Z][A-Za-z0-9]+$")
+
+
+@dataclass(frozen=True, slots=True)
+class AlertSpec:
+    """One alerting rule, plus what the runbooks and tests need to know about it."""
+
+    name: str
+    group: str
+    role: str  # fatal, non_fatal, retraction, or the alert_pack key (crash_loop, kv_near_full, exporter_down, ...)
+    severity: str
+    expr: str
+    for_: str
+    summary: str
+    description: str
+    window: str | None = None  # the range its expression looks back over, if it has one
+    keep_firing_for: str | None = None
+    kind: OomKind | None = None
+    threshold: float | None = None
+
+    def rule(self, options: RenderOptions) -> dict[str, Any]:
+        """The rule as it goes into the rules file."""
+        rule: dict[str, Any] = {"alert": self.name, "expr": self.expr, "for": self.for_}
+        if self.keep_firing_for:
+            rule["keep_firing_for"] = self.keep_firing_for
+        rule["labels"] = {"severity": self.severity}
+        annotations = {
+            "summary": self.summary,
+            "description": self.description,
+            "runbook_url": runbook_page_url(options, self.name),
+        }
+        if options.grafana_url:
+            annotations["dashboard_url"] = dashboard_url(options)
+        rule["annotations"] = annotations
+        return rule
+
+
+def alert_name(kind_id: str, suffix: str = "OOM") -> str:
+    """`SGLang` + the kind id in CamelCase (acronyms kept) + suffix, without doubling a trailing OOM."""
+    words = [ACRONYMS.get(w, w.capitalize()) for w in kind_id.split("_")]
+    if suffix == "OOM" and words[-1] == "OOM":
+        suffix = ""
+    return "SGLang" + "".join(words) + suffix
+
+
+def dashboard_url(options: RenderOptions) -> str:
+    """The overview dashboard, with a var-<label> for each dashboard variable the alert has a value for."""
+    params = "".join(
+        f"{{{{ if $labels.{v} }}}}&var-{v}={{{{ $labels.{v} | urlquery }}}}{{{{ end }}}}"
+        for v in DASHBOARD_URL_VARIABLES
+    )
+    return f"{options.grafana_url}/d/{OVERVIEW_DASHBOARD_UID}?from=now-3h&to=now{params}"
+
+
+def pack_alert(pack: Mapping[str, Any], key: str, name: str, expr: str, summary: str, description: str,
+               **extra: Any) -> AlertSpec:  # fmt: skip
+    """A pack alert: its severity and `for` from the catalog's alert_pack.<key>, its role the key itself."""
+    spec = pack[key]
+    group = OOM_GROUP if key in ("crash_loop", "kv_near_full") else EXPORTER_GROUP
+    return AlertSpec(name=name, group=group, role=key, severity=str(spec["severity"]), expr=expr,
+                     for_=str(spec["for"]), summary=summary, description=description, **extra)  # fmt: skip

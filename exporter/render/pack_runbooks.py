@@ -1,0 +1,141 @@
+"""Render, the runbook pages of the pack alerts (crash loop, KV near full and the exporter guards), which are
+not one per kind: their Meaning, Impact and Mitigation are written here, about the exporter and the pack itself.
+"""
+
+from __future__ import annotations
+
+from ..catalog import Catalog
+from . import RenderOptions
+from .alertspec import AlertSpec
+from .runbook_parts import PORT, dashboard_note, find_exporter, labels_note, page, series_note
+
+# What each pack alert (not one per kind) means, in the runbook's four parts. Kind alerts take theirs from
+# the catalog; these describe the exporter and the pack itself.
+_PACK_TEXT: dict[str, dict[str, str]] = {
+    "crash_loop": {
+        "meaning": "The same SGLang server had several fatal out-of-memory errors within the window: it restarts, "
+        "runs out of memory again under the same load, and restarts again.",
+        "impact": "Every crash fails all in-flight requests and drops the prefix cache; while it loops, the server "
+        "is mostly unavailable and its restarts add load to the other replicas.",
+        "mitigation": "Apply the fix of the kind that keeps failing (its own alert and runbook name the flag and a "
+        "value computed from the event). Until the new flags are rolled out, consider taking the server out of "
+        "rotation or scaling out, so one crash-looping replica does not carry traffic.",
+    },
+    "kv_near_full": {
+        "meaning": "SGLang reports that its KV cache (the GPU memory holding every running request's tokens) has "
+        "stayed almost completely used. The exporter mirrors SGLang's own `token_usage` from its /metrics.",
+        "impact": "Nothing failed yet. New requests queue, running ones get retracted and recomputed, and the next "
+        "large prefill or decode step may fail with a fatal OOM.",
+        "mitigation": "Admit less work per server or give the KV cache more room: lower `--max-running-requests` "
+        "or `--chunked-prefill-size`, raise `--mem-fraction-static` if the startup log shows spare GPU memory "
+        "(5-8 GB of available_gpu_mem is the tuning guide's mark), or add replicas.",
+    },
+    "exporter_down": {
+        "meaning": "Prometheus cannot scrape the SGLang OOM exporter, or has no scrape target for it at all. "
+        "Without it, no OOM alert can fire.",
+        "impact": "No user impact by itself, but OOMs on the servers it watches go unnoticed until it is back "
+        "(with --state-dir, OOMs logged meanwhile are counted when it returns).",
+        "mitigation": "Restart or fix the exporter (a crash, an OOM-killed pod, a bad config: run "
+        "`sglang-oom-exporter serve --config FILE --check-config`). If the target is missing, check the "
+        "scrape job name (`job` must be `{job}`), the ServiceMonitor or PodMonitor labels that Prometheus "
+        "selects (kube-prometheus-stack wants `release: <its release>`), and the Service's port.",
+    },
+    "exporter_no_logs": {
+        "meaning": "The exporter runs, but it follows no log file, or read no line from its files for a whole "
+        "window. OOMs cannot be counted from logs it does not read.",
+        "impact": "No user impact by itself; OOMs on the unread servers never alert.",
+        "mitigation": "Fix the paths: the glob or file names in its config, `--kubernetes-logs` pointing at the "
+        "node's pod-log directory (usually /var/log/pods, mounted read-only), the namespace/pod/container filters "
+        "(container names must look like an SGLang server), and file permissions. An SGLang server that was idle "
+        "for the whole window logs nothing; that is normal, and the alert resolves with the next request.",
+    },
+    "target_down": {
+        "meaning": "The exporter cannot scrape the SGLang endpoint (`--sglang-url`) it reads KV usage and server "
+        "arguments from.",
+        "impact": "OOMs are still counted from the logs, but their alerts carry only the generic fix instead of "
+        "concrete flag values, and the KV near-full warning is blind for this server.",
+        "mitigation": "Start SGLang with `--enable-metrics`, check the URL and port in `--sglang-url` or the "
+        "config's `targets:`, and network policy between the exporter and SGLang. A server that is restarting "
+        "after an OOM is unreachable for a while; that is expected and resolves on its own.",
+    },
+    "state_errors": {
+        "meaning": "The exporter could not write its state file, or found it unreadable or corrupt at start. The "
+        "state file is how a restarted exporter neither loses nor recounts an OOM.",
+        "impact": "No user impact now. After a corrupt state it started like a first run (old OOMs not counted "
+        "again, but OOMs logged while it was down may be missed); if saves keep failing, its next restart will.",
+        "mitigation": "Give `--state-dir` space and write permission (the chart mounts a small hostPath), then "
+        "check the exporter's log for the reason. A moved-aside `state.json.corrupt-<time>` can be deleted once "
+        "read.",
+    },
+}
+
+# Which series and pages each pack alert's diagnosis points at.
+_PACK_SERIES = {
+    "crash_loop": ["sglang_oom_fatal_events_total", "sglang_oom_last_event_timestamp_seconds"],
+    "kv_near_full": [
+        "sglang_oom_target_token_usage",
+        "sglang_oom_target_kv_available_tokens",
+        "sglang_oom_target_running_requests",
+        "sglang_oom_target_queued_requests",
+    ],
+    "exporter_down": ["up", "sglang_oom_exporter_build_info"],
+    "exporter_no_logs": [
+        "sglang_oom_exporter_files_watched",
+        "sglang_oom_exporter_lines_read_total",
+        "sglang_oom_exporter_read_errors_total",
+        "sglang_oom_exporter_last_read_timestamp_seconds",
+    ],
+    "target_down": ["sglang_oom_target_up", "sglang_oom_target_scrape_errors_total"],
+    "state_errors": ["sglang_oom_exporter_state_errors_total", "sglang_oom_exporter_state_saves_total"],
+}
+
+
+def pack_page(spec: AlertSpec, catalog: Catalog, options: RenderOptions) -> str:
+    """The page of one pack alert."""
+    job = str(catalog.alert_pack["job"])
+    text = _PACK_TEXT[spec.role]
+    if spec.role == "crash_loop":
+        commands = (
+            "```sh\n"
+            + find_exporter(job)
+            + f"curl -s 'http://127.0.0.1:{PORT}/events?limit=50' | jq '.events[] | select(.fatal) | "
+            "{time, kind, labels, suggestions}'\n"
+            "kubectl get pod -n NAMESPACE POD   # RESTARTS\n"
+            "kubectl logs -n NAMESPACE POD -c CONTAINER --previous | sglang-oom-exporter scan -\n```\n"
+        )
+    elif spec.role == "kv_near_full":
+        commands = (
+            "```sh\n# The exporter's mirror of SGLang's KV state (sidecar mode: the exporter runs in the SGLang pod):\n"
+            f"kubectl port-forward -n NAMESPACE pod/POD {PORT} &\n"
+            f"curl -s http://127.0.0.1:{PORT}/metrics | grep -E '^sglang_oom_target_(token_usage|kv_|running|queued)'\n"
+            "# SGLang's own view (start it with --enable-metrics), from a pod that reaches it:\n"
+            "curl -s http://SGLANG_HOST:30000/metrics | grep -E 'token_usage|num_running_reqs|num_queue_reqs'\n"
+            "kubectl logs -n NAMESPACE POD -c CONTAINER --since=15m | grep -E 'token usage|Retract'\n```\n"
+        )
+    elif spec.role in ("exporter_down", "exporter_no_logs", "state_errors", "target_down"):
+        commands = (
+            "```sh\n"
+            f"kubectl get pods -A -l app.kubernetes.io/name={job} -o wide\n"
+            "kubectl logs -n EXPORTER_NAMESPACE EXPORTER_POD --tail=100\n"
+            f"kubectl port-forward -n EXPORTER_NAMESPACE pod/EXPORTER_POD {PORT} &\n"
+            f"curl -s http://127.0.0.1:{PORT}/healthz; echo\n"
+            f"curl -s http://127.0.0.1:{PORT}/metrics | grep -E '^sglang_oom_(exporter|target)_'\n"
+            "# Plain hosts: the same curls against EXPORTER_HOST, and the service's journal or log.\n```\n"
+        )
+    else:  # pragma: no cover - every pack role is listed above
+        raise ValueError(spec.role)
+    diagnosis = (
+        _pack_labels(spec) + commands + "\n" + series_note(_PACK_SERIES[spec.role]) + "\n" + dashboard_note(options)
+    )
+    return page(spec, text["meaning"], text["impact"], diagnosis, text["mitigation"].replace("{job}", job))
+
+
+def _pack_labels(spec: AlertSpec) -> str:
+    if spec.role == "crash_loop":
+        return labels_note()
+    if spec.role == "kv_near_full":
+        return (
+            "The alert's `target` label is the SGLang URL the exporter scrapes, `instance` the exporter's address, "
+            "and `namespace`/`pod` (sidecar mode) the pod both run in.\n\n"
+        )
+    return "The alert's `instance` label is the exporter's address (host:port of its /metrics).\n\n"
