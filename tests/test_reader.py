@@ -6,8 +6,10 @@ import io
 
 import pytest
 
+from sglang_oom_exporter.detect.decode import wrapper_stream
+from sglang_oom_exporter.detect.finder import BytesFinder, make_finder, minimal_literals
 from sglang_oom_exporter.detect.model import Gap, RawLine
-from sglang_oom_exporter.detect.reader import BytesFinder, LineReader, make_finder, minimal_literals, wrapper_stream
+from sglang_oom_exporter.detect.reader import LineReader
 from sglang_oom_exporter.scan import scan_stream
 from tests.helpers import CATALOG, MATCHER, scan_bytes
 

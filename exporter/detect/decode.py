@@ -27,6 +27,8 @@ _CRI = regex.compile(
 _CI_TIME = regex.compile(r"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d+Z) ")
 _COMPOSE = regex.compile(r"^([\w.-]+) +\| ?")
 _ANSI = regex.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+_COMPOSE_TAG = regex.compile(rb"^([\w.-]+) +\|")
+_ANSI_B = regex.compile(rb"\x1b\[[0-9;]*[A-Za-z]")
 
 
 class Decoder:
@@ -110,3 +112,24 @@ def _strip_compose(text: str) -> tuple[str, str]:
 
 def _tail(text: str) -> str:
     return text[:-1] if text.endswith("\r") else text
+
+
+def wrapper_stream(line: bytes) -> bytes | None:
+    """The wrapper stream of a raw line: its compose service, CRI stream or docker json stream; None if bare."""
+    first = line[:1]
+    if first.isdigit():
+        sp = line.find(b" ", 0, 48)
+        if sp > 0 and line[sp + 1 : sp + 8] in (b"stdout ", b"stderr "):
+            return line[sp + 1 : sp + 7]
+    elif first == b"{":
+        i = line.rfind(b'"stream":"')
+        if i >= 0:
+            return line[i + 10 : line.find(b'"', i + 10)]
+        return None
+    head = line[:96]
+    if b"|" not in head:
+        return None
+    if b"\x1b" in head:  # compose colours its service prefix
+        head = _ANSI_B.sub(b"", head)
+    m = _COMPOSE_TAG.match(head)
+    return m.group(1) if m is not None else None

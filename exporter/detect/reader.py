@@ -1,7 +1,7 @@
 """Bytes -> RawLine | Gap: line splitting with a literal prefilter. First box after a source.
 
 An OOM needs a handful of rare literals to be anywhere near it ("ut of memory", "Traceback", ...). The
-reader searches each chunk for them with bytes.find (memchr speed) and only splits the lines around a hit
+reader searches each chunk for them in one pass (finder.py) and only splits the lines around a hit
 into RawLines: `before` lines ahead of it (a CRI record split into partial records ahead of its anchor),
 the hit line, and a few lines behind it. Lines that continue a record (a frame, a detail line) keep the
 window open without being searched for, so a traceback of any depth passes through whole. A line of
@@ -13,13 +13,18 @@ in 1-byte pieces, or with the prefilter off gives the same events (property-test
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Iterator, Sequence
-from typing import Any, Protocol, cast
 
 import regex
 
 from ..detect.model import Gap, RawLine
+from .decode import wrapper_stream
+
+# make_finder is looked up here at call time (tests swap it for one finder); the finders are re-exported.
+from .finder import BytesFinder as BytesFinder
+from .finder import Finder as Finder
+from .finder import HyperscanFinder as HyperscanFinder
+from .finder import make_finder, minimal_literals
 
 DEFAULT_AFTER = 32  # after a traceback opens: its header lines; each frame line then extends the window
 DEFAULT_AFTER_SHORT = 4  # after an anchor or detail line: the next detail line, or the closing blank line
@@ -28,113 +33,8 @@ MAX_SPAN_LINES = 100_000  # an unclosed span (a cut file) stops holding the wind
 MAX_LINE = 256 * 1024
 MAX_FOREIGN_LINES = 256  # other-stream lines held inside an open window before they count against it again
 
-_COMPOSE_TAG = regex.compile(rb"^([\w.-]+) +\|")
-_ANSI_B = regex.compile(rb"\x1b\[[0-9;]*[A-Za-z]")
 _NUL_AFTER_TEXT = regex.compile(rb"(?<=[^\x00\n])\x00")  # the first NUL of a run that follows text
 _NOT_NUL = regex.compile(rb"[^\x00]")
-
-
-class Finder(Protocol):
-    """Finds where any of a fixed set of literals occurs in part of a buffer."""
-
-    name: str
-
-    def offsets(self, buf: bytes, lo: int, hi: int) -> list[int]:
-        """Sorted offsets inside buf[lo:hi] of every occurrence (any offset inside the match will do)."""
-        ...
-
-
-class BytesFinder:
-    """One bytes.find pass per literal: portable, about 0.15 s per literal per 300 MB here."""
-
-    name = "bytes.find"
-
-    def __init__(self, literals: Sequence[bytes]) -> None:
-        self._literals = tuple(literals)
-
-    def offsets(self, buf: bytes, lo: int, hi: int) -> list[int]:
-        """Every occurrence of every literal, sorted."""
-        found: list[int] = []
-        for lit in self._literals:
-            i = buf.find(lit, lo, hi)
-            while i >= 0:
-                found.append(i)
-                i = buf.find(lit, i + 1, hi)
-        found.sort()
-        return found
-
-
-class HyperscanFinder:
-    """All literals in one vectorised pass (Intel Hyperscan): GB/s whatever their number."""
-
-    name = "hyperscan"
-
-    def __init__(self, literals: Sequence[bytes]) -> None:
-        import hyperscan  # optional: installed where a wheel exists (x86_64 Linux)
-
-        self._db = hyperscan.Database(mode=hyperscan.HS_MODE_BLOCK)
-        self._db.compile(
-            expressions=[b"".join(b"\\x%02x" % b for b in lit) for lit in literals],
-            ids=list(range(len(literals))),
-            elements=len(literals),
-            flags=[0] * len(literals),
-        )
-
-    def offsets(self, buf: bytes, lo: int, hi: int) -> list[int]:
-        """Every match's last byte, sorted."""
-        found: list[int] = []
-        base = lo - 1
-
-        def on_match(_id: int, _start: int, end: int, _flags: int, _ctx: Any) -> None:
-            found.append(base + end)
-
-        # A memoryview slice: hyperscan reads the buffer in place, so a 4 MiB chunk is never copied.
-        data = buf if lo == 0 and hi == len(buf) else cast(bytes, memoryview(buf)[lo:hi])
-        self._db.scan(data, match_event_handler=on_match)
-        found.sort()
-        return found
-
-
-def minimal_literals(literals: Sequence[str]) -> tuple[bytes, ...]:
-    """Drop literals that contain another one: a line holding the longer holds the shorter."""
-    return _minimal_literals(tuple(literals))
-
-
-@functools.lru_cache(maxsize=64)
-def _minimal_literals(literals: tuple[str, ...]) -> tuple[bytes, ...]:
-    # Cached: every pipeline of a run asks for the same sets (a scan of 1,000 files built them 3,000 times).
-    unique = sorted({lit.encode() for lit in literals if lit}, key=len)
-    kept: list[bytes] = []
-    for lit in unique:
-        if not any(k in lit for k in kept):
-            kept.append(lit)
-    return tuple(kept)
-
-
-def make_finder(literals: Sequence[bytes], *, prefer: str = "auto") -> Finder:
-    """Hyperscan where it is installed, bytes.find everywhere else: the same lines either way.
-
-    Finders are shared by every reader with the same literals (a daemon with 1,000 files compiles one
-    database, not 1,000). Sharing is safe because every reader runs on the one pipeline thread.
-    """
-    key = (tuple(literals), prefer)
-    finder = _FINDERS.get(key)
-    if finder is None:
-        finder = _FINDERS[key] = _build_finder(literals, prefer)
-    return finder
-
-
-_FINDERS: dict[tuple[tuple[bytes, ...], str], Finder] = {}
-
-
-def _build_finder(literals: Sequence[bytes], prefer: str) -> Finder:
-    if prefer in ("auto", "hyperscan"):
-        try:
-            return HyperscanFinder(literals)
-        except ImportError:
-            if prefer == "hyperscan":
-                raise
-    return BytesFinder(literals)
 
 
 class LineReader:
@@ -399,24 +299,3 @@ class LineReader:
         if gap:
             yield Gap(gap)
         self._held = kept_old + new_held
-
-
-def wrapper_stream(line: bytes) -> bytes | None:
-    """The wrapper stream of a raw line: its compose service, CRI stream or docker json stream; None if bare."""
-    first = line[:1]
-    if first.isdigit():
-        sp = line.find(b" ", 0, 48)
-        if sp > 0 and line[sp + 1 : sp + 8] in (b"stdout ", b"stderr "):
-            return line[sp + 1 : sp + 7]
-    elif first == b"{":
-        i = line.rfind(b'"stream":"')
-        if i >= 0:
-            return line[i + 10 : line.find(b'"', i + 10)]
-        return None
-    head = line[:96]
-    if b"|" not in head:
-        return None
-    if b"\x1b" in head:  # compose colours its service prefix
-        head = _ANSI_B.sub(b"", head)
-    m = _COMPOSE_TAG.match(head)
-    return m.group(1) if m is not None else None
