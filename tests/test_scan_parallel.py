@@ -20,7 +20,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from sglang_oom_exporter import scanpar
+from sglang_oom_exporter import scanjoin
 from sglang_oom_exporter.scan import InputError, scan_paths
 from tests.helpers import CATALOG
 
@@ -71,7 +71,7 @@ def test_every_golden_log_cut_everywhere_gives_the_serial_json(finder):
 def test_generated_scheduler_log_cut_every_few_kilobytes(tmp_path, finder, monkeypatch):
     finder = _finder(finder)
     chained = []
-    add = scanpar.Joiner.add
+    add = scanjoin.Joiner.add
 
     def counting(self, segment):
         if segment.index == 0:
@@ -79,7 +79,7 @@ def test_generated_scheduler_log_cut_every_few_kilobytes(tmp_path, finder, monke
         chained[-1] += segment.start is not None
         add(self, segment)
 
-    monkeypatch.setattr(scanpar.Joiner, "add", counting)
+    monkeypatch.setattr(scanjoin.Joiner, "add", counting)
     path = _generated(tmp_path, 20_000, 300, 7)
     truth = json.loads(open(path + ".truth.json").read())
     serial = _json([path], finder=finder)
@@ -102,7 +102,7 @@ def test_a_split_that_ignores_quiet_points_gets_it_wrong(tmp_path, monkeypatch):
     path = _generated(tmp_path, 3000, 40, 3)
     serial = _json([path])
     assert _json([path], jobs=2, range_size=2000) == serial
-    monkeypatch.setattr(scanpar, "quiet", lambda pipe: True)
+    monkeypatch.setattr(scanjoin, "quiet", lambda pipe: True)
     assert _json([path], jobs=2, range_size=2000, start_method="fork") != serial
 
 

@@ -1,0 +1,213 @@
+"""Cutting one big file into byte ranges and joining the ranges' reports exactly. Used by scanpar.py.
+
+How a cut stays exact. A cut is exact at a *quiet point*: a line boundary where the pipeline holds nothing
+in flight (the reader's window is shut, no CRI span or partial line is open, its look-back holds the last
+four lines, no record is being assembled, no CRI partial record waits) — a pipeline started fresh a few
+lines earlier reaches that point in the same state, so everything after it comes out the same. The file is
+cut at line boundaries C1 < C2 < ...; `find_join` feeds a fresh pipeline line by line from a cut Ck and
+returns the first quiet point Jk it reaches (within range k and JOIN_SEARCH_LINES). It depends only on the
+bytes from Ck, so the worker of range k (which starts its output there) and the worker of range k-1 (which
+must stop there) compute the same Jk independently. The worker of range k-1 then reads on to Jk and checks
+that *its* pipeline, which has seen everything since its own start, is quiet at Jk too. If it is not (an
+unclosed CRI span or a traceback running across the cut), or range k has no quiet point, it reads through
+range k as well and tries the next cut: the parent then skips the worker of range k. Reads inside a worker
+follow the serial scan's CHUNK grid, so lines split across reads (and the over-long-line count) are the
+same. Line numbers in a worker count from its cut; the parent shifts them to file line numbers.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, fields, replace
+
+from .detect.dedupe import Deduper
+from .detect.match import Matcher
+from .detect.model import OomEvent, Report
+from .detect.pipeline import Pipeline, PipelineStats
+from .detect.reader import MAX_LINE
+
+JOIN_SEARCH_LINES = 20_000  # how far past a cut a quiet point is looked for before the cut is given up
+
+
+@dataclass(slots=True)
+class Segment:
+    """What one worker found in its part of a cut file: reports from `start` up to `end`."""
+
+    index: int
+    start: int | None  # the quiet point it started at; None: its range had none (a neighbour reads it)
+    end: int = 0
+    lines_at_start: int = 0  # lines before `start`, counted from the worker's cut
+    lines_at_end: int = 0
+    reports: list[Report] = field(default_factory=list)  # line numbers count from the worker's cut
+    stats: PipelineStats = field(default_factory=PipelineStats)
+
+
+class Collector(Deduper):
+    """Keeps a worker's reports in pipeline order instead of joining them: the parent dedupes the file."""
+
+    def __init__(self) -> None:
+        super().__init__("", "", drop, resolve=_no_resolve)
+        self.reports: list[Report] = []
+
+    def add(self, report: Report, now: float = 0.0) -> None:
+        """Keep the report; joining happens in the parent."""
+        self.reports.append(report)
+
+
+def drop(_event: OomEvent) -> None:
+    """A sink that keeps nothing: a collecting pipeline never emits events."""
+    return None
+
+
+def _no_resolve(_base: Report, _reports: Sequence[Report]) -> tuple[str, str | None, str | None]:
+    raise AssertionError("a collecting worker never emits events")
+
+
+# A fresh pipeline whose first byte is at the given offset and first line is line 1, collecting its reports.
+NewPipeline = Callable[[int], tuple[Pipeline, Collector]]
+
+
+def quiet(pipe: Pipeline) -> bool:
+    """Nothing in flight: a fresh pipeline fed the last lines before here would be in this very state."""
+    reader, decoder, assembler = pipe._reader, pipe._decoder, pipe._assembler
+    return (
+        reader._window == 0
+        and not reader._open_spans
+        and reader._span_lines == 0
+        and not reader._partial
+        and not reader._truncating
+        and len(reader._held) == reader._before
+        and not decoder._partials
+        and not assembler._open
+    )
+
+
+def find_join(path: str, start: int, stop: int, new: NewPipeline) -> tuple[int, Pipeline, Collector] | None:
+    """The first quiet point of a fresh pipeline fed line by line from the cut `start`, before `stop`."""
+    pipe, collector = new(start)
+    with open(path, "rb") as fh:
+        fh.seek(start)
+        pos = start
+        for _ in range(JOIN_SEARCH_LINES):
+            if pos >= stop:
+                return None
+            line = fh.readline(MAX_LINE + 1)
+            # A line that may be over-long is counted differently by different read patterns: no cut near it.
+            if not line.endswith(b"\n"):
+                return None
+            pipe.feed(line)
+            pos += len(line)
+            if quiet(pipe):
+                return pos, pipe, collector
+    return None
+
+
+def feed_range(pipe: Pipeline, fd: int, pos: int, end: int, chunk: int) -> None:
+    """Feed bytes [pos, end) in reads that end on the serial scan's chunk grid (or at `end`)."""
+    while pos < end:
+        n = min(end, (pos // chunk + 1) * chunk) - pos
+        data = os.pread(fd, n, pos)
+        if len(data) != n:
+            raise OSError(f"short read at {pos}: the file changed while it was scanned")
+        pipe.feed(data)
+        pos += n
+
+
+def scan_range(path: str, index: int, cuts: tuple[int, ...], new: NewPipeline, chunk: int) -> Segment:
+    """Scan range `index` of a cut file from its quiet point to the next quiet point its pipeline shares."""
+    size = cuts[-1]
+    if index == 0:
+        start = 0
+        pipe, collector = new(0)
+    else:
+        found = find_join(path, cuts[index], cuts[index + 1], new)
+        if found is None:
+            return Segment(index, None)
+        start, pipe, collector = found
+    seg = Segment(index, start, lines_at_start=pipe.stats().lines_read)
+    first_stats, first_reports = pipe.stats(), len(collector.reports)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        pos, k = start, index + 1
+        while True:
+            if k >= len(cuts) - 1:
+                feed_range(pipe, fd, pos, size, chunk)
+                pos = size
+                break
+            join = find_join(path, cuts[k], cuts[k + 1], new)
+            if join is not None:
+                feed_range(pipe, fd, pos, join[0], chunk)
+                pos = join[0]
+                if quiet(pipe):
+                    break
+            k += 1  # no exact join at cut k: read through range k too
+    finally:
+        os.close(fd)
+    pipe.finish()
+    seg.end = pos
+    seg.reports = collector.reports[first_reports:]
+    seg.stats = _minus(pipe.stats(), first_stats)
+    seg.lines_at_end = seg.stats.lines_read + seg.lines_at_start
+    return seg
+
+
+def _minus(a: PipelineStats, b: PipelineStats) -> PipelineStats:
+    return PipelineStats(*(getattr(a, f.name) - getattr(b, f.name) for f in fields(PipelineStats)))
+
+
+def _plus(a: PipelineStats, b: PipelineStats) -> PipelineStats:
+    return PipelineStats(*(getattr(a, f.name) + getattr(b, f.name) for f in fields(PipelineStats)))
+
+
+def cut_points(path: str, size: int, ranges: int) -> tuple[int, ...]:
+    """0, then line starts near size*i/ranges, then size: the nominal range boundaries of a file."""
+    cuts = [0]
+    with open(path, "rb") as fh:
+        for i in range(1, ranges):
+            fh.seek(size * i // ranges - 1)
+            fh.readline()  # to the start of the next line (or stay, when the seek landed on a newline)
+            at = fh.tell()
+            if cuts[-1] < at < size:
+                cuts.append(at)
+    cuts.append(size)
+    return tuple(cuts)
+
+
+class Joiner:
+    """Chains a cut file's segments at their shared quiet points and dedupes its reports as one source.
+
+    Segments may come in any order; each is used as soon as the chain reaches it, so the parent dedupes
+    the first ranges while workers still read the last ones.
+    """
+
+    def __init__(self, name: str, size: int, matcher: Matcher) -> None:
+        self.events: list[OomEvent] = []
+        self.stats = PipelineStats()
+        self._name, self._size = name, size
+        self._deduper = Deduper(name, name, self.events.append, resolve=matcher.resolve)
+        self._waiting: dict[int, Segment] = {}
+        self._next = 0  # where the next segment of the chain must start
+        self._base = 0  # file line number of that segment's line 1, minus 1, minus its lines before start
+
+    def add(self, segment: Segment) -> None:
+        """Take one worker's segment (a segment without a start is a range its neighbour read)."""
+        if segment.start is not None:
+            self._waiting[segment.start] = segment
+        while self._next < self._size and self._next in self._waiting:
+            seg = self._waiting.pop(self._next)
+            base = self._base - seg.lines_at_start
+            for r in seg.reports:
+                self._deduper.add(replace(r, record=replace(r.record, lineno=r.record.lineno + base)) if base else r)
+            self.stats = _plus(self.stats, seg.stats)
+            self._next = seg.end
+            self._base = base + seg.lines_at_end
+
+    def finish(self) -> tuple[list[OomEvent], PipelineStats]:
+        """The file's events in line order, and its stats, once every segment was added."""
+        if self._next < self._size:
+            raise RuntimeError(f"{self._name}: no segment starts at the join {self._next}")
+        self._deduper.flush(None)
+        self.events.sort(key=lambda e: int(e.location.rsplit(":", 1)[1]))
+        self.stats.events = len(self.events)
+        return self.events, self.stats
