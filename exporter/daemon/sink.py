@@ -13,13 +13,15 @@ import logging
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..advise.suggest import with_suggestions
 from ..catalog.loader import Catalog
 from ..detect.model import OomEvent
-from ..metrics import EventCounts
-from .store import EventStore
+
+if TYPE_CHECKING:  # `scan` imports this module and needs neither: prometheus_client costs 60-80 ms of start-up
+    from ..metrics import EventCounts
+    from .store import EventStore
 
 log = logging.getLogger(__name__)
 
