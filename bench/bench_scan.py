@@ -19,23 +19,30 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import re
 import resource
-import signal
-import statistics
 import subprocess
 import sys
-import tempfile
-import threading
-import time
-from dataclasses import dataclass, field
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-BENCH_DIR = Path(__file__).resolve().parent
+# run_measured and warm_cache live in benchlib; bench_catchup.py still reaches them through this module.
+from benchlib import (
+    BENCH_DIR,
+    Run,
+    Timed,
+    mtail_oneshot_argv,
+    print_table,
+    ratio_line,
+    time_rounds,
+    warm_cache,
+)
+from benchlib import (
+    run_measured as run_measured,
+)
+
 OUT_DIR = BENCH_DIR / "out"
-MTAIL_PROG = BENCH_DIR / "oom.mtail"
 GENERATOR = BENCH_DIR / "gen_scheduler_log.py"
 SEED = 20260314
 
@@ -49,69 +56,6 @@ with open(sys.argv[1], encoding="utf-8", errors="surrogateescape") as f:
             n += 1
 print(n)
 """
-
-
-@dataclass
-class Result:
-    name: str
-    argv: list[str]
-    times: list[float] = field(default_factory=list)
-    rss_kib: list[int] = field(default_factory=list)
-    note: str = ""
-
-    @property
-    def best(self) -> float:
-        return min(self.times)
-
-
-@dataclass
-class Run:
-    seconds: float
-    maxrss_kib: int
-    returncode: int
-    stdout: str
-    stderr: str
-
-
-def run_measured(argv: list[str], timeout: float, gnu_time: str | None = None) -> Run:
-    """Run argv as one process; wall time from spawn to reap, peak RSS from the child's rusage (os.wait4).
-
-    Caveat: a child spawned from this Python process inherits its RSS high-water mark (Linux carries the
-    pre-exec mm's peak into the process's maxrss across exec, and subprocess uses vfork), so ru_maxrss from
-    os.wait4 is never below this process's own RSS. With gnu_time (/usr/bin/time), argv runs under
-    `time -f %M`, whose tiny process forks the command, and the returned maxrss is time's report instead.
-    """
-    rss_file = None
-    if gnu_time:
-        rss_fd, rss_file = tempfile.mkstemp(prefix="bench-rss-")
-        os.close(rss_fd)
-        argv = [gnu_time, "-f", "%M", "-o", rss_file, *argv]
-    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
-        t0 = time.perf_counter()
-        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=err)
-        timer = threading.Timer(timeout, lambda: os.kill(proc.pid, signal.SIGKILL))
-        timer.start()
-        try:
-            _, status, usage = os.wait4(proc.pid, 0)
-        finally:
-            timer.cancel()
-        seconds = time.perf_counter() - t0
-        proc.returncode = os.waitstatus_to_exitcode(status)  # tell Popen the child is reaped
-        out.seek(0)
-        err.seek(0)
-        maxrss = int(usage.ru_maxrss)  # KiB on Linux
-        if rss_file:
-            text = Path(rss_file).read_text(encoding="utf-8").strip()
-            os.unlink(rss_file)
-            # time(1) prints "Command exited with non-zero status N" before %M when the command fails.
-            maxrss = int(text.splitlines()[-1]) if text else -1
-        return Run(
-            seconds=seconds,
-            maxrss_kib=maxrss,
-            returncode=proc.returncode,
-            stdout=out.read().decode("utf-8", "replace"),
-            stderr=err.read().decode("utf-8", "replace"),
-        )
 
 
 def ensure_log(lines: int, oom_every: int) -> tuple[Path, dict[str, Any], bool]:
@@ -145,12 +89,6 @@ def ensure_log(lines: int, oom_every: int) -> tuple[Path, dict[str, Any], bool]:
         check=True,
     )
     return log, json.loads(truth_path.read_text(encoding="utf-8")), True
-
-
-def warm_cache(path: Path) -> None:
-    with open(path, "rb") as fh:
-        while fh.read(1 << 20):
-            pass
 
 
 def scan_available() -> tuple[bool, str]:
@@ -195,30 +133,34 @@ def check_ours(stdout: str, truth: dict[str, Any]) -> tuple[bool, str]:
     return True, msg
 
 
-def check_run(b: Result, r: Run, truth: dict[str, Any]) -> bool:
-    """Check one run's exit status and counts; set b.note. False means the run does not count."""
-    if not (r.returncode == 0 or (b.name == "grep -c" and r.returncode == 1)):
-        print(f"{b.name}: exit {r.returncode}\n{r.stderr[-3000:]}", file=sys.stderr)
-        b.note = f"FAILED exit {r.returncode}"
-        return False
-    if b.name == "ours":
-        good, msg = check_ours(r.stdout, truth)
-        b.note = msg
-        if not good:
-            print(f"ours: {msg}", file=sys.stderr)
-        return good
-    if b.name == "mtail":
+def mtail_lines(r: Run) -> tuple[bool, str]:
+    """mtail's per-kind line counts as a note (mtail counts matching lines, not events)."""
+    return True, " ".join(f"{k}={v}" for k, v in sorted(parse_mtail(r.stdout).items())) + " (lines)"
+
+
+def mtail_check(truth: dict[str, Any]) -> Callable[[Run], tuple[bool, str]]:
+    """mtail counts lines: the block head and the RuntimeError line of each fatal event; warn if not 2x."""
+
+    def check(r: Run) -> tuple[bool, str]:
         c = parse_mtail(r.stdout)
-        b.note = " ".join(f"{k}={v}" for k, v in sorted(c.items())) + " (lines)"
         want = {"prefill": 2 * truth["prefill"], "decode": 2 * truth["decode"], "retract": truth["retract"]}
         if any(c.get(k, 0) != v for k, v in want.items()):
             print(f"warning: mtail counts {c} != expected line counts {want}", file=sys.stderr)
-        return True
-    n = int(r.stdout.strip() or 0)
-    b.note = f"{n} lines"
-    if n != truth["lines_with_out_of_memory"]:
-        print(f"warning: {b.name} counted {n}, expected {truth['lines_with_out_of_memory']}", file=sys.stderr)
-    return True
+        return mtail_lines(r)
+
+    return check
+
+
+def line_count_check(truth: dict[str, Any]) -> Callable[[Run], tuple[bool, str]]:
+    """A baseline that prints how many lines hold `out of memory`; warn if that is not the truth."""
+
+    def check(r: Run) -> tuple[bool, str]:
+        n = int(r.stdout.strip() or 0)
+        if n != truth["lines_with_out_of_memory"]:
+            print(f"warning: counted {n}, expected {truth['lines_with_out_of_memory']}", file=sys.stderr)
+        return True, f"{n} lines"
+
+    return check
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -251,38 +193,19 @@ def main(argv: list[str] | None = None) -> int:
     )
 
     ok_scan, why = scan_available()
-    benches: list[Result] = []
+    benches: list[Timed] = []
     if ok_scan:
-        benches.append(
-            Result("ours", [sys.executable, "-m", "sglang_oom_exporter", "scan", "--format", "json", str(log)])
-        )
+        scan = [sys.executable, "-m", "sglang_oom_exporter", "scan", "--format", "json", str(log)]
+        benches.append(Timed("ours", scan, lambda r: check_ours(r.stdout, truth)))
     else:
         print(f"SKIP (a) ours: `python -m sglang_oom_exporter scan` is not available ({why})", file=sys.stderr)
     if Path(args.mtail).exists():
-        benches.append(
-            Result(
-                "mtail",
-                [
-                    args.mtail,
-                    "--one_shot",
-                    "--one_shot_format",
-                    "prometheus",
-                    "--logtostderr",
-                    "--address",
-                    "127.0.0.1",
-                    "--port",
-                    "0",  # one_shot still opens an HTTP listener: ephemeral port
-                    "--progs",
-                    str(MTAIL_PROG),
-                    "--logs",
-                    str(log),
-                ],
-            )
-        )
+        benches.append(Timed("mtail", mtail_oneshot_argv(args.mtail, str(log)), mtail_check(truth)))
     else:
         print(f"SKIP (b) mtail: {args.mtail} not found", file=sys.stderr)
-    benches.append(Result("python-loop", [sys.executable, "-c", PY_LOOP, str(log)]))
-    benches.append(Result("grep -c", ["grep", "-c", "out of memory", str(log)]))
+    benches.append(Timed("python-loop", [sys.executable, "-c", PY_LOOP, str(log)], line_count_check(truth)))
+    grep = ["grep", "-c", "out of memory", str(log)]
+    benches.append(Timed("grep -c", grep, line_count_check(truth), ok_status=(0, 1)))  # 1: no line matched
 
     warm_cache(log)
     gnu_time = args.gnu_time if args.gnu_time and Path(args.gnu_time).exists() else None
@@ -292,41 +215,17 @@ def main(argv: list[str] | None = None) -> int:
             f"note: no GNU time; peak RSS comes from os.wait4 and cannot read below this process's own {own:.1f} MiB",
             file=sys.stderr,
         )
-    failed = False
-    # Round 0 is an untimed warm-up that also takes each command's peak RSS (under /usr/bin/time if present);
-    # rounds 1..K are timed, each command spawned directly and reaped with os.wait4.
-    for i in range(args.runs + 1):
-        for b in benches:
-            if b.name == "ours" and failed:
-                continue
-            r = run_measured(b.argv, args.timeout, gnu_time if i == 0 else None)
-            if not check_run(b, r, truth):
-                if b.name == "ours":
-                    failed = True
-                continue
-            if i == 0:
-                b.rss_kib.append(r.maxrss_kib)
-                label = "warm-up"
-            else:
-                b.times.append(r.seconds)
-                if gnu_time is None:
-                    b.rss_kib.append(r.maxrss_kib)
-                label = f"run {i}/{args.runs}"
-            rss = f"{r.maxrss_kib / 1024:8.1f} MiB" if (i == 0 or gnu_time is None) else ""
-            print(f"  {label:9s} {b.name:12s} {r.seconds:8.3f}s  {rss}", file=sys.stderr)
-
+    time_rounds(benches, args.runs, args.timeout, gnu_time=gnu_time)
+    failed = any(b.failed for b in benches if b.name == "ours")
     ours_note = next((b.note for b in benches if b.name == "ours"), "")
-    done = [b for b in benches if b.times and not (b.name == "ours" and failed)]
+    done = [b for b in benches if b.times and not b.failed]
     print()
     print(
         f"file: {log.name}  {truth['lines']} lines  {mb:.1f} MB  "
         f"prefill={truth['prefill']} decode={truth['decode']} retract={truth['retract']}  "
         f"best of {args.runs}"
     )
-    print(f"{'command':12s} {'best s':>8s} {'median s':>9s} {'MB/s':>8s} {'peak RSS MiB':>13s}  counts")
-    for b in done:
-        peak = max(b.rss_kib) / 1024 if b.rss_kib else float("nan")
-        print(f"{b.name:12s} {b.best:8.3f} {statistics.median(b.times):9.3f} {mb / b.best:8.1f} {peak:13.1f}  {b.note}")
+    print_table(done, mb)
     print(
         "peak RSS: "
         + (
@@ -343,10 +242,7 @@ def main(argv: list[str] | None = None) -> int:
         for name in ("mtail", "python-loop", "grep -c"):
             if name in by:
                 ratios[name] = by[name].best / ours.best
-                label = f"{name} / ours"
-                met = "MET" if ratios[name] >= args.target else "NOT MET"
-                tgt = f"   (target >= {args.target:g}: {met})" if name == "mtail" else ""
-                print(f"{label:20s} {ratios[name]:8.2f}x{tgt}")
+                print(ratio_line(f"{name} / ours", ratios[name], args.target if name == "mtail" else None))
     elif failed:
         print("\nours: FAILED (see above), no ratios")
     else:

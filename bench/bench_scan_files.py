@@ -20,35 +20,9 @@ import shutil
 import sys
 from pathlib import Path
 
-from bench_scan import OUT_DIR, check_ours, parse_mtail, run_measured, warm_cache
+from bench_scan import OUT_DIR, check_ours, mtail_lines
+from benchlib import Timed, mtail_oneshot_argv, parallel_headroom, print_table, ratio_line, time_rounds, warm_cache
 from gen_scheduler_log import generate
-
-BENCH_DIR = Path(__file__).resolve().parent
-MTAIL_PROG = BENCH_DIR / "oom.mtail"
-
-
-def _burn(n: int) -> int:
-    s = 0
-    for i in range(n):
-        s += i
-    return s
-
-
-def parallel_headroom(n: int = 10_000_000) -> float:
-    """How much faster two processes finish two equal CPU loops than one process: about 2 with two free
-    cores, 1 or less when other work holds them (then a parallel scan cannot gain either)."""
-    import multiprocessing
-    import time
-
-    t0 = time.perf_counter()
-    _burn(n)
-    _burn(n)
-    serial = time.perf_counter() - t0
-    with multiprocessing.get_context("fork").Pool(2) as pool:
-        t0 = time.perf_counter()
-        pool.map(_burn, [n, n])
-        both = time.perf_counter() - t0
-    return serial / both
 
 
 def make_files(n: int, lines: int) -> tuple[Path, dict[str, int], bool]:
@@ -89,43 +63,25 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{len(paths)} files, {size / 1e6:.1f} MB, truth prefill={truth['prefill']} decode={truth['decode']}, "
           f"{cpus} CPUs", file=sys.stderr)  # fmt: skip
     scan = [sys.executable, "-m", "sglang_oom_exporter", "scan", "--format", "json"]
-    commands = {
-        f"ours (--jobs {cpus})": [*scan, *paths],
-        "ours --jobs 1": [*scan, "--jobs", "1", *paths],
-    }
+    want = {**truth, "retract": "-"}
+    ours = f"ours (--jobs {cpus})"
+    commands = [
+        Timed(ours, [*scan, *paths], lambda r: check_ours(r.stdout, want)),
+        Timed("ours --jobs 1", [*scan, "--jobs", "1", *paths], lambda r: check_ours(r.stdout, want)),
+    ]
     if Path(args.mtail).exists():
-        commands["mtail"] = [args.mtail, "--one_shot", "--one_shot_format", "prometheus", "--logtostderr",
-                             "--address", "127.0.0.1", "--port", "0", "--progs", str(MTAIL_PROG),
-                             "--logs", str(folder / "*.log")]  # fmt: skip
-    best: dict[str, float] = {}
-    failed = False
-    for i in range(args.runs + 1):
-        for name, argv_ in commands.items():
-            r = run_measured(argv_, args.timeout)
-            if r.returncode != 0:
-                print(f"{name}: exit {r.returncode}\n{r.stderr[-2000:]}", file=sys.stderr)
-                failed = True
-                continue
-            note = ""
-            if name.startswith("ours"):
-                good, note = check_ours(r.stdout, {**truth, "retract": "-"})
-                failed |= not good
-            else:
-                note = " ".join(f"{k}={v}" for k, v in sorted(parse_mtail(r.stdout).items())) + " (lines)"
-            if i:
-                best[name] = min(best.get(name, float("inf")), r.seconds)
-            print(f"  {'warm-up' if i == 0 else f'run {i}'}: {name:18s} {r.seconds:7.3f}s  {note}", file=sys.stderr)
+        commands.append(Timed("mtail", mtail_oneshot_argv(args.mtail, str(folder / "*.log")), mtail_lines))
+    failed = not time_rounds(commands, args.runs, args.timeout)
     print(f"\n{len(paths)} files, {size / 1e6:.1f} MB, best of {args.runs}, {cpus} CPUs, "
           f"two-process headroom {parallel_headroom():.2f}x (2 = two free cores)")  # fmt: skip
-    for name, t in best.items():
-        print(f"{name:18s} {t:7.3f} s")
+    print_table(commands, size / 1e6)
+    best = {c.name: c.best for c in commands if c.times}
     ratio = None
-    ours = f"ours (--jobs {cpus})"
     if "mtail" in best and ours in best:
         ratio = best["mtail"] / best[ours]
-        met = "MET" if ratio >= args.target else "NOT MET"
-        print(f"mtail / ours       {ratio:7.2f}x   (target >= {args.target:g}: {met})")
-        print(f"mtail / ours -j1   {best['mtail'] / best['ours --jobs 1']:7.2f}x")
+        print(ratio_line("mtail / ours", ratio, args.target))
+        if "ours --jobs 1" in best:
+            print(ratio_line("mtail / ours --jobs 1", best["mtail"] / best["ours --jobs 1"]))
     if generated and not args.keep:
         shutil.rmtree(folder)
     if failed:

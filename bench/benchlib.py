@@ -1,4 +1,6 @@
-"""Shared helpers for the daemon benchmarks (bench_latency.py, bench_idle.py, bench_catchup.py).
+"""Shared helpers for the benchmarks: daemons (bench_latency.py, bench_idle.py, bench_catchup.py, ...) and
+whole-process timing (bench_scan.py, bench_scan_big.py, bench_scan_files.py: warm-up, round-robin timed runs,
+best-of table and ratios).
 
 Processes: every child is started in its own session (its own process group) and registered, and
 `Children.stop_all()` (called from each script's `finally`, and at exit) sends SIGTERM to each group it
@@ -17,11 +19,14 @@ import os
 import re
 import signal
 import socket
+import statistics
 import subprocess
 import sys
+import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, TypeVar
 
@@ -298,3 +303,173 @@ def percentile(values: Sequence[float], p: float) -> float:
 
 def fmt_s(x: float | None) -> str:
     return "n/a" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.3f}"
+
+
+# --- whole-process timing (bench_scan.py, bench_scan_big.py, bench_scan_files.py) ------------------------
+
+
+@dataclass
+class Run:
+    """One whole-process run: wall seconds from spawn to reap, peak RSS, exit status and output."""
+
+    seconds: float
+    maxrss_kib: int
+    returncode: int
+    stdout: str
+    stderr: str
+    cpu_seconds: float = 0.0  # user + system of the process and the children it reaped (a scan's workers)
+
+
+def run_measured(argv: list[str], timeout: float, gnu_time: str | None = None) -> Run:
+    """Run argv as one process; wall time from spawn to reap, peak RSS from the child's rusage (os.wait4).
+
+    Caveat: a child spawned from this Python process inherits its RSS high-water mark (Linux carries the
+    pre-exec mm's peak into the process's maxrss across exec, and subprocess uses vfork), so ru_maxrss from
+    os.wait4 is never below this process's own RSS. With gnu_time (/usr/bin/time), argv runs under
+    `time -f %M`, whose tiny process forks the command, and the returned maxrss is time's report instead.
+    """
+    rss_file = None
+    if gnu_time:
+        rss_fd, rss_file = tempfile.mkstemp(prefix="bench-rss-")
+        os.close(rss_fd)
+        argv = [gnu_time, "-f", "%M", "-o", rss_file, *argv]
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+        t0 = time.perf_counter()
+        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=err)
+        timer = threading.Timer(timeout, lambda: os.kill(proc.pid, signal.SIGKILL))
+        timer.start()
+        try:
+            _, status, usage = os.wait4(proc.pid, 0)
+        finally:
+            timer.cancel()
+        seconds = time.perf_counter() - t0
+        proc.returncode = os.waitstatus_to_exitcode(status)  # tell Popen the child is reaped
+        out.seek(0)
+        err.seek(0)
+        maxrss = int(usage.ru_maxrss)  # KiB on Linux
+        if rss_file:
+            text = Path(rss_file).read_text(encoding="utf-8").strip()
+            os.unlink(rss_file)
+            # time(1) prints "Command exited with non-zero status N" before %M when the command fails.
+            maxrss = int(text.splitlines()[-1]) if text else -1
+        return Run(
+            seconds=seconds,
+            maxrss_kib=maxrss,
+            returncode=proc.returncode,
+            stdout=out.read().decode("utf-8", "replace"),
+            stderr=err.read().decode("utf-8", "replace"),
+            cpu_seconds=usage.ru_utime + usage.ru_stime,
+        )
+
+
+def warm_cache(path: Path) -> None:
+    """Read the file once, so every timed command finds it in the page cache."""
+    with open(path, "rb") as fh:
+        while fh.read(1 << 20):
+            pass
+
+
+def mtail_oneshot_argv(mtail: str, logs: str) -> list[str]:
+    """mtail reading `logs` from the start to EOF and printing its counters (`--one_shot`).
+
+    --one_shot still opens its HTTP listener (3903 by default, exit 1 when taken): an ephemeral loopback port.
+    """
+    return [mtail, "--one_shot", "--one_shot_format", "prometheus", "--logtostderr", "--address", LOOPBACK,
+            "--port", "0", "--progs", str(MTAIL_PROG), "--logs", logs]  # fmt: skip
+
+
+@dataclass
+class Timed:
+    """A command timed round-robin with the others; check(run) says whether its output counts, and a note."""
+
+    name: str
+    argv: list[str]
+    check: Callable[[Run], tuple[bool, str]] = lambda run: (True, "")
+    timed_runs: int | None = None  # at most this many timed runs (mtail on gigabytes takes minutes)
+    ok_status: tuple[int, ...] = (0,)
+    times: list[float] = field(default_factory=list)
+    cpu: list[float] = field(default_factory=list)  # CPU seconds of each timed run
+    rss_kib: list[int] = field(default_factory=list)
+    note: str = ""
+    failed: bool = False
+
+    @property
+    def best(self) -> float:
+        """The best wall time of the timed runs."""
+        return min(self.times)
+
+
+def time_rounds(commands: Sequence[Timed], runs: int, timeout: float, *, gnu_time: str | None = None) -> bool:
+    """Round 0 is an untimed warm-up (each command's peak RSS, under GNU time when given); rounds 1..runs
+    time every command round-robin as a whole process. A command whose run fails or whose check fails is not
+    run again. Progress goes to stderr. Returns False when any command failed."""
+    width = max(len(c.name) for c in commands)
+    for i in range(runs + 1):
+        for c in commands:
+            if c.failed or (i and c.timed_runs is not None and i > c.timed_runs):
+                continue
+            r = run_measured(c.argv, timeout, gnu_time if i == 0 else None)
+            if r.returncode not in c.ok_status:
+                print(f"{c.name}: exit {r.returncode}\n{r.stderr[-3000:]}", file=sys.stderr)
+                c.failed, c.note = True, f"FAILED exit {r.returncode}"
+                continue
+            good, c.note = c.check(r)
+            if not good:
+                print(f"{c.name}: {c.note}", file=sys.stderr)
+                c.failed = True
+                continue
+            if i:
+                c.times.append(r.seconds)
+                c.cpu.append(r.cpu_seconds)
+            if i == 0 or gnu_time is None:
+                c.rss_kib.append(r.maxrss_kib)
+            label = "warm-up" if i == 0 else f"run {i}/{runs}"
+            rss = f"{r.maxrss_kib / 1024:8.1f} MiB" if (i == 0 or gnu_time is None) else ""
+            cpu = f"cpu {r.cpu_seconds:7.3f}s" if i else ""
+            print(f"  {label:9s} {c.name:{width}s} {r.seconds:8.3f}s {cpu} {rss}  {c.note}", file=sys.stderr)
+    return not any(c.failed for c in commands)
+
+
+def print_table(commands: Sequence[Timed], megabytes: float) -> None:
+    """Best and median wall time, MB/s (10^6 bytes per second, best run), the least CPU seconds (user + system,
+    workers included) of a run, peak RSS and note of each command."""
+    width = max(12, *(len(c.name) for c in commands))
+    print(f"{'command':{width}s} {'best s':>8s} {'median s':>9s} {'MB/s':>8s} {'CPU s':>8s} {'peak RSS MiB':>13s}  "
+          "counts")  # fmt: skip
+    for c in commands:
+        if not c.times:
+            continue
+        peak = max(c.rss_kib) / 1024 if c.rss_kib else math.nan
+        print(f"{c.name:{width}s} {c.best:8.3f} {statistics.median(c.times):9.3f} {megabytes / c.best:8.1f} "
+              f"{min(c.cpu):8.3f} {peak:13.1f}  {c.note}")  # fmt: skip
+
+
+def ratio_line(label: str, ratio: float, target: float | None = None, *, above: bool = False) -> str:
+    """`label  12.34x   (target >= 10: MET)`; above=True makes the target strict (> instead of >=)."""
+    if target is None:
+        return f"{label:24s} {ratio:8.2f}x"
+    met = ratio > target if above else ratio >= target
+    return f"{label:24s} {ratio:8.2f}x   (target {'>' if above else '>='} {target:g}: {'MET' if met else 'NOT MET'})"
+
+
+def _burn(n: int) -> int:
+    s = 0
+    for i in range(n):
+        s += i
+    return s
+
+
+def parallel_headroom(n: int = 10_000_000) -> float:
+    """How much faster two processes finish two equal CPU loops than one process: about 2 with two free
+    cores, 1 or less when other work holds them (then a parallel scan cannot gain either)."""
+    import multiprocessing
+
+    t0 = time.perf_counter()
+    _burn(n)
+    _burn(n)
+    serial = time.perf_counter() - t0
+    with multiprocessing.get_context("fork").Pool(2) as pool:
+        t0 = time.perf_counter()
+        pool.map(_burn, [n, n])
+        both = time.perf_counter() - t0
+    return serial / both
