@@ -14,7 +14,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from sglang_oom_exporter import __version__
 from sglang_oom_exporter.daemon.sink import Context, EventSink
 from sglang_oom_exporter.detect.model import OomEvent
-from sglang_oom_exporter.metrics import EventCounts, ExporterCollector, SourceStats
+from sglang_oom_exporter.metrics import EventCounts, ExporterCollector, SourceStats, fatal_kinds
 from tests.helpers import CATALOG
 
 HERE = os.path.dirname(__file__)
@@ -41,9 +41,10 @@ class FakeTarget:
 
 
 def _registry(counts: EventCounts, stats: list[SourceStats], targets: list | None = None) -> CollectorRegistry:
+    for i, s in enumerate(stats):
+        counts.sources.update(f"/logs/{i}.log", s)
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(ExporterCollector(counts, lambda: stats, lambda: {"state_saves_total": 3.0,
-                                                                        "pending_events": 0.0},
+    registry.register(ExporterCollector(counts, lambda: {"state_saves_total": 3.0, "pending_events": 0.0},
                                         lambda: targets or []))  # fmt: skip
     return registry
 
@@ -53,7 +54,7 @@ def _sample(registry: CollectorRegistry, name: str, **labels: str) -> float | No
 
 
 def test_every_kind_is_zero_before_the_first_event():
-    counts = EventCounts(CATALOG.ids, ("source",), CATALOG.retraction_kind)
+    counts = EventCounts(CATALOG.ids, ("source",), CATALOG.retraction_kind, fatal_kinds=fatal_kinds(CATALOG))
     counts.ensure(("sglang-0",))
     registry = _registry(counts, [])
     for kind in CATALOG.ids:
@@ -61,7 +62,7 @@ def test_every_kind_is_zero_before_the_first_event():
 
 
 def test_events_fatal_events_retractions_and_last_numbers():
-    counts = EventCounts(CATALOG.ids, ("source",), CATALOG.retraction_kind)
+    counts = EventCounts(CATALOG.ids, ("source",), CATALOG.retraction_kind, fatal_kinds=fatal_kinds(CATALOG))
     counts.record(("a",), _event("prefill", requested_tokens=16384, available_tokens=6100), 1000.0)
     counts.record(("a",), _event("decode", fatal=False), 1001.0)
     counts.record(("a",), _event("retract", fatal=False, retracted_requests=3), 1002.0)
@@ -78,10 +79,10 @@ def test_events_fatal_events_retractions_and_last_numbers():
 
 
 def test_restore_continues_from_saved_values_and_rejects_garbage():
-    counts = EventCounts(CATALOG.ids, ("source",), CATALOG.retraction_kind)
+    counts = EventCounts(CATALOG.ids, ("source",), CATALOG.retraction_kind, fatal_kinds=fatal_kinds(CATALOG))
     counts.record(("a",), _event("prefill"), 1.0)
     saved = counts.export_state()
-    again = EventCounts(CATALOG.ids, ("source",), CATALOG.retraction_kind)
+    again = EventCounts(CATALOG.ids, ("source",), CATALOG.retraction_kind, fatal_kinds=fatal_kinds(CATALOG))
     again.restore_state(saved)
     again.record(("a",), _event("prefill"), 2.0)
     assert again.total("prefill") == 2.0
@@ -89,11 +90,13 @@ def test_restore_continues_from_saved_values_and_rejects_garbage():
                 {"label_names": ["source"], "sources": [{"labels": ["a"], "events": {"prefill": -1}, "fatal": {},
                                                           "retracted": 0}]}):  # fmt: skip
         with pytest.raises(ValueError, match=r"labels|bad"):
-            EventCounts(CATALOG.ids, ("source",), CATALOG.retraction_kind).restore_state(bad)
+            EventCounts(
+                CATALOG.ids, ("source",), CATALOG.retraction_kind, fatal_kinds=fatal_kinds(CATALOG)
+            ).restore_state(bad)
 
 
 def test_target_values_and_suggested_flags():
-    counts = EventCounts(CATALOG.ids, ("source",), CATALOG.retraction_kind)
+    counts = EventCounts(CATALOG.ids, ("source",), CATALOG.retraction_kind, fatal_kinds=fatal_kinds(CATALOG))
     event = EventSink(CATALOG).enrich(_event("prefill", requested_tokens=16384, available_tokens=6100),
                                       Context(args={"chunked_prefill_size": 16384}))  # fmt: skip
     counts.record(("a",), event, 1.0)
@@ -113,7 +116,7 @@ def test_target_values_and_suggested_flags():
 
 
 def test_dropped_source_loses_its_series():
-    counts = EventCounts(CATALOG.ids, ("source",), CATALOG.retraction_kind)
+    counts = EventCounts(CATALOG.ids, ("source",), CATALOG.retraction_kind, fatal_kinds=fatal_kinds(CATALOG))
     counts.ensure(("gone",))
     counts.ensure(("kept",))
     counts.drop(("gone",))
@@ -123,7 +126,9 @@ def test_dropped_source_loses_its_series():
 
 
 def _exposition() -> str:
-    counts = EventCounts(CATALOG.ids, ("namespace", "pod", "container"), CATALOG.retraction_kind)
+    counts = EventCounts(
+        CATALOG.ids, ("namespace", "pod", "container"), CATALOG.retraction_kind, fatal_kinds=fatal_kinds(CATALOG)
+    )
     labels = ("llm", "sglang-0", "sglang")
     counts.ensure(labels)
     event = _event("decode", requested_tokens=96, available_tokens=40)

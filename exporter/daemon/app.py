@@ -22,7 +22,7 @@ from typing import BinaryIO
 
 from ..catalog.loader import Catalog
 from ..config import Config
-from ..metrics import EventCounts, ExporterCollector, label_names_for
+from ..metrics import EventCounts, ExporterCollector, fatal_kinds, label_names_for
 from ..sources.kubeapi import node_targets
 from ..sources.stdin import StdinPump
 from .loop import Loop, Service
@@ -55,7 +55,8 @@ class App:
         wall: Callable[[], float] = time.time,
     ) -> None:
         self.config, self.catalog = config, catalog
-        self.counts = EventCounts(catalog.ids, label_names_for(config.kubernetes is not None), catalog.retraction_kind)
+        self.counts = EventCounts(catalog.ids, label_names_for(config.kubernetes is not None), catalog.retraction_kind,
+                                  fatal_kinds=fatal_kinds(catalog))  # fmt: skip
         self.store = EventStore(config.recent_events)
         self.sink = EventSink(catalog, counts=self.counts, store=self.store, wall=wall)
         self.targets = TargetSet(config, wall=wall, discovery=node_targets(config, self._followed_pods))
@@ -84,7 +85,7 @@ class App:
 
     def collector(self) -> ExporterCollector:
         """The scrape-time collector over every part's numbers."""
-        return ExporterCollector(self.counts, self.sources.stats, self.extra_metrics, self.targets.views,
+        return ExporterCollector(self.counts, self.extra_metrics, self.targets.views,
                                  reloads=lambda: dict(self.reloads))  # fmt: skip
 
     def extra_metrics(self) -> dict[str, float]:
@@ -95,8 +96,8 @@ class App:
             "event_sink_errors_total": float(self.sink.errors),
             "source_errors_total": float(self.sources.errors),
             "loop_timestamp_seconds": self.loop.last_loop(),
-            "pending_events": float(self.sources.pending()),
-            "busy_sources": float(self.sources.busy()),
+            "pending_events": float(self.loop.pending),  # as of the loop's last pass: a scrape never waits for it
+            "busy_sources": float(self.loop.busy),
             "open_files": float(self.sources.handles.open_files),
             "file_handle_parks_total": float(self.sources.handles.parks),
             "open_file_limit_hits_total": float(self.sources.handles.limit_hits),
@@ -121,7 +122,7 @@ class App:
             config = replace(config, kubernetes=replace(new_k, discover_targets=old_k.discover_targets))
         with self.sources.lock:
             self.config, self.catalog = config, catalog
-            self.counts.set_kinds(catalog.ids, catalog.retraction_kind)
+            self.counts.set_kinds(catalog.ids, catalog.retraction_kind, fatal_kinds(catalog))
             self.sink.catalog = catalog
             self.sources.reconfigure(config, catalog)
             self.loop.configure(config)

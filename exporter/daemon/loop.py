@@ -20,9 +20,12 @@ from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 from ..config import Config
+from ..metrics import SourceStats
 from ..sources.stdin import StdinPump
+from .health import HealthWatch
 from .logsource import IDLE_CLOSE_SECONDS, LogSource
 from .sourceset import STDIN, SourceSet
+from .sourceset import _add_stats as add_stats  # one source's statistics, as SourceSet.stats() sums them
 from .state import StateKeeper
 from .store import Health
 
@@ -78,14 +81,17 @@ class Loop:
         # Not ready until run() has saved the starting positions. True from construction: serve binds the HTTP
         # edge and starts services before run() primes the files, and /healthz must say `starting` meanwhile.
         self._starting = True
-        self._state_seen = (keeper.errors, keeper.saves)
-        self._state_failing = False  # the last save attempt failed, and none has succeeded since
-        self._trouble_logged = ""  # what health last logged: each change is logged once, not every pass
+        self._health = HealthWatch(sources, keeper)
+        self._health.state_dir = config.state_dir
+        self._table = sources.counts.sources  # read statistics, published here as files are read
+        self._resync = True  # the set of files may have changed: publish new files, unpublish gone ones
+        self.pending = 0  # events waiting for their traceback or other ranks, at the end of the last pass
+        self.busy = 0  # sources joining lines or events at the end of the last pass
 
     # --- one pass ----------------------------------------------------------------------------
 
     def step(self) -> None:
-        """Discover files, read what is new, emit what is due, save the state when due."""
+        """Discover files, read what is new, emit what is due, publish the statistics, save the state when due."""
         self._starting = False  # run() steps only after _start(); a test may step a loop it never ran
         now = self._clock()
         with self.sources.lock:
@@ -96,39 +102,53 @@ class Loop:
                 fresh = set(self.sources.discover())
                 self._last_discover = now
                 self._discover_requested = False
+                self._resync = True
             sweep = now - self._last_sweep >= self.config.sweep_interval or self._changed is None
             if sweep:
                 self._last_sweep = now
             changed = self._changed or set()
             behind: set[str] = set()
+            pending = busy = 0
             for source in list(self.sources.by_path.values()):
                 # File events name their directory: between safety sweeps, only those files are looked at,
                 # and only sources with something pending are ticked. An idle node costs almost nothing.
                 look = sweep or source.path in fresh or source.path in self._behind or source.directory in changed
+                ticked = source.close_at is not None or source.pipeline.pending()
                 if self._guarded(source, now, look):
                     behind.add(source.path)
+                if look or ticked:
+                    self._publish(source)
+                waiting = source.pipeline.pending()
+                pending += waiting
+                busy += 1 if waiting or source.close_at is not None else 0
             self._changed = set()
             self._behind = behind
             self._drain_stdin(now)
+            self._sync_published()
+            self.pending, self.busy = pending, busy
         self.keeper.save_if_due()
         self._last_loop = self._wall()
-        self._note_health()
+        self._health.note()
 
-    def _note_health(self) -> None:
-        """Follow the state saves' outcome, and log each change of what health reports once."""
-        errors, saves = self.keeper.errors, self.keeper.saves
-        if saves > self._state_seen[1]:
-            self._state_failing = False
-        elif errors > self._state_seen[0]:
-            self._state_failing = True
-        self._state_seen = (errors, saves)
-        with self.sources.lock:
-            trouble = self._trouble()
-            if trouble == self._trouble_logged:
-                return
-            self._trouble_logged = trouble
-            level = logging.WARNING if self._state_failing else logging.INFO
-            log.log(level, "health: %s", trouble or f"following {len(self.sources.by_path)} log source(s)")
+    def _publish(self, source: LogSource) -> None:
+        """Hand one file's read statistics to the metrics page (only changed values are re-encoded there)."""
+        stats = SourceStats(source.labels)
+        add_stats(stats, source)
+        self._table.update(source.path, stats)
+
+    def _sync_published(self) -> None:
+        """After discovery or a reload: publish the files that are new, unpublish the ones no longer followed."""
+        stdin = self.sources.by_path.get(STDIN)
+        if stdin is not None:
+            self._publish(stdin)  # fed by the pump, not polled: its lines count every pass
+        if not self._resync:
+            return
+        self._resync = False
+        published, current = self._table.paths(), self.sources.by_path
+        for path in published - current.keys():
+            self._table.remove(path)
+        for path in current.keys() - published:
+            self._publish(current[path])
 
     def _guarded(self, source: LogSource, now: float, look: bool) -> bool:
         """Poll (or tick) one source; an unexpected error in it is counted and logged, never raised."""
@@ -164,7 +184,9 @@ class Loop:
         """A reloaded config: new intervals; discover and sweep on the next pass."""
         self.config = config
         self.keeper.interval = config.state_interval
+        self._health.state_dir = config.state_dir
         self._last_discover = self._last_sweep = -1e18
+        self._resync = True
 
     def next_timeout(self) -> float:
         """How long the loop may wait for a file event before it must look again."""
@@ -190,32 +212,7 @@ class Loop:
             return Health(False, f"the main loop has not run for {stalled:.0f}s")
         if self._starting:
             return Health(False, "starting: saving where each log file will be read from")
-        with self.sources.lock:
-            trouble = self._trouble()
-            following = f"following {len(self.sources.by_path)} log source(s)"
-            if not trouble:
-                return Health(True, following)
-            if trouble == _waiting(self.sources.waiting) and len(self.sources.waiting) < len(self.sources.by_path):
-                return Health(True, f"{following}; {trouble}")  # some files are read: not blind
-            return Health(False, trouble)
-
-    def _trouble(self) -> str:
-        """What keeps the daemon from reading every configured source and saving its state ("": nothing)."""
-        if self.sources.problem:
-            return self.sources.problem
-        if not self.sources.by_path:
-            return "no log source is configured or found yet"
-        if self._state_failing:
-            return (
-                f"the state cannot be saved in {self.config.state_dir} (sglang_oom_exporter_state_errors_total "
-                "counts it; see the log): a restart would re-read from the end of every file"
-            )
-        if self.sources.handles.waiting:
-            return (
-                f"{self.sources.handles.waiting} log file(s) wait for a file handle: the open-file limit leaves room "
-                f"for {self.sources.handles.limit} open at once (sglang_oom_exporter_open_file_limit_hits_total)"
-            )
-        return _waiting(self.sources.waiting)
+        return self._health.report()
 
     def last_loop(self) -> float:
         """Wall time when the last pass completed."""
@@ -298,14 +295,3 @@ class Loop:
                 source.pipeline.finish()  # the end of stdin: everything pending counts now
             return
         source.tick(now)
-
-
-def _waiting(paths: list[str]) -> str:
-    """The configured files that do not exist yet, in words ("" for none)."""
-    if not paths:
-        return ""
-    why = "(normal until SGLang starts and writes its log)"
-    if len(paths) == 1:
-        return f"waiting for {paths[0]} to appear {why}"
-    names = ", ".join(paths[:3]) + (", ..." if len(paths) > 3 else "")
-    return f"waiting for {len(paths)} files to appear {why}: {names}"

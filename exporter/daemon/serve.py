@@ -13,10 +13,9 @@ import threading
 from dataclasses import replace
 from typing import Any, BinaryIO
 
-from prometheus_client import CollectorRegistry
-
 from ..catalog.loader import Catalog, CatalogError, load_catalog
 from ..config import Config, ConfigError, load_config, parse_listen, unknown_env
+from ..metrics import PageRegistry
 from ..sources.handles import raise_open_file_limit
 from ..sources.kubeapi import DiscoveryCollector
 from ..sources.watch import Waker
@@ -80,7 +79,7 @@ def serve(args: argparse.Namespace) -> int:
     waker = Waker(force_polling=config.force_polling, polling_interval=config.poll_interval,
                   recursive=config.kubernetes is not None)  # fmt: skip
     app = App(config, catalog, stdin=stdin, stdout=stdout, wake=waker.wake)
-    registry = CollectorRegistry(auto_describe=False)
+    registry = PageRegistry()  # /metrics answers from the collector's cached page
     registry.register(app.collector())
     if app.targets.discovery is not None:
         registry.register(DiscoveryCollector(app.targets.discovery))

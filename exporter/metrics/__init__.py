@@ -1,10 +1,11 @@
-"""Every metric name and label of the exporter, and the collector that yields them at scrape time.
+"""Every metric name and label of the exporter, the cached page they are served from, and the collector.
 
-names.py (namespace, label names), events.py (the counters the exporter owns), collector.py (what a
-scrape yields).
+names.py (namespace, label names), exposition.py (the cached page: families encoded as they change, joined per
+scrape), events.py (the counters the exporter owns), sources.py (read statistics the loop publishes),
+collector.py (what a scrape yields besides the page: targets, build info, the loop's numbers).
 
-Sits at the end of the pipeline: OomEvents are recorded into EventCounts, sources report their
-read statistics, and ExporterCollector turns both into families when Prometheus scrapes. A sample:
+Sits at the end of the pipeline: OomEvents are recorded into EventCounts, the loop publishes each file's read
+statistics into SourceTable as it reads them, and /metrics joins the cached bytes. A sample:
 
     # HELP sglang_oom_events_total SGLang OOM events seen in the logs, one per server-level failure.
     # TYPE sglang_oom_events_total counter
@@ -12,19 +13,22 @@ read statistics, and ExporterCollector turns both into families when Prometheus 
     sglang_oom_events_total{kind="decode",source="sglang-0"} 0.0
     sglang_oom_exporter_files_watched 1.0
 
-Why a collector rather than prometheus_client Counters: the event counters continue from the state
-file after a restart (a Counter cannot start at a value), every kind is zero-initialised per source from
-the catalog, and a source's series disappear once its logs are gone past the retention; all three are
-plain dictionary operations here, and a scrape always sees one consistent snapshot.
+Why not prometheus_client Counters: the event counters continue from the state file after a restart (a Counter
+cannot start at a value), the paging kinds are zero-initialised per source from the catalog, and a source's series
+disappear once its logs are gone past the retention; and a scrape of 10,000 followed files must not walk 10,000
+sources or wait for the loop. Each family keeps its lines encoded, so a scrape only joins bytes.
 """
 
 from __future__ import annotations
 
-from .collector import SERVER_ARGS, TARGET_VALUES, ExporterCollector, SourceStats, TargetView, target_families
-from .events import EventCounts
+from .collector import SERVER_ARGS, TARGET_VALUES, ExporterCollector, TargetView, target_families
+from .events import EventCounts, fatal_kinds
+from .exposition import PageRegistry
 from .names import FILE_LABELS, KUBERNETES_LABELS, NAMESPACE, SELF, Labels, label_names_for
+from .sources import SourceStats, SourceTable
 
 __all__ = [
     "FILE_LABELS", "KUBERNETES_LABELS", "NAMESPACE", "SELF", "SERVER_ARGS", "TARGET_VALUES", "EventCounts",
-    "ExporterCollector", "Labels", "SourceStats", "TargetView", "label_names_for", "target_families",
+    "ExporterCollector", "Labels", "PageRegistry", "SourceStats", "SourceTable", "TargetView", "fatal_kinds",
+    "label_names_for", "target_families",
 ]  # fmt: skip

@@ -1,37 +1,18 @@
-"""The scrape-time collector: event families, per-source read statistics, targets and the exporter's health."""
+"""The scrape-time collector: the cached families (events, read statistics), targets and the exporter's health."""
 
 from __future__ import annotations
 
 import platform
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
-from prometheus_client.registry import Collector
 
 from .. import __version__
-from ..sources.fileid import RESET_REASONS
 from ..sources.http import REASONS as SCRAPE_REASONS
 from .events import EventCounts
-from .names import NAMESPACE, SELF, Labels
-
-
-@dataclass(slots=True)
-class SourceStats:
-    """Read statistics of one source (summed over the files that share its labels)."""
-
-    labels: Labels
-    files: int = 0
-    bytes_read: float = 0.0
-    lines_read: float = 0.0
-    records: float = 0.0
-    matched_records: float = 0.0
-    read_errors: float = 0.0
-    oversized_lines: float = 0.0
-    lag_bytes: float = 0.0
-    last_read: float | None = None
-    resets: dict[str, float] = field(default_factory=lambda: dict.fromkeys(RESET_REASONS, 0.0))
+from .exposition import Fixed, PageCollector, Part, encode
+from .names import NAMESPACE, SELF
 
 
 class TargetView(Protocol):
@@ -104,31 +85,43 @@ def target_families(targets: Iterable[TargetView]) -> Iterator[Metric]:
         yield from (up, duration, errors, info_errors, args, *values.values())
 
 
-class ExporterCollector(Collector):
-    """Yields the event families and the exporter's own health at scrape time."""
+class ExporterCollector(PageCollector):
+    """The exporter's families: the cached page (events, read statistics) plus what is read at scrape time.
+
+    parts() is the HTTP edge's path: cached bytes, no prometheus_client objects. collect() yields the same
+    families as Metric objects, for a CollectorRegistry (tests, get_sample_value).
+    """
 
     def __init__(
         self,
         counts: EventCounts,
-        sources: Callable[[], Iterable[SourceStats]],
         extra: Callable[[], Mapping[str, float]] = dict,
         targets: Callable[[], Iterable[TargetView]] = list,
         reloads: Callable[[], Mapping[str, float]] | None = None,
     ) -> None:
-        self._reloads = reloads
-        self._counts = counts
-        self._sources = sources
+        self._page = counts.page
         self._extra = extra
         self._targets = targets
+        self._reloads = reloads
 
     def describe(self) -> Iterable[Metric]:
         """Nothing up front: the registry then never calls collect() at registration."""
         return []
 
     def collect(self) -> Iterator[Metric]:
-        """One scrape."""
-        yield from self._counts.families()
-        yield from self._source_families(list(self._sources()))
+        """One scrape, as Metric objects."""
+        yield from self._page.metrics()
+        yield from self._live()
+
+    def parts(self, openmetrics: bool, names: frozenset[str] | None = None) -> list[Part]:
+        """One scrape, as page parts: the cached families, then the few read now (no EOF line)."""
+        parts = self._page.parts(openmetrics, names)
+        live = [m for m in self._live() if names is None or any(s.name in names for s in m.samples)]
+        parts.append(Part(encode(Fixed(live), openmetrics)))
+        return parts
+
+    def _live(self) -> Iterator[Metric]:
+        """Targets, build info, reloads and the loop's numbers: a few series, read at scrape time."""
         yield from target_families(self._targets())
         extra = self._extra()
         yield _info()
@@ -146,54 +139,6 @@ class ExporterCollector(Collector):
                 yield CounterMetricFamily(f"{SELF}_{name[:-6]}", _EXTRA_HELP.get(name, name), value=value)
             else:
                 yield _gauge(name, _EXTRA_HELP.get(name, name), value)
-
-    def _source_families(self, stats: list[SourceStats]) -> Iterator[Metric]:
-        names = list(self._counts.label_names)
-        files = GaugeMetricFamily(
-            f"{SELF}_files_watched", "Log files being followed.", value=sum(s.files for s in stats)
-        )
-        fams: dict[str, CounterMetricFamily | GaugeMetricFamily] = {
-            "bytes": CounterMetricFamily(f"{SELF}_read_bytes", "Bytes read from the logs.", labels=names),
-            "lines": CounterMetricFamily(f"{SELF}_lines_read", "Lines read from the logs.", labels=names),
-            "records": CounterMetricFamily(
-                f"{SELF}_records", "Log records (blocks, tracebacks, lines) near an anchor, assembled.", labels=names
-            ),
-            "matched": CounterMetricFamily(
-                f"{SELF}_matched_records", "Records the catalog classified as an OOM report (before dedupe).",
-                labels=names,
-            ),
-            "errors": CounterMetricFamily(
-                f"{SELF}_read_errors", "Errors opening or reading log files.", labels=names
-            ),
-            "oversized": CounterMetricFamily(
-                f"{SELF}_oversized_lines", "Lines longer than the line limit, cut.", labels=names
-            ),
-            "resets": CounterMetricFamily(
-                f"{SELF}_file_resets", "Rotations, truncations, re-creations and deletions seen.",
-                labels=[*names, "reason"],
-            ),
-            "lag": GaugeMetricFamily(
-                f"{SELF}_file_lag_bytes", "Bytes written to the logs but not read yet.", labels=names
-            ),
-            "last": GaugeMetricFamily(
-                f"{SELF}_last_read_timestamp_seconds", "When new bytes were last read.", labels=names
-            ),
-        }  # fmt: skip
-        for s in stats:
-            labels = list(s.labels)
-            fams["bytes"].add_metric(labels, s.bytes_read)
-            fams["lines"].add_metric(labels, s.lines_read)
-            fams["records"].add_metric(labels, s.records)
-            fams["matched"].add_metric(labels, s.matched_records)
-            fams["errors"].add_metric(labels, s.read_errors)
-            fams["oversized"].add_metric(labels, s.oversized_lines)
-            fams["lag"].add_metric(labels, s.lag_bytes)
-            for reason in RESET_REASONS:
-                fams["resets"].add_metric([*labels, reason], s.resets.get(reason, 0.0))
-            if s.last_read is not None:
-                fams["last"].add_metric(labels, s.last_read)
-        yield files
-        yield from fams.values()
 
 
 _EXTRA_HELP = {

@@ -1,16 +1,27 @@
-"""The counters the exporter owns (events per kind and source), restored from the state file, yielded as families."""
+"""The counters the exporter owns (events per kind and source), restored from the state file, kept as cached families.
+
+Zero series: every kind's `events_total` (each kind has an alert, and `rate()`/`increase()` miss a series born at
+its first event), and `fatal_events_total` only for the kinds that can be fatal (a kind the catalog calls non-fatal
+in every pattern never moves it); `retracted_requests_total` when the catalog has a retraction kind. Any other
+series appears with its first non-zero value.
+"""
 
 from __future__ import annotations
 
-import threading
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
-
+from ..catalog.loader import Catalog
 from ..detect.model import OomEvent
+from .exposition import Family, Page
 from .names import NAMESPACE, Labels
+from .sources import SourceTable
+
+
+def fatal_kinds(catalog: Catalog) -> tuple[str, ...]:
+    """Kinds whose events can be fatal: the kind's default, or any of its patterns, says so."""
+    return tuple(k.id for k in catalog.kinds if k.fatal != "false" or any(p.fatal for p in k.patterns))
 
 
 @dataclass(slots=True)
@@ -21,21 +32,75 @@ class _Last:
 
 
 class EventCounts:
-    """The counters the exporter owns, keyed by source label values; thread-safe."""
+    """The counters the exporter owns, keyed by source label values; thread-safe (the page's lock)."""
 
-    def __init__(self, kinds: Sequence[str], label_names: Sequence[str], retraction_kind: str | None = None) -> None:
+    def __init__(
+        self,
+        kinds: Sequence[str],
+        label_names: Sequence[str],
+        retraction_kind: str | None = None,
+        *,
+        fatal_kinds: Iterable[str] | None = None,
+        page: Page | None = None,
+    ) -> None:
         self.kinds = tuple(kinds)
+        self.fatal_kinds = frozenset(self.kinds if fatal_kinds is None else fatal_kinds)
         self.label_names = tuple(label_names)
         self.retraction_kind = retraction_kind  # the catalog's: its events' retracted_requests are summed
-        self._lock = threading.Lock()
+        self.page = page if page is not None else Page()
+        self._lock = self.page.lock
         self._events: dict[Labels, dict[str, float]] = {}
         self._fatal: dict[Labels, dict[str, float]] = {}
         self._retracted: dict[Labels, float] = {}
         self._last: dict[tuple[Labels, str], _Last] = {}
         self._flags: dict[tuple[Labels, str, str], tuple[float | None, float]] = {}
+        names = ["kind", *self.label_names]
+        fam = self.page.family
+        self._f_events = fam(
+            f"{NAMESPACE}_events", "counter", "SGLang OOM events seen in the logs, one per server-level failure.", names
+        )
+        self._f_fatal = fam(
+            f"{NAMESPACE}_fatal_events",
+            "counter",
+            "SGLang OOM events that crashed the server (or its scheduler).",
+            names,
+        )
+        self._f_retracted = fam(
+            f"{NAMESPACE}_retracted_requests",
+            "counter",
+            "Requests retracted by KV-cache-full retractions (counted once per event, not per rank).",
+            self.label_names,
+        )
+        self._f_last_ts = fam(
+            f"{NAMESPACE}_last_event_timestamp_seconds",
+            "gauge",
+            "When the exporter saw the last event of a kind.",
+            names,
+        )
+        self._f_last_req = fam(
+            f"{NAMESPACE}_last_event_requested_tokens", "gauge", "Tokens the last failed allocation asked for.", names
+        )
+        self._f_last_avail = fam(
+            f"{NAMESPACE}_last_event_available_tokens",
+            "gauge",
+            "Tokens available (free + evictable) in the pool that ran out, at the last event.",
+            names,
+        )
+        flag_names = [*names, "flag"]
+        self._f_suggested = fam(
+            f"{NAMESPACE}_suggested_flag_value",
+            "gauge",
+            "The value the last event of a kind suggests for an SGLang flag (flag without its leading dashes).",
+            flag_names,
+        )
+        self._f_current = fam(f"{NAMESPACE}_current_flag_value", "gauge",
+                              "The flag's value on the server when that event happened.", flag_names)  # fmt: skip
+        self.sources = SourceTable(self.page, self.label_names)  # the read statistics, after the event families
+
+    # --- writes ------------------------------------------------------------------------------
 
     def ensure(self, labels: Labels) -> None:
-        """Zero-initialise every kind for this source, so increase() sees its first event."""
+        """Zero-initialise this source's series (see the module docstring), so increase() sees its first event."""
         with self._lock:
             self._ensure(labels)
 
@@ -44,49 +109,82 @@ class EventCounts:
             self._events[labels] = dict.fromkeys(self.kinds, 0.0)
             self._fatal[labels] = dict.fromkeys(self.kinds, 0.0)
             self._retracted[labels] = 0.0
+            self._show_source(labels)
+
+    def _show_source(self, labels: Labels) -> None:
+        """(Re)write a source's counter series from the dictionaries: zero series only where they are kept."""
+        for kind, value in self._events[labels].items():
+            _show(self._f_events, (kind, *labels), value, zero=kind in self.kinds)
+        for kind, value in self._fatal[labels].items():
+            _show(self._f_fatal, (kind, *labels), value, zero=kind in self.kinds and kind in self.fatal_kinds)
+        _show(self._f_retracted, labels, self._retracted[labels], zero=self.retraction_kind is not None)
 
     def record(self, labels: Labels, event: OomEvent, wall_time: float) -> None:
         """Count one event."""
         n = event.numbers
         with self._lock:
             self._ensure(labels)
+            kind_key = (event.kind, *labels)
             self._events[labels][event.kind] = self._events[labels].get(event.kind, 0.0) + 1
+            self._f_events.set(kind_key, self._events[labels][event.kind])
             if event.fatal:
                 self._fatal[labels][event.kind] = self._fatal[labels].get(event.kind, 0.0) + 1
+                self._f_fatal.set(kind_key, self._fatal[labels][event.kind])
             if event.kind == self.retraction_kind:
                 self._retracted[labels] += float(n.get("retracted_requests", 0) or 0)
+                self._f_retracted.set(labels, self._retracted[labels])
             requested, available = n.get("requested_tokens"), n.get("available_tokens")
-            self._last[(labels, event.kind)] = _Last(
+            last = _Last(
                 wall_time,
                 float(requested) if isinstance(requested, int | float) else None,
                 float(available) if isinstance(available, int | float) else None,
             )
+            self._last[(labels, event.kind)] = last
+            self._f_last_ts.set(kind_key, last.timestamp)
+            _show(self._f_last_req, kind_key, last.requested)
+            _show(self._f_last_avail, kind_key, last.available)
             for s in event.suggestions:
                 if s.suggested is not None:
                     # The first suggestion per flag is the primary one (an unknown phase lists prefill first).
                     key = (labels, event.kind, s.flag.lstrip("-"))
                     if key not in self._flags or s is event.suggestions[0]:
                         self._flags[key] = (s.current, s.suggested)
+                        flag_key = (event.kind, *labels, key[2])
+                        self._f_suggested.set(flag_key, s.suggested)
+                        _show(self._f_current, flag_key, s.current)
 
-    def set_kinds(self, kinds: Sequence[str], retraction_kind: str | None) -> None:
+    def set_kinds(
+        self, kinds: Sequence[str], retraction_kind: str | None, fatal_kinds: Iterable[str] | None = None
+    ) -> None:
         """A reloaded catalog: new kinds start at zero for every source; counts of dropped kinds are kept."""
         with self._lock:
             self.kinds = tuple(kinds)
+            self.fatal_kinds = frozenset(self.kinds if fatal_kinds is None else fatal_kinds)
             self.retraction_kind = retraction_kind
-            for per in (*self._events.values(), *self._fatal.values()):
-                for kind in self.kinds:
-                    per.setdefault(kind, 0.0)
+            for labels in self._events:
+                for per in (self._events[labels], self._fatal[labels]):
+                    for kind in self.kinds:
+                        per.setdefault(kind, 0.0)
+                self._show_source(labels)
 
     def drop(self, labels: Labels) -> None:
-        """Forget a source whose logs are gone (after the retention)."""
+        """Forget a source whose logs are gone (after the retention), with every series it had."""
         with self._lock:
-            self._events.pop(labels, None)
-            self._fatal.pop(labels, None)
+            for kind in (*self._events.pop(labels, {}), *self._fatal.pop(labels, {})):
+                self._f_events.discard((kind, *labels))
+                self._f_fatal.discard((kind, *labels))
             self._retracted.pop(labels, None)
+            self._f_retracted.discard(labels)
             for key in [k for k in self._last if k[0] == labels]:
                 del self._last[key]
+                for fam in (self._f_last_ts, self._f_last_req, self._f_last_avail):
+                    fam.discard((key[1], *labels))
             for fkey in [k for k in self._flags if k[0] == labels]:
                 del self._flags[fkey]
+                for fam in (self._f_suggested, self._f_current):
+                    fam.discard((fkey[1], *labels, fkey[2]))
+
+    # --- reads -------------------------------------------------------------------------------
 
     def known(self) -> list[Labels]:
         """Label values of every source with series."""
@@ -104,7 +202,7 @@ class EventCounts:
             return {
                 "label_names": list(self.label_names),
                 "sources": [
-                    {"labels": list(labels), "events": self._events[labels], "fatal": self._fatal[labels],
+                    {"labels": list(labels), "events": dict(self._events[labels]), "fatal": dict(self._fatal[labels]),
                      "retracted": self._retracted[labels]}
                     for labels in self._events
                 ],
@@ -128,61 +226,16 @@ class EventCounts:
         with self._lock:
             for labels, events, fatal, retracted in restored:
                 self._ensure(labels)
-                for kind, value in events.items():
-                    self._events[labels][kind] = value
-                for kind, value in fatal.items():
-                    self._fatal[labels][kind] = value
+                self._events[labels].update(events)
+                self._fatal[labels].update(fatal)
                 self._retracted[labels] = retracted
+                self._show_source(labels)
 
-    def families(self) -> Iterator[Metric]:
-        """The event families, from one consistent snapshot."""
-        names = ["kind", *self.label_names]
-        events = CounterMetricFamily(
-            f"{NAMESPACE}_events", "SGLang OOM events seen in the logs, one per server-level failure.", labels=names
-        )
-        fatal = CounterMetricFamily(
-            f"{NAMESPACE}_fatal_events", "SGLang OOM events that crashed the server (or its scheduler).", labels=names
-        )
-        retracted = CounterMetricFamily(
-            f"{NAMESPACE}_retracted_requests",
-            "Requests retracted by KV-cache-full retractions (counted once per event, not per rank).",
-            labels=list(self.label_names),
-        )
-        last_ts = GaugeMetricFamily(
-            f"{NAMESPACE}_last_event_timestamp_seconds", "When the exporter saw the last event of a kind.", labels=names
-        )
-        last_req = GaugeMetricFamily(
-            f"{NAMESPACE}_last_event_requested_tokens", "Tokens the last failed allocation asked for.", labels=names
-        )
-        last_avail = GaugeMetricFamily(
-            f"{NAMESPACE}_last_event_available_tokens",
-            "Tokens available (free + evictable) in the pool that ran out, at the last event.",
-            labels=names,
-        )
-        flag_names = [*names, "flag"]
-        suggested = GaugeMetricFamily(
-            f"{NAMESPACE}_suggested_flag_value",
-            "The value the last event of a kind suggests for an SGLang flag (flag without its leading dashes).",
-            labels=flag_names,
-        )
-        current = GaugeMetricFamily(
-            f"{NAMESPACE}_current_flag_value", "The flag's value on the server when that event happened.",
-            labels=flag_names,
-        )  # fmt: skip
-        with self._lock:
-            for (labels, kind, flag), (cur, sug) in self._flags.items():
-                suggested.add_metric([kind, *labels, flag], sug)
-                if cur is not None:
-                    current.add_metric([kind, *labels, flag], cur)
-            for labels, per in self._events.items():
-                for kind in self.kinds:
-                    events.add_metric([kind, *labels], per.get(kind, 0.0))
-                    fatal.add_metric([kind, *labels], self._fatal[labels].get(kind, 0.0))
-                retracted.add_metric(list(labels), self._retracted[labels])
-            for (labels, kind), last in self._last.items():
-                last_ts.add_metric([kind, *labels], last.timestamp)
-                if last.requested is not None:
-                    last_req.add_metric([kind, *labels], last.requested)
-                if last.available is not None:
-                    last_avail.add_metric([kind, *labels], last.available)
-        yield from (events, fatal, retracted, last_ts, last_req, last_avail, suggested, current)
+
+def _show(fam: Family, key: tuple[str, ...], value: float | None, *, zero: bool = False) -> None:
+    """Set a series, or leave it out when it has no value (or is zero and not a kept zero series)."""
+    if value is None or (value == 0 and not zero and not fam.has(key)):
+        if value is None:
+            fam.discard(key)
+        return
+    fam.set(key, value)

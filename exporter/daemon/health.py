@@ -1,0 +1,85 @@
+"""What /healthz says about the loop: ready, starting, stalled, or what keeps it from reading every source.
+
+Sits beside the loop (loop.py), which notes each pass here; the HTTP edge calls Loop.health(). Each change of the
+trouble is logged once, not every pass.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from .sourceset import SourceSet
+from .state import StateKeeper
+from .store import Health
+
+# Health is the loop's story: its lines keep the loop's logger name, which operators filter on.
+log = logging.getLogger(__name__.rpartition(".")[0] + ".loop")
+
+
+class HealthWatch:
+    """Follows the state saves' outcome and the source set's trouble; reads them under the source set's lock."""
+
+    def __init__(self, sources: SourceSet, keeper: StateKeeper) -> None:
+        self.sources = sources
+        self.keeper = keeper
+        self.state_dir: str | None = None
+        self._state_seen = (keeper.errors, keeper.saves)
+        self._state_failing = False  # the last save attempt failed, and none has succeeded since
+        self._trouble_logged = ""  # what health last logged: each change is logged once, not every pass
+
+    def note(self) -> None:
+        """After a pass: follow the state saves, and log each change of what health reports once."""
+        errors, saves = self.keeper.errors, self.keeper.saves
+        if saves > self._state_seen[1]:
+            self._state_failing = False
+        elif errors > self._state_seen[0]:
+            self._state_failing = True
+        self._state_seen = (errors, saves)
+        with self.sources.lock:
+            trouble = self.trouble()
+            if trouble == self._trouble_logged:
+                return
+            self._trouble_logged = trouble
+            level = logging.WARNING if self._state_failing else logging.INFO
+            log.log(level, "health: %s", trouble or f"following {len(self.sources.by_path)} log source(s)")
+
+    def report(self) -> Health:
+        """Ready when sources are being read (some may still be waiting to appear); otherwise the reason."""
+        with self.sources.lock:
+            trouble = self.trouble()
+            following = f"following {len(self.sources.by_path)} log source(s)"
+            if not trouble:
+                return Health(True, following)
+            if trouble == waiting(self.sources.waiting) and len(self.sources.waiting) < len(self.sources.by_path):
+                return Health(True, f"{following}; {trouble}")  # some files are read: not blind
+            return Health(False, trouble)
+
+    def trouble(self) -> str:
+        """What keeps the daemon from reading every configured source and saving its state ("": nothing)."""
+        sources = self.sources
+        if sources.problem:
+            return sources.problem
+        if not sources.by_path:
+            return "no log source is configured or found yet"
+        if self._state_failing:
+            return (
+                f"the state cannot be saved in {self.state_dir} (sglang_oom_exporter_state_errors_total "
+                "counts it; see the log): a restart would re-read from the end of every file"
+            )
+        if sources.handles.waiting:
+            return (
+                f"{sources.handles.waiting} log file(s) wait for a file handle: the open-file limit leaves room "
+                f"for {sources.handles.limit} open at once (sglang_oom_exporter_open_file_limit_hits_total)"
+            )
+        return waiting(sources.waiting)
+
+
+def waiting(paths: list[str]) -> str:
+    """The configured files that do not exist yet, in words ("" for none)."""
+    if not paths:
+        return ""
+    why = "(normal until SGLang starts and writes its log)"
+    if len(paths) == 1:
+        return f"waiting for {paths[0]} to appear {why}"
+    names = ", ".join(paths[:3]) + (", ..." if len(paths) > 3 else "")
+    return f"waiting for {len(paths)} files to appear {why}: {names}"

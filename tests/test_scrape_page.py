@@ -1,0 +1,246 @@
+"""/metrics from the cached page: a scrape never waits for the loop, the cached bytes equal a fresh render after
+every kind of change, gzip is one valid member, and what one source costs in series, exactly.
+
+The loop is driven by hand (Loop.step with an injected clock); "mid-slice" is a LogSource.poll that blocks,
+holding the source set's lock as a real 32 MiB read slice does, until the test lets it go.
+"""
+
+from __future__ import annotations
+
+import gzip
+import http.client
+import threading
+import time
+import zlib
+from email.message import Message
+
+import pytest
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.openmetrics.exposition import generate_latest as generate_openmetrics
+
+from sglang_oom_exporter.config import Config
+from sglang_oom_exporter.daemon.app import App
+from sglang_oom_exporter.daemon.logsource import LogSource
+from sglang_oom_exporter.daemon.store import EventStore, Health
+from sglang_oom_exporter.detect.model import OomEvent
+from sglang_oom_exporter.metrics import EventCounts, ExporterCollector, PageRegistry, SourceStats, fatal_kinds
+from sglang_oom_exporter.metrics.exposition import CHUNK_SERIES, join_gzip, join_plain
+from sglang_oom_exporter.web.routes import Routes
+from sglang_oom_exporter.web.server import ExporterServer
+from tests.helpers import CATALOG
+
+OPENMETRICS = "application/openmetrics-text;version=1.0.0"
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _app(tmp_path) -> tuple[App, Clock]:
+    clock = Clock()
+    config = Config(paths=(str(tmp_path / "*.log"),), state_dir=str(tmp_path / "state"), sweep_interval=1.0,
+                    discover_interval=5.0, state_interval=5.0, traceback_wait=1.0)  # fmt: skip
+    return App(config, CATALOG, clock=clock, wall=clock), clock
+
+
+def _steps(app: App, clock: Clock, n: int = 4) -> None:
+    for _ in range(n):
+        app.loop.step()
+        clock.now += 0.5
+
+
+def _event(kind: str, fatal: bool = True, suggestions: tuple = (), **numbers: object) -> OomEvent:
+    return OomEvent(kind=kind, fatal=fatal, source="s", location="s.log:1", time=None, ranks=("TP0",), message="m",
+                    excerpt="m", numbers=dict(numbers), suggestions=suggestions)  # fmt: skip
+
+
+def _headers(**values: str) -> Message:
+    msg = Message()
+    for k, v in values.items():
+        msg[k.replace("_", "-")] = v
+    return msg
+
+
+def _series(text: str) -> list[str]:
+    return [line for line in text.splitlines() if line and not line.startswith("#")]
+
+
+# --- a scrape never waits for the loop --------------------------------------------------------------------
+
+
+@pytest.mark.timeout(20)
+def test_a_scrape_answers_while_the_loop_is_mid_slice(tmp_path, monkeypatch):
+    log = tmp_path / "a.log"
+    log.write_text("")
+    app, clock = _app(tmp_path)
+    _steps(app, clock)
+    registry = PageRegistry()
+    registry.register(app.collector())
+    server = ExporterServer(("127.0.0.1", 0), registry=registry, catalog=CATALOG, events=EventStore(10),
+                            health=lambda: Health(True))  # fmt: skip
+    in_slice, release = threading.Event(), threading.Event()
+    real_poll = LogSource.poll
+
+    def slow_poll(self: LogSource, now: float, budget: int | None = None) -> bool:
+        in_slice.set()
+        assert release.wait(15), "the test never let the slice go"
+        return real_poll(self, now, budget)
+
+    monkeypatch.setattr(LogSource, "poll", slow_poll)
+    log.write_text("one line\n")
+    app.loop.mark_changed(None)  # look at every file on the next pass
+    stepper = threading.Thread(target=app.loop.step, name="test-loop")
+    server.start()
+    try:
+        stepper.start()
+        assert in_slice.wait(10), "the loop never reached the read"
+        assert not app.sources.lock.acquire(blocking=False)  # the loop holds the lock through its slice
+        conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=5)
+        started = time.monotonic()
+        conn.request("GET", "/metrics")
+        resp = conn.getresponse()
+        body = resp.read().decode()
+        took = time.monotonic() - started
+        conn.close()
+        assert resp.status == 200
+        assert 'sglang_oom_exporter_file_lag_bytes{source="a"} 0.0' in body
+        assert stepper.is_alive()  # answered while the slice was still running
+        assert took < 5
+    finally:
+        release.set()
+        stepper.join(10)
+        server.stop()
+    assert not stepper.is_alive()
+
+
+# --- the cached page equals a fresh render ------------------------------------------------------------------
+
+
+def _fresh(collector: ExporterCollector, openmetrics: bool) -> bytes:
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(collector)
+    return generate_openmetrics(registry) if openmetrics else generate_latest(registry)
+
+
+def _assert_page_is_fresh(counts: EventCounts, collector: ExporterCollector) -> None:
+    registry = PageRegistry()
+    registry.register(collector)
+    for openmetrics in (False, True):
+        parts = registry.render(openmetrics)
+        assert join_plain(parts) == _fresh(collector, openmetrics)
+        gz = join_gzip(parts)
+        inflater = zlib.decompressobj(zlib.MAX_WBITS | 16)
+        assert inflater.decompress(gz) == join_plain(parts)
+        assert inflater.eof
+        assert inflater.unused_data == b""  # one gzip member: every client reads all of it
+
+
+def test_the_cached_page_equals_a_fresh_render_after_each_kind_of_change():
+    counts = EventCounts(CATALOG.ids, ("source",), CATALOG.retraction_kind, fatal_kinds=fatal_kinds(CATALOG))
+    collector = ExporterCollector(counts, lambda: {"pending_events": 2.0, "state_saves_total": 1.0})
+    check = lambda: _assert_page_is_fresh(counts, collector)  # noqa: E731
+    check()  # empty
+    counts.ensure(("a",))
+    check()  # a new source: zero series
+    counts.ensure(('we"ird\\name\n',))
+    check()  # label escaping
+    counts.record(("a",), _event("prefill", requested_tokens=16384, available_tokens=6100), 1000.0)
+    check()  # a fatal event with numbers
+    counts.record(("a",), _event("decode", fatal=False), 1001.0)
+    check()  # a non-fatal one, without numbers
+    retract = CATALOG.retraction_kind or ""
+    counts.record(("b",), _event(retract, fatal=False, retracted_requests=3), 1002.0)
+    check()  # the retraction counter, on a source first seen with its event
+    counts.sources.update("/l/a.log", SourceStats(("a",), files=1, bytes_read=100, lines_read=3, last_read=5.0))
+    check()
+    counts.sources.update("/l/a.log", SourceStats(("a",), files=1, bytes_read=40, lines_read=1, lag_bytes=7))
+    check()  # a restarted source (smaller counts): the totals grow by the new values, never down
+    counts.sources.update("/l/a.1.log", SourceStats(("a",), files=1, read_errors=2, last_read=9.0))
+    check()  # a second file of the same source
+    counts.sources.remove("/l/a.log")
+    check()
+    counts.drop(("b",))
+    check()  # a retired source
+    counts.set_kinds((*CATALOG.ids, "new_kind"), CATALOG.retraction_kind, ("new_kind",))
+    check()  # a reloaded catalog
+    saved = counts.export_state()
+    again = EventCounts(CATALOG.ids, ("source",), CATALOG.retraction_kind, fatal_kinds=fatal_kinds(CATALOG))
+    again.restore_state(saved)
+    _assert_page_is_fresh(again, ExporterCollector(again))  # restored from the state file
+    for i in range(CHUNK_SERIES + 3):
+        counts.ensure((f"s{i}",))
+    check()  # families over more than one chunk
+    counts.drop(("s5",))
+    counts.record((f"s{CHUNK_SERIES}",), _event("prefill"), 1003.0)
+    check()
+
+
+def test_a_scrape_without_changes_reencodes_nothing():
+    counts = EventCounts(CATALOG.ids, ("source",), CATALOG.retraction_kind, fatal_kinds=fatal_kinds(CATALOG))
+    for i in range(2000):
+        counts.ensure((f"s{i}",))
+        counts.sources.update(f"/l/{i}.log", SourceStats((f"s{i}",), files=1))
+    first, second = counts.page.parts(False), counts.page.parts(False)
+    assert len(first) == len(second)
+    assert all(a is b for a, b in zip(first, second, strict=True))  # the same cached objects: nothing re-joined
+    counts.record(("s7",), _event("prefill"), 1.0)
+    third = counts.page.parts(False)
+    new = [p for p in third if not any(p is q for q in second)]
+    # One chunk each of events and fatal events re-encoded, and the first last-event timestamp's chunk.
+    assert len(new) == 3
+    assert len(third) == len(second) + 1
+
+
+def test_the_name_filter_and_the_openmetrics_head():
+    counts = EventCounts(CATALOG.ids, ("source",), CATALOG.retraction_kind, fatal_kinds=fatal_kinds(CATALOG))
+    counts.ensure(("a",))
+    registry = PageRegistry()
+    registry.register(ExporterCollector(counts))
+    routes = Routes(registry=registry, catalog=CATALOG, events=EventStore(1), health=lambda: Health(True))
+    text = routes.respond("/metrics?name[]=sglang_oom_events_total", _headers()).body.decode()
+    assert {line.split("{")[0] for line in _series(text)} == {"sglang_oom_events_total"}
+    assert len(_series(text)) == len(CATALOG.ids)
+    om = routes.respond("/metrics", _headers(Accept=OPENMETRICS, Accept_Encoding="gzip"))
+    assert om.headers["Content-Encoding"] == "gzip"
+    assert om.content_type.startswith("application/openmetrics-text")
+    body = gzip.decompress(om.body).decode()
+    assert "# TYPE sglang_oom_events counter\n" in body
+    assert body.endswith("# EOF\n")
+    assert body.count("# EOF") == 1
+
+
+# --- what a source costs ----------------------------------------------------------------------------------
+
+
+def test_series_per_source_exactly(tmp_path):
+    app, clock = _app(tmp_path)
+    (tmp_path / "a.log").write_text("")
+    _steps(app, clock)
+    registry = PageRegistry()
+    registry.register(app.collector())
+
+    def page() -> str:
+        return join_plain(registry.render(False)).decode()
+
+    one = _series(page())
+    per_source = [line for line in one if 'source="a"' in line]
+    # Every kind's events (each has an alert), the kinds that can be fatal, the retraction counter, then the
+    # source's lag and read errors. The default catalog: 10 + 9 + 1 + 2.
+    assert len(per_source) == len(CATALOG.ids) + len(fatal_kinds(CATALOG)) + 1 + 2 == 22
+    (tmp_path / "b.log").write_text("")
+    (tmp_path / "c.log").write_text("")
+    app.loop.request_discover()
+    _steps(app, clock, 12)
+    three = _series(page())
+    assert len(three) - len(one) == 2 * 22  # nothing else grows with the number of files
+    with open(tmp_path / "b.log", "a") as fh:
+        fh.write("a line\n")
+    app.loop.mark_changed({str(tmp_path)})
+    _steps(app, clock)
+    after_read = _series(page())
+    assert len(after_read) == len(three) + 1  # b's last-read timestamp, once it has read something
+    assert "sglang_oom_exporter_lines_read_total 1.0" in after_read
