@@ -1,70 +1,40 @@
 """The HTTP edge, the last box of the pipeline: /metrics, /healthz, /events and a small HTML page.
 
     OomEvent -> EventStore (bounded ring) -> /events (JSON), / (HTML)
-    registry (metrics/)                   -> /metrics
+    registry (metrics/)                   -> /metrics (the cached page; metrics/exposition.py)
     health callable (daemon/loop.py)      -> /healthz
 
 Nothing here reads logs or counts events; serve passes in the registry, the store and the health callable,
-and starts and stops the server around the daemon's loop. routes.py turns a request into a response; this module
-owns sockets, threads, TLS and basic auth. Each connection carries one request (HTTP/1.0) on its own daemon thread. The
-request head is capped in bytes and in time and the number of open connections is capped, so slow or hostile
-clients cannot pin threads. At the cap, a new connection evicts the oldest one still sending its head after
-EVICT_AFTER seconds (a slowloris socket), or waits in the listen backlog for a free slot: Prometheus' scrape gets
-through 200 idle sockets and a burst of hundreds of scrapes. Only GET and HEAD are served (405 for other methods
-on a known path, 404 elsewhere). Log text is untrusted input: the page escapes all of it and allows no scripts.
+and starts and stops the server around the daemon's loop. routes.py turns a request into a response; httpd.py
+owns the sockets and the connection threads (a capped head, a connection cap that evicts slow heads, so that
+Prometheus' scrape gets through 200 idle sockets and a burst of hundreds of scrapes); this module starts and
+stops them, with TLS and basic auth. Log text is untrusted input: the page escapes all of it and allows no scripts.
 """
 
 from __future__ import annotations
 
-import contextlib
-import io
 import logging
-import socket
-import socketserver
-import ssl
 import threading
-import time
 from collections.abc import Callable
-from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import TYPE_CHECKING, Any
-from urllib.parse import urlsplit
+from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry
 
-from .. import __version__
 from ..catalog.loader import Catalog
 from ..daemon.store import EventStore, Health
-from ..sources.http import DeadlineReader
-from ..web.routes import DEFAULT_LIMIT, MAX_LIMIT, ROUTE_PATHS, Response, Routes, text_response
-from ..web.webconfig import BasicAuth, WebConfig
+from .httpd import EVICT_AFTER, LISTEN_BACKLOG, MAX_CONNECTIONS, MAX_HEAD_BYTES, REQUEST_TIMEOUT, HTTPServer
+from .routes import DEFAULT_LIMIT, MAX_LIMIT, Response, Routes
+from .webconfig import BasicAuth, WebConfig
 
 if TYPE_CHECKING:
     from email.message import Message
 
 
 _LOG = logging.getLogger(__name__)
-__all__ = ["DEFAULT_LIMIT", "MAX_HEAD_BYTES", "MAX_LIMIT", "ExporterServer"]  # tests and serve import these
-
-REQUEST_TIMEOUT = 10.0  # seconds for the TLS handshake plus the request head, and again for the response
-MAX_HEAD_BYTES = 16 * 1024  # request line plus headers; a GET needs a few hundred bytes
-MAX_CONNECTIONS = 64  # open connections (one thread each); past it, evict a slow head or wait for a slot
-EVICT_AFTER = 1.0  # seconds a connection may take over its head before a new one at the cap may evict it
-LISTEN_BACKLOG = 1024  # connections the kernel queues while every slot is busy (Python's default is 5)
-ALLOWED_METHODS = ("GET", "HEAD")
-
-
-@dataclass(slots=True)
-class _Conn:
-    """One open connection: its socket, when it was accepted, and whether its request head is in."""
-
-    sock: socket.socket
-    accepted: float
-    head_done: bool = False
-
-
-class _HeadTooLargeError(Exception):
-    """The request line and headers went past MAX_HEAD_BYTES."""
+__all__ = [  # tests and serve import these
+    "DEFAULT_LIMIT", "EVICT_AFTER", "LISTEN_BACKLOG", "MAX_CONNECTIONS", "MAX_HEAD_BYTES", "MAX_LIMIT",
+    "ExporterServer",
+]  # fmt: skip
 
 
 class ExporterServer:
@@ -89,7 +59,7 @@ class ExporterServer:
         self.auth = BasicAuth(users) if users else None
         self.request_timeout = request_timeout
         self._max_connections = max_connections
-        self._httpd: _HTTPServer | None = None
+        self._httpd: HTTPServer | None = None
         self._thread: threading.Thread | None = None
 
     def set_catalog(self, catalog: Catalog) -> None:
@@ -115,7 +85,7 @@ class ExporterServer:
         if self._httpd is not None:
             raise RuntimeError("the server is already started")
         ssl_context = self._web_config.ssl_context()
-        httpd = _HTTPServer(self._address, self, ssl_context, self._max_connections)
+        httpd = HTTPServer(self._address, self, ssl_context, self._max_connections)
         self._httpd = httpd
         # serve_forever notices shutdown() only between polls: 0.1 s keeps stop() quick at ten idle wake-ups a second.
         self._thread = threading.Thread(
@@ -139,187 +109,3 @@ class ExporterServer:
     def respond(self, path: str, headers: Message) -> Response:
         """The response to a GET of path (auth is checked by the caller)."""
         return self.routes.respond(path, headers)
-
-
-class _Handler(BaseHTTPRequestHandler):
-    """One request per connection: the head under a deadline, then one route's response."""
-
-    server: _HTTPServer
-    protocol_version = "HTTP/1.0"
-    server_version = f"sglang-oom-exporter/{__version__}"
-    sys_version = ""
-
-    def setup(self) -> None:
-        super().setup()
-        self.rfile.close()  # the plain makefile() reader: unclosed, it would keep the socket's fd open
-        deadline = time.monotonic() + self.server.app.request_timeout
-        # The head gets one deadline and a byte budget, so a client dripping a byte at a time cannot pin a thread.
-        head = DeadlineReader(self.connection, deadline, budget=MAX_HEAD_BYTES, too_large=_HeadTooLargeError())
-        self.rfile = io.BufferedReader(head)
-        self.requestline, self.request_version, self.command = "", "HTTP/1.0", ""
-
-    def handle_one_request(self) -> None:
-        try:
-            super().handle_one_request()
-        except _HeadTooLargeError:
-            self.close_connection = True
-            self.send_error(431, "request head too large")
-
-    def parse_request(self) -> bool:
-        """Parse the head; then mark the connection busy (not evictable) and refuse methods other than GET/HEAD."""
-        if not super().parse_request():
-            return False
-        self.server.head_done()
-        if self.command not in ALLOWED_METHODS:
-            known = urlsplit(self.path).path in ROUTE_PATHS
-            status, text = (405, "method not allowed\n") if known else (404, "not found\n")
-            self._send(text_response(status, text, {"Allow": ", ".join(ALLOWED_METHODS)}), head=False)
-            return False
-        return True
-
-    def do_GET(self) -> None:
-        """Serve a route."""
-        self._serve(head=False)
-
-    def do_HEAD(self) -> None:
-        """Serve a route's headers only."""
-        self._serve(head=True)
-
-    def _serve(self, *, head: bool) -> None:
-        self.connection.settimeout(self.server.app.request_timeout)  # sendall: a bound on the whole response
-        app = self.server.app
-        if app.auth is not None and not app.auth.check(self.headers.get("Authorization")):
-            response = text_response(401, "unauthorized\n", {"WWW-Authenticate": f'Basic realm="{BasicAuth.realm}"'})
-        else:
-            response = app.respond(self.path, self.headers)
-        self._send(response, head=head)
-
-    def _send(self, response: Response, *, head: bool) -> None:
-        self.send_response(response.status)
-        self.send_header("Content-Type", response.content_type)
-        self.send_header("Content-Length", str(len(response.body)))
-        self.send_header("Cache-Control", "no-store")
-        self.send_header("X-Content-Type-Options", "nosniff")
-        for name, value in response.headers.items():
-            self.send_header(name, value)
-        self.end_headers()
-        if not head:
-            self.wfile.write(response.body)
-
-    def log_message(self, format: str, *args: Any) -> None:
-        """Requests and client errors go to DEBUG: never one line per request at INFO."""
-        _LOG.debug("client=%s %s", self.address_string(), format % args)
-
-
-class _HTTPServer(ThreadingHTTPServer):
-    """ThreadingHTTPServer with a connection cap, TLS per connection, and connections it can close on stop."""
-
-    daemon_threads = True
-    request_queue_size = LISTEN_BACKLOG
-
-    def __init__(
-        self, address: tuple[str, int], app: ExporterServer, ssl_context: ssl.SSLContext | None, max_connections: int
-    ) -> None:
-        self.address_family = socket.AF_INET6 if ":" in address[0] else socket.AF_INET
-        self.app = app
-        self.ssl_context = ssl_context
-        self._slots = threading.BoundedSemaphore(max_connections)
-        self._active: dict[threading.Thread, _Conn] = {}
-        self._active_lock = threading.Lock()
-        self.closing = threading.Event()
-        self.evicted = 0  # slow heads closed to make room (read by tests)
-        super().__init__(address, _Handler)
-
-    def server_bind(self) -> None:
-        # HTTPServer.server_bind looks up the host's FQDN, a DNS query that can stall startup for seconds.
-        socketserver.TCPServer.server_bind(self)
-        host, port = self.server_address[:2]
-        self.server_name, self.server_port = str(host), int(port)
-
-    def process_request(self, request: Any, client_address: Any) -> None:
-        if not self._take_slot():
-            _LOG.debug("client=%s closed: %d connections open", client_address, len(self._active))
-            self.shutdown_request(request)
-            return
-        thread = threading.Thread(
-            target=self._serve_connection, args=(request, client_address), name="sglang-oom-http-conn", daemon=True
-        )
-        with self._active_lock:
-            self._active[thread] = _Conn(request, time.monotonic())
-        thread.start()
-
-    def _take_slot(self) -> bool:
-        """A free slot: at once, by evicting the slowest head past EVICT_AFTER, or by waiting for one.
-
-        The accept loop waits here while every slot serves a request in time; new connections queue in the
-        listen backlog meanwhile. Every head ends within the request timeout, so the wait is bounded.
-        """
-        deadline = time.monotonic() + self.app.request_timeout
-        while not self._slots.acquire(blocking=False):
-            self._evict_slow_head()
-            if self._slots.acquire(timeout=0.05):
-                break
-            if self.closing.is_set() or time.monotonic() >= deadline:
-                return False
-        return True
-
-    def _evict_slow_head(self) -> None:
-        """Shut down the connection that has spent longest on its head, if past EVICT_AFTER: its thread ends."""
-        cutoff = time.monotonic() - EVICT_AFTER
-        with self._active_lock:
-            slow = [c for c in self._active.values() if not c.head_done and c.accepted <= cutoff]
-            victim = min(slow, key=lambda c: c.accepted, default=None)
-            if victim is not None:
-                victim.head_done = True  # evicted once: its slot comes back when its thread ends
-        if victim is not None:
-            self.evicted += 1
-            with contextlib.suppress(OSError):
-                victim.sock.shutdown(socket.SHUT_RDWR)
-
-    def head_done(self) -> None:
-        """The calling connection's request head is in: it is being served, never evicted."""
-        with self._active_lock:
-            conn = self._active.get(threading.current_thread())
-            if conn is not None:
-                conn.head_done = True
-
-    def _serve_connection(self, request: socket.socket, client_address: Any) -> None:
-        try:
-            self.process_request_thread(request, client_address)
-        finally:
-            with self._active_lock:
-                self._active.pop(threading.current_thread(), None)
-            self._slots.release()
-
-    def finish_request(self, request: Any, client_address: Any) -> None:
-        request.settimeout(self.app.request_timeout)
-        if self.ssl_context is None:
-            _Handler(request, client_address, self)
-            return
-        # The handshake runs here, on the connection's own thread under its timeout, not in the accept loop
-        # where one silent client would stall every other. wrap_socket detaches `request`: close the TLS one.
-        conn = self.ssl_context.wrap_socket(request, server_side=True, do_handshake_on_connect=False)
-        with self._active_lock:  # before the handshake: a silent one is evicted through this socket
-            record = self._active.get(threading.current_thread())
-            if record is not None:
-                record.sock = conn
-        try:
-            conn.do_handshake()
-            _Handler(conn, client_address, self)
-        finally:
-            self.shutdown_request(conn)
-
-    def handle_error(self, request: Any, client_address: Any) -> None:
-        # Resets, timeouts and failed handshakes are the client's business; the default prints a traceback.
-        _LOG.debug("client=%s connection failed", client_address, exc_info=True)
-
-    def close_connections(self, timeout: float) -> None:
-        """Shut down open connections so their threads end, then join them."""
-        with self._active_lock:
-            active = dict(self._active)
-        for conn in active.values():
-            with contextlib.suppress(OSError):
-                conn.sock.shutdown(socket.SHUT_RDWR)
-        deadline = time.monotonic() + timeout
-        for thread in active:
-            thread.join(max(deadline - time.monotonic(), 0))
