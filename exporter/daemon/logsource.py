@@ -14,7 +14,9 @@ from typing import Any
 from ..detect.pipeline import Pipeline
 from ..sources.tail import TRUNCATED, FileTailer, TailPosition, TailReset
 
-IDLE_CLOSE_SECONDS = 1.0  # a record with no new line for this long is complete (a cut traceback)
+# A record with no new line for this long is complete (a traceback cut mid-write). One that looks whole (a
+# traceback past its exception text, a block past its numbers) is closed after the pipeline's rank window.
+IDLE_CLOSE_SECONDS = 1.0
 LINE_COUNT_LIMIT = 256 * 1024 * 1024  # count lines before a start-at-end offset up to this many bytes
 # Bytes one source may read in one pass of the loop. A 300 MB backlog is read in slices, so scrapes and
 # other sources get their turn in between, and /metrics never waits for a whole catch-up.
@@ -85,7 +87,7 @@ class LogSource:
             if fed >= budget:
                 break
         if fed:
-            self.close_at = now + IDLE_CLOSE_SECONDS
+            self.close_at = now + self.pipeline.quiet_seconds(IDLE_CLOSE_SECONDS)
             self.gone_since = None
         self.tick(now)
         return fed >= budget or tailer.lingering  # a deleted file draining has no directory events: look again

@@ -34,17 +34,33 @@ _NOISE = regex.compile(
 _HEADER = regex.compile(r"Traceback \(most recent call last\):\s*$|hit an exception:?\s*$|^Exception in [\w ]+:\s*$")
 _FRAME = regex.compile(r'^\s+File "(?P<path>[^"]*)", line \d+, in (?P<func>[\w<>.]+)')
 _CHAINED = ("During handling of the above exception", "The above exception was the direct cause")
-_DETAIL = regex.compile(
-    r"^\s*+(?:Try to allocate"  # possessive: a line of blanks must not be split between \s and the class below
-    r"|Ava(?:il|li)able"
-    r"|SWA available"
-    r"|(?:Full|SWA) LRU list"
-    r"|Possible solutions"
-    r"|\d\. "
-    r"|Open an issue"
-    r"|(?:KV cache|Memory) pool leak detected!"  # 0.1.x: the warning's numbers come first, this line second
-    r"|[\w.()\[\] ]*?[\w)\]] ?= ?-?\d)"
+# The lines a logged block continues with (facts 2, 10), in one table: (start of the line as a regex, the literal
+# that the reader keeps its window open for, whether the line can be a block's last). The reader's literals and
+# the assembler's regex are both derived from it. A hint line ("1. ") and the leak warning's second line need no
+# literal: the line before them (Possible solutions, the numbers) or their anchor holds one.
+DETAIL_LINES: tuple[tuple[str, str | None, bool], ...] = (
+    (r"Try to allocate", "Try to allocate", False),
+    (r"Available", "vailable", True),
+    (r"Avaliable", "valiable", True),  # sic: 0.3.x-0.4.5
+    (r"SWA available", "vailable", True),
+    (r"(?:Full|SWA) LRU list", "LRU list", True),
+    (r"Possible solutions", "Possible solutions", False),
+    (r"\d\. ", None, False),
+    (r"Open an issue", "Open an issue", True),
+    (r"(?:KV cache|Memory) pool leak detected!", None, True),  # 0.1.x: the warning's numbers come first
+    (r"[\w.()\[\] ]*?[\w)\]] ?= ?-?\d", "evictable", True),  # name=value pairs (0.4.5 paged, leak checks)
 )
+DETAIL_LITERALS = tuple(dict.fromkeys(lit for _, lit, _ in DETAIL_LINES if lit))
+
+
+def _detail_regex(last_only: bool) -> regex.Pattern[str]:
+    alternatives = "|".join(rx for rx, _, last in DETAIL_LINES if last or not last_only)
+    # Possessive: a line of blanks must not be split between \s and the name=value class (quadratic otherwise).
+    return regex.compile(r"^\s*+(?:" + alternatives + ")")
+
+
+_DETAIL = _detail_regex(False)
+_LAST_DETAIL = _detail_regex(True)  # a block whose latest line is one of these may be complete
 _EXCEPTION_SHAPED = regex.compile(r"^[A-Za-z_][\w.]*(?:Error|Exception|Exit|Interrupt|Warning)\b")
 
 
@@ -110,6 +126,22 @@ class Assembler:
     def resume_point(self) -> tuple[int, int] | None:
         """(offset, lineno) of the oldest record still open, if any."""
         return min(((r.offset, r.lineno) for r in self._open.values()), default=None)
+
+    def tracing(self) -> frozenset[str]:
+        """The ranks whose traceback is being assembled ("" for one without a rank prefix)."""
+        return frozenset(r.prefix.ranks if r.prefix else "" for r in self._open.values() if r.kind == "traceback")
+
+    def complete(self) -> bool:
+        """Every open record looks whole: a traceback past its exception text and a blank line, a block whose
+        latest line is one that can end it (its numbers). The next line would only close them, so a short
+        quiet spell may close them too; a record cut mid-write (frames, no exception yet) waits longer."""
+        for rec in self._open.values():
+            if rec.kind == "traceback":
+                if rec.state != "after_blank":
+                    return False
+            elif len(rec.lines) < 2 or _LAST_DETAIL.match(rec.lines[-1]) is None:
+                return False
+        return True
 
     def _prefixed(self, line: LogLine, prefix: Prefix, message: str) -> Iterator[Record]:
         key = (line.stream, prefix.ranks)

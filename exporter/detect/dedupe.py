@@ -5,102 +5,48 @@ an exception with no block counts once (R3, R4); N ranks failing with the same b
 are one server-level event with the ranks listed (R6); different bodies stay apart (data-parallel
 ranks have their own pools); a rank can appear in an event only once, so two failures are two events.
 
-A group is emitted when it settles: every block has its traceback, or the wait for a traceback ran out,
-or the caller flushes (end of a scan). A rank arriving after its group was emitted still joins it
-(recent groups are kept), so a late rank never counts again. The group's kind is fixed at emission.
+When a group is counted (emitted), as soon as it is decidable:
+- its kind is known and every block has its traceback: once the rank window closed (RANK_WINDOW_SECONDS
+  on the caller's clock; the ranks of one tick come within milliseconds);
+- its blocks' own text names the kind (every catalog kind whose phase rule is not `frames`): the same,
+  unless a traceback of one of its ranks is being assembled right now (its frames may say speculative
+  verify, which makes a "Prefill" text a decode step); a traceback that comes later joins the counted
+  event and is not counted again;
+- a block whose kind needs the traceback's frames (the generic 0.5.4+ text): when its traceback came, or
+  when the wait for it (--traceback-wait) ran out;
+- by position, whatever the clock says: when the reader is far past the group (a backlog read at speed:
+  catch-up after a restart, stdin), its traceback did not follow and will not;
+- at the end of the input (flush(None)), or when the window overflows.
+A rank or traceback arriving after its group was counted still joins it (the window keeps counted groups
+until no report can join them any more), so a late copy never counts again. The group's kind is fixed when
+it is counted.
 """
 
 from __future__ import annotations
 
 import re
-from collections import deque
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Collection, Sequence
 from typing import Any
 
 from ..detect.match import excerpt
 from ..detect.model import OomEvent, Report
 from ..detect.prefix import epoch_of, iso_time
+from ..detect.window import NO_TIME_LINES, SAME_RANK_SECONDS, Group, Seen, Window
 
-CROSS_RANK_SECONDS = 1.5  # ranks of one tick straddle a second boundary (R6)
-SAME_RANK_SECONDS = 10.0  # block -> its traceback, with a tree dump printed in between
-NO_TIME_LINES = 50_000  # without timestamps, a join must at least be this close in the file
+RANK_WINDOW_SECONDS = 0.15  # the ranks of one tick, and a traceback written with its block, arrive within this
 RECENT_GROUPS = 256
-# A settled group (every block has its traceback) may also go once the reader is this many lines past its
-# last record: other ranks' copies come within a few records (dumps included), and one that comes later
-# still joins the emitted group. Without it, reading a backlog would wait the wall-clock settle per slice.
+# By position: a group whose kind is known goes once the reader is this many lines past its last record (other
+# ranks' copies come within a few records, dumps included); one whose kind needs the traceback's frames waits
+# as far as a join can reach without timestamps. A report that comes later still joins the counted group.
 SETTLE_LINES = 5000
+FRAMES_LINES = NO_TIME_LINES
+# A counted group untouched this long (caller's clock; at least the traceback wait plus the same-rank window)
+# can join nothing any more: it leaves the window, so a followed file's memory is flat in steady state.
+KEEP_SECONDS = 30.0
 STATE_GROUPS = 64  # emitted groups kept in the state file, for late tracebacks after a restart
-EMITTED_KEYS = 1024  # keys of emitted events kept to suppress their replay after a restart
+EMITTED_KEYS = 1024  # at most this many keys of emitted events, to suppress their replay after a restart
+_EPS = 1e-6  # the loop wakes at opened_at + window: float rounding must not make that a tick too early
 Resolve = Callable[[Report, Sequence[Report]], tuple[str, str | None, str | None]]
-
-
-@dataclass(frozen=True, slots=True)
-class _Seen:
-    """What a later report needs to know of an earlier one to join it; small enough to persist."""
-
-    short: str
-    epoch: float | None
-    lineno: int
-    offset: int
-
-
-@dataclass(slots=True)
-class _Member:
-    """One rank's part of a group: whether its block and its traceback were seen, and their reports."""
-
-    block: _Seen | None = None
-    trace: _Seen | None = None
-    reports: list[Report] = field(default_factory=list)  # empty for a group restored from state
-
-
-@dataclass(slots=True)
-class _Group:
-    body: str
-    epoch: float | None
-    lineno: int
-    offset: int
-    opened_at: float  # caller's clock when the group was opened
-    last_lineno: int = 0  # the latest line of any record in the group
-    members: dict[str, _Member] = field(default_factory=dict)
-    emitted: bool = False
-
-    def settled(self) -> bool:
-        """Every block that can expect a traceback has one."""
-        return all(
-            m.trace is not None or not any(_expects_trace(r) for r in m.reports if r.record.kind == "block")
-            for m in self.members.values()
-        )
-
-    def to_dict(self) -> dict[str, Any]:
-        """The join-relevant part of an emitted group, for the state file."""
-
-        def seen(s: _Seen | None) -> list[Any] | None:
-            return None if s is None else [s.short, s.epoch, s.lineno, s.offset]
-
-        return {
-            "body": self.body, "epoch": self.epoch, "lineno": self.lineno, "offset": self.offset,
-            "members": {rank: [seen(m.block), seen(m.trace)] for rank, m in self.members.items()},
-        }  # fmt: skip
-
-    @classmethod
-    def from_dict(cls, raw: dict[str, Any]) -> _Group:
-        """Inverse of to_dict; raises (KeyError, TypeError, ValueError) on a malformed entry."""
-
-        def seen(v: Any) -> _Seen | None:
-            return None if v is None else _Seen(str(v[0]), None if v[1] is None else float(v[1]), int(v[2]), int(v[3]))
-
-        group = cls(str(raw["body"]), None if raw["epoch"] is None else float(raw["epoch"]), int(raw["lineno"]),
-                    int(raw["offset"]), 0.0, emitted=True)  # fmt: skip
-        for rank, (block, trace) in dict(raw["members"]).items():
-            group.members[str(rank)] = _Member(seen(block), seen(trace))
-        return group
-
-
-def _expects_trace(block: Report) -> bool:
-    # Since 0.4.5 a fatal KV block is re-raised and a traceback follows; older eras exit(1) silently,
-    # so waiting is only a latency cost, never a correctness one.
-    return block.fatal and block.resolve in ("prefill", "decode", "frames")
 
 
 class Deduper:
@@ -119,16 +65,18 @@ class Deduper:
         *,
         resolve: Resolve,
         wait_seconds: float = 2.5,
-        settle_seconds: float = 0.3,
+        settle_seconds: float = RANK_WINDOW_SECONDS,
     ) -> None:
         self._resolve = resolve  # the matcher's: (kind, phase, subphase) of the joined reports, decided once
         self._source = source
         self._location = location
         self._sink = sink
         self._wait = wait_seconds
-        self._settle = settle_seconds
-        self._groups: deque[_Group] = deque()
-        self._emitted_keys: deque[str] = deque(maxlen=EMITTED_KEYS)
+        self.settle_seconds = settle_seconds  # the rank window
+        self._keep = max(KEEP_SECONDS, wait_seconds + SAME_RANK_SECONDS)
+        self._groups = Window()
+        self._pending: dict[int, Group] = {}  # by seq: the groups not emitted yet
+        self._emitted_keys: dict[str, None] = {}  # insertion-ordered set
         self.generation = ""
         self.emitted = 0
         self.suppressed = 0
@@ -139,57 +87,64 @@ class Deduper:
         rank = rec.ranks
         epoch = _epoch(report)
         typ = "trace" if rec.kind == "traceback" else "block"
-        group = self._same_rank(report, rank, typ, epoch) or self._cross_rank(report, rank, epoch)
+        window = self._groups
+        group = window.same_rank(report, rank, typ, epoch) or window.cross_rank(report, rank, epoch)
         if group is None:
-            group = _Group(report.body, epoch, rec.lineno, rec.offset, now)
-            self._groups.append(group)
-            while len(self._groups) > RECENT_GROUPS:
-                old = self._groups.popleft()
+            group = Group(report.body, epoch, rec.lineno, rec.offset, now)
+            window.add(group)
+            self._pending[group.seq] = group
+            while len(window) > RECENT_GROUPS:
+                old = window.popleft()
                 if not old.emitted:
-                    self._emit(old)
-        member = group.members.setdefault(rank, _Member())
-        seen = _Seen(report.short, epoch, rec.lineno, rec.offset)
-        if typ == "trace":
-            member.trace = seen
-        else:
-            member.block = seen
+                    self._emit(old)  # out of the window already: nothing can join it any more
+        member = window.fill(group, rank, typ, Seen(report.short, epoch, rec.lineno, rec.offset))
         if not group.emitted:  # a late report only joins an emitted group; its records are not needed again
             member.reports.append(report)
         if rec.lineno < group.lineno:
             group.lineno, group.offset = rec.lineno, rec.offset
         group.last_lineno = max(group.last_lineno, rec.lineno)
+        group.touched = now
         if group.epoch is None:
             group.epoch = epoch
 
-    def flush(self, now: float | None = None, lineno: int | None = None) -> None:
-        """Emit settled or timed-out groups; with now=None (end of input) emit every pending group.
+    def flush(self, now: float | None = None, lineno: int | None = None, tracing: Collection[str] = ()) -> None:
+        """Emit the groups that are decidable now (module docstring); with now=None (end of input) every one.
 
-        lineno is how far the reader has got: a settled group far enough behind it goes at once.
+        lineno is how far the reader has got; tracing holds the ranks whose traceback is being assembled.
         """
-        pending = sorted((g for g in self._groups if not g.emitted), key=lambda g: g.lineno)
-        for group in pending:
-            if (
-                now is None
-                or now - group.opened_at >= self._wait
-                or (
-                    group.settled()
-                    and (
-                        now - group.opened_at >= self._settle
-                        or (lineno is not None and lineno - group.last_lineno >= SETTLE_LINES)
-                    )
-                )
-            ):
+        for group in sorted(self._pending.values(), key=lambda g: g.lineno):
+            if now is None or self._due(group, now, lineno, tracing):
+                if now is not None:
+                    group.touched = now  # late copies may come from now on: its time in the window starts here
                 self._emit(group)
+        if now is not None:
+            self._forget(now)
 
     def pending(self) -> int:
         """Groups not emitted yet."""
-        return sum(1 for g in self._groups if not g.emitted)
+        return len(self._pending)
+
+    def start(self, generation: str) -> None:
+        """The reports that follow come from this file generation: keys of any other one can never recur."""
+        if generation != self.generation:
+            self._emitted_keys = {k: None for k in self._emitted_keys if k.rpartition("@")[0] == generation}
+        self.generation = generation
+
+    def forget_before(self, offset: int) -> None:
+        """The reader will never again go back before offset (a restart resumes at or after it): the keys of
+        this generation's events that began before it cannot be re-created, so they go."""
+        keys = self._emitted_keys
+        if keys:
+            gen = self.generation
+            drop = [k for k in keys if (p := k.rpartition("@"))[0] == gen and int(p[2]) < offset]
+            for k in drop:
+                del keys[k]
 
     def resume_point(self) -> tuple[int, int] | None:
         """(offset, lineno) of the oldest report of a group not emitted yet, if any."""
         points = [
             (r.record.offset, r.record.lineno)
-            for g in self._groups if not g.emitted
+            for g in self._pending.values()
             for m in g.members.values() for r in m.reports
         ]  # fmt: skip
         return min(points, default=None)
@@ -203,44 +158,48 @@ class Deduper:
         """Take back what export_state() gave; ValueError when it is malformed."""
         try:
             keys = [str(k) for k in raw.get("emitted_keys", [])]
-            groups = [_Group.from_dict(g) for g in raw.get("groups", [])]
+            groups = [Group.from_dict(g) for g in raw.get("groups", [])]
         except (KeyError, TypeError, ValueError, IndexError) as exc:
             raise ValueError(f"bad dedupe state: {exc}") from exc
-        self._emitted_keys.extend(keys)
-        self._groups.extend(groups)
+        for k in keys[-EMITTED_KEYS:]:
+            self._emitted_keys[k] = None
+        for g in groups:
+            self._groups.add(g)  # touched stays None: its age counts from the first flush after the restart
 
-    def _key(self, group: _Group) -> str:
+    def _key(self, group: Group) -> str:
         return f"{self.generation}@{group.offset}"
 
-    def _same_rank(self, report: Report, rank: str, typ: str, epoch: float | None) -> _Group | None:
-        for group in reversed(self._groups):
-            member = group.members.get(rank)
-            if member is None or getattr(member, typ) is not None:
-                continue
-            other = member.trace if typ == "block" else member.block
-            if other is None:
-                continue
-            if report.short and other.short and report.short != other.short:
-                continue
-            if _close(epoch, other.epoch, report.record.lineno, other.lineno, SAME_RANK_SECONDS):
-                return group
-        return None
+    def _due(self, group: Group, now: float, lineno: int | None, tracing: Collection[str]) -> bool:
+        age = now - group.opened_at
+        if age >= self._wait:
+            return True
+        behind = -1 if lineno is None else lineno - group.last_lineno
+        waiting = group.waiting()
+        if any(r.resolve == "frames" for r in waiting):
+            return behind >= FRAMES_LINES  # its kind is in the traceback's frames: only the wait or position
+        if behind >= SETTLE_LINES:
+            return True
+        if age < self.settle_seconds - _EPS:
+            return False  # the rank window is open
+        # A traceback of a waiting rank is being assembled: let it join first (its frames may name the phase).
+        return not any(r.record.ranks in tracing or "" in tracing for r in waiting)
 
-    def _cross_rank(self, report: Report, rank: str, epoch: float | None) -> _Group | None:
-        if not report.body:
-            return None
-        for group in reversed(self._groups):
-            if group.body != report.body or rank in group.members:
-                continue
-            if _close(epoch, group.epoch, report.record.lineno, group.lineno, CROSS_RANK_SECONDS):
-                return group
-        return None
+    def _forget(self, now: float) -> None:
+        """Counted groups that nothing can join any more leave the window (oldest first)."""
+        window = self._groups
+        while (group := window.oldest()) is not None and group.emitted:
+            if group.touched is None:
+                group.touched = now  # restored from state: give late reports their time after the restart
+            if now - group.touched < self._keep:
+                return
+            window.popleft()
 
-    def _emit(self, group: _Group) -> None:
+    def _emit(self, group: Group) -> None:
         group.emitted = True
+        self._pending.pop(group.seq, None)
         members = sorted((m for m in group.members.values() if m.reports), key=lambda m: m.reports[0].record.lineno)
         reports = [r for m in members for r in m.reports]
-        # An emitted group stays in the window only so that late ranks and tracebacks join it (by its _Seen
+        # An emitted group stays in the window only so that late ranks and tracebacks join it (by its Seen
         # marks and body); its reports hold every line of every rank's block and traceback, so let them go.
         # Keeping them made the window about 25 KB per TP8 event, 256 events per followed file.
         for m in group.members.values():
@@ -249,7 +208,9 @@ class Deduper:
         if key in self._emitted_keys:
             self.suppressed += 1  # re-read after a restart: counted before it
             return
-        self._emitted_keys.append(key)
+        self._emitted_keys[key] = None
+        if len(self._emitted_keys) > EMITTED_KEYS:
+            del self._emitted_keys[next(iter(self._emitted_keys))]
         if not reports:
             return
         first = reports[0]
@@ -285,12 +246,6 @@ class Deduper:
 def _epoch(report: Report) -> float | None:
     rec = report.record
     return epoch_of(rec.time) if rec.time else epoch_of(rec.runtime_time)
-
-
-def _close(a: float | None, b: float | None, line_a: int, line_b: int, seconds: float) -> bool:
-    if a is not None and b is not None:
-        return abs(a - b) <= seconds
-    return abs(line_a - line_b) <= NO_TIME_LINES
 
 
 _DIGITS = re.compile(r"(\d+)")

@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 from ..catalog.loader import Catalog
-from ..detect.assemble import Assembler
+from ..detect.assemble import DETAIL_LITERALS, Assembler
 from ..detect.decode import Decoder
 from ..detect.dedupe import Deduper
 from ..detect.match import Matcher
@@ -30,17 +30,9 @@ CRI_SPANS = ((" stdout P ", " stdout F "), (" stderr P ", " stderr F "))
 # format is no frame); a frame of SGLang's own code (OWN_CODE) may then start a headless traceback.
 FRAME_LITERALS = ('.py", line ',)
 OWN_CODE = ("sglang/srt/",)
-# Not searched for (a block's detail lines follow its anchor line), but they keep the window open.
-DETAIL_LITERALS = (
-    'File "',
-    "Possible solutions",
-    "Open an issue",
-    "Try to allocate",
-    "vailable",
-    "valiable",
-    "evictable",
-    "LRU list",
-)
+# Not searched for (a block's detail lines and a traceback's frames follow the anchor line), but they keep the
+# reader's window open. The detail lines' literals live with the assembler's regex for them (one table).
+EXTENDERS = ('File "', *DETAIL_LITERALS)
 
 
 @dataclass(slots=True)
@@ -76,7 +68,7 @@ class Pipeline:
         self._reader = LineReader(
             (*anchors, *FRAME_LITERALS, *CRI_PARTIAL_LITERALS),
             openers=TRACEBACK_OPENERS,
-            extenders=DETAIL_LITERALS,
+            extenders=EXTENDERS,
             spans=CRI_SPANS,
             finder=finder,
             prefilter=prefilter,
@@ -107,7 +99,7 @@ class Pipeline:
         self._records_from(self._assembler.close_all())
         self._decoder.reset()
         self._deduper.flush(None)
-        self._deduper.generation = generation
+        self._deduper.start(generation)
 
     def resume_point(self) -> tuple[int, int]:
         """(offset, lineno) from which a restart must re-read to rebuild everything still in flight."""
@@ -135,8 +127,15 @@ class Pipeline:
         self._records_from(self._assembler.close_all())
 
     def tick(self, now: float) -> None:
-        """Emit groups whose wait for a traceback is over, or that the reader has left far behind."""
-        self._deduper.flush(now, self._reader.next_lineno)
+        """Emit the events that are decidable now (rank window closed, wait over, or left far behind), and
+        forget what a restart can no longer re-read."""
+        self._deduper.flush(now, self._reader.next_lineno, self._assembler.tracing())
+        self._deduper.forget_before(self.resume_point()[0])
+
+    def quiet_seconds(self, idle: float) -> float:
+        """How long the source must stay quiet before its open records are closed: the rank window when each
+        looks whole (so a block and its traceback count within it), else idle (a record cut mid-write)."""
+        return self._deduper.settle_seconds if self._assembler.complete() else idle
 
     def finish(self) -> None:
         """End of input: everything pending becomes an event now."""
