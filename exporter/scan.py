@@ -16,7 +16,7 @@ from .daemon.sink import Context, EventSink, event_json
 from .detect.match import Matcher
 from .detect.model import OomEvent
 from .detect.pipeline import Pipeline, PipelineStats
-from .sources.tail import open_binary
+from .sources.fileid import open_binary
 
 CHUNK = 4 * 1024 * 1024
 
