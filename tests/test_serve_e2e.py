@@ -56,16 +56,20 @@ def _free_port() -> int:
 class Daemon:
     """A running `sglang-oom-exporter serve` process."""
 
-    def __init__(self, args: list[str], state_dir: str) -> None:
+    def __init__(self, args: list[str], state_dir: str, env: dict[str, str] | None = None) -> None:
         self.args = args
         self.state_dir = state_dir
+        self.env = env or {}  # extra environment variables, e.g. SGLANG_OOM_EXPORTER_STATE_INTERVAL
         self.port = _free_port()
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> Daemon:
+        # A 0.1 s tick: file events wake the loop anyway; the tick only bounds how soon a test sees the loop
+        # pass that proves it caught up (settle), so a longer one would only make every test wait.
         cmd = [sys.executable, "-m", "sglang_oom_exporter", "serve", "--listen", f"127.0.0.1:{self.port}",
-               "--state-dir", self.state_dir, "--poll-interval", "0.5s", "--traceback-wait", "1s", *self.args]  # fmt: skip
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+               "--state-dir", self.state_dir, "--poll-interval", "0.1s", "--traceback-wait", "1s", *self.args]  # fmt: skip
+        env = {**os.environ, **self.env} if self.env else None
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
         wait_for(self.started, what="the daemon to answer /healthz with its starting positions saved")
         return self
 
@@ -177,8 +181,8 @@ def settle(daemon: Daemon, expected: float, kind: str = "prefill") -> None:
 def daemon_factory(tmp_path) -> Iterator[Callable[..., Daemon]]:
     started: list[Daemon] = []
 
-    def make(*args: str) -> Daemon:
-        d = Daemon(list(args), str(tmp_path / "state"))
+    def make(*args: str, env: dict[str, str] | None = None) -> Daemon:
+        d = Daemon(list(args), str(tmp_path / "state"), env)
         started.append(d)
         return d.start()
 
@@ -273,10 +277,11 @@ def test_line_split_across_two_writes_a_second_apart(tmp_path, daemon_factory):
 def test_restart_counts_what_was_written_while_down_once(tmp_path, daemon_factory, sig):
     log = tmp_path / "server.log"
     log.write_text(oom_block() + oom_block())
-    d = daemon_factory("--from-beginning", str(log))
+    # A periodic save every second instead of the default 5 s: the scenario needs one, not the wait for it.
+    d = daemon_factory("--from-beginning", str(log), env={"SGLANG_OOM_EXPORTER_STATE_INTERVAL": "1s"})
     settle(d, 2)
     if sig == signal.SIGKILL:
-        # SIGKILL leaves only the periodic save (every 5 s); whatever came after it is re-read and
+        # SIGKILL leaves only the periodic save; whatever came after it is re-read and
         # counted again from that save's counters, so one save is all the scenario needs.
         wait_for(lambda: d.metrics().get(("sglang_oom_exporter_state_saves_total", ()), 0) >= 1, what="a state save")
     assert d.stop(sig) == (0 if sig == signal.SIGTERM else -signal.SIGKILL)
@@ -328,7 +333,8 @@ def test_cri_pod_logs_rotation_and_restart_in_kubernetes_mode(tmp_path, daemon_f
 
 def test_stdin_passes_through_and_counts(tmp_path):
     port = _free_port()
-    cmd = [sys.executable, "-m", "sglang_oom_exporter", "serve", "--listen", f"127.0.0.1:{port}", "-"]
+    cmd = [sys.executable, "-m", "sglang_oom_exporter", "serve", "--listen", f"127.0.0.1:{port}", "--poll-interval", "0.1s",
+           "-"]  # fmt: skip
     proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
         d = Daemon([], str(tmp_path))

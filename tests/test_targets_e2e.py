@@ -110,19 +110,36 @@ def test_a_hanging_endpoint_does_not_slow_log_tailing(daemon, fake):
 ERAS = ["v0.3.6.prom", "v0.4.8.prom", "v0.4.10.prom", "v0.5.6.prom", "v0.5.16-dp2.prom", "v0.5.23-hybrid.prom"]
 
 
+@pytest.fixture(scope="module")
+def era_daemon(tmp_path_factory):
+    """One daemon scraping one fake SGLang per era, shared by the era tests: each reads only the series of its
+    own target (the URL is the target label), so they stay independent while paying for one daemon start."""
+    tmp = tmp_path_factory.mktemp("eras")
+    fakes = {}
+    try:
+        for era in ERAS:
+            body = open(os.path.join(HERE, "data", "scrape", era), "rb").read()
+            fakes[era] = FakeSGLang(metrics_body=body, info_body=json.dumps(INFO).encode()).start()
+        log = tmp / "server.log"
+        log.write_text("")
+        urls = [arg for fake in fakes.values() for arg in ("--sglang-url", fake.url)]
+        d = Daemon([*urls, "--scrape-interval", "0.3s", str(log)], str(tmp / "state")).start()
+        try:
+            yield d, fakes
+        finally:
+            d.stop()
+    finally:
+        for fake in fakes.values():
+            fake.stop()
+
+
 @pytest.mark.parametrize("era", ERAS)
-def test_every_era_of_metrics_is_mirrored(tmp_path, fake, era):
-    fake.metrics_body = open(os.path.join(HERE, "data", "scrape", era), "rb").read()
+def test_every_era_of_metrics_is_mirrored(era_daemon, era):
+    d, fakes = era_daemon
+    fake = fakes[era]
     import yaml
 
     expected = yaml.safe_load(open(os.path.join(HERE, "data", "scrape", era[:-5] + ".expected.yaml")))
-    log = tmp_path / "server.log"
-    log.write_text("")
-    d = Daemon(["--sglang-url", fake.url, "--scrape-interval", "0.3s", str(log)], str(tmp_path / "state"))
-    d.start()
-    try:
-        wait_for(lambda: _metric(d, "sglang_oom_target_up", target=fake.url) == 1.0, what="target up")
-        usage = _metric(d, "sglang_oom_target_token_usage", target=fake.url)
-        assert usage == pytest.approx(expected["token_usage"])
-    finally:
-        d.stop()
+    wait_for(lambda: _metric(d, "sglang_oom_target_up", target=fake.url) == 1.0, what="target up")
+    usage = _metric(d, "sglang_oom_target_token_usage", target=fake.url)
+    assert usage == pytest.approx(expected["token_usage"])
