@@ -1,0 +1,45 @@
+"""Advice, the limits every suggestion keeps and the number helpers the sizing rules share.
+
+The floors are documented in README ("Concrete suggestions"): a suggestion never goes under them. Sources:
+SGLang's hyperparameter tuning guide (docs/sglang-facts.md section 8).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any
+
+CHUNKED_PREFILL_FLOOR = 512  # below this, chunked prefill costs more than it saves; shrink the batch instead
+RUNNING_REQUESTS_FLOOR = 1
+DRAFT_TOKENS_FLOOR = 2
+MEM_FRACTION_MIN, MEM_FRACTION_MAX = 0.5, 0.95
+MEM_FRACTION_STEP = 0.05
+POOL_HEADROOM = 0.9  # size the running batch to 90% of the pool: decode grows every request each step
+FALLBACK_SHRINK = 0.75  # without numbers to size it, a quarter fewer
+CONSERVATIVENESS_GUIDE = 1.3  # the tuning guide's example value
+CUDA_GRAPH_BS_GUIDE = 16
+
+
+def num(mapping: Mapping[str, Any], key: str) -> float | None:
+    """A finite-or-inf number from server args, KV snapshot or event numbers; None if absent or not a number."""
+    value = mapping.get(key)
+    if isinstance(value, bool) or not isinstance(value, int | float) or math.isnan(value):
+        return None
+    return float(value)
+
+
+def text(value: float | None) -> str:
+    """A number as a rule states it, "?" when unknown."""
+    return "?" if value is None else f"{value:g}"
+
+
+def pow2_at_most(n: float) -> int:
+    """The largest power of two not above n (0 below 1)."""
+    return 1 << (int(n).bit_length() - 1) if n >= 1 else 0
+
+
+def round_requests(n: float) -> int:
+    """Whole requests, a multiple of 8 from 16 up (batch sizes the CUDA graphs were captured for)."""
+    n = max(RUNNING_REQUESTS_FLOOR, math.floor(n))
+    return int(n - n % 8) if n >= 16 else int(n)

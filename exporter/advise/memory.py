@@ -1,0 +1,92 @@
+"""Advice, the GPU memory split: the static fraction (KV pool and weights versus activations), the CUDA graph
+batch size, the Mamba state cache, and a pool too small for the context. Pure; rules.py names them.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any
+
+from ..detect.model import OomEvent, Suggestion
+from .limits import CUDA_GRAPH_BS_GUIDE, MEM_FRACTION_MAX, MEM_FRACTION_MIN, MEM_FRACTION_STEP, num
+
+
+def _mem_fraction(event: OomEvent, args: Mapping[str, Any]) -> float | None:
+    return num(event.numbers, "mem_fraction_static") or num(args, "mem_fraction_static")
+
+
+def mem_fraction_up(event: OomEvent, args: Mapping[str, Any], _kv: Mapping[str, Any]) -> list[Suggestion]:
+    """A higher --mem-fraction-static (the KV pool could not even be set up)."""
+    current = _mem_fraction(event, args)
+    if current is None:
+        return [Suggestion("--mem-fraction-static", None, None, "raise it (the current value is unknown)")]
+    value = round(min(MEM_FRACTION_MAX, current + MEM_FRACTION_STEP), 2)
+    return [
+        Suggestion(
+            "--mem-fraction-static",
+            current,
+            value,
+            f"{MEM_FRACTION_STEP} above the current {current:g}, at most {MEM_FRACTION_MAX}",
+        )
+    ]
+
+
+def cuda_graph_bs(_event: OomEvent, args: Mapping[str, Any], _kv: Mapping[str, Any]) -> list[Suggestion]:
+    """A smaller --cuda-graph-max-bs (capturing the graphs ran out of memory)."""
+    bs = num(args, "cuda_graph_max_bs")
+    batch = max(1, math.floor(bs / 2)) if bs else CUDA_GRAPH_BS_GUIDE
+    return [
+        Suggestion(
+            "--cuda-graph-max-bs",
+            bs,
+            batch,
+            f"half the current {bs:.0f}" if bs else f"the tuning guide's {CUDA_GRAPH_BS_GUIDE}",
+        )
+    ]
+
+
+def mem_fraction_down(event: OomEvent, args: Mapping[str, Any], _kv: Mapping[str, Any]) -> list[Suggestion]:
+    """A lower --mem-fraction-static, leaving activations room (a CUDA OOM outside the pool)."""
+    current = _mem_fraction(event, args)
+    if current is None:
+        return [Suggestion("--mem-fraction-static", None, None, "lower it, e.g. to 0.8 or 0.7 (current unknown)")]
+    value = round(max(MEM_FRACTION_MIN, current - MEM_FRACTION_STEP), 2)
+    return [
+        Suggestion(
+            "--mem-fraction-static",
+            current,
+            value,
+            f"{MEM_FRACTION_STEP} below the current {current:g}, leaving activations room; at least {MEM_FRACTION_MIN}",
+        )
+    ]
+
+
+def mamba_cache(args: Mapping[str, Any]) -> list[Suggestion]:
+    """A larger --max-mamba-cache-size."""
+    current = num(args, "max_mamba_cache_size")
+    if current is None:
+        return [Suggestion("--max-mamba-cache-size", None, None, "raise it (the current value is unknown)")]
+    return [
+        Suggestion("--max-mamba-cache-size", current, math.ceil(current * 1.5), f"1.5 times the current {current:.0f}")
+    ]
+
+
+def pool_vs_context(args: Mapping[str, Any], kv: Mapping[str, Any]) -> list[Suggestion]:
+    """A --context-length cap when the KV pool holds less than one request of the full context."""
+    capacity = num(args, "max_total_num_tokens") or num(kv, "max_total_num_tokens")
+    context = num(args, "context_length")
+    if capacity is None or context is None or capacity >= context:
+        return []
+    value = max(1024, int(capacity) - int(capacity) % 1024)
+    return [
+        Suggestion(
+            "--context-length",
+            context,
+            value,
+            f"the KV pool holds {capacity:.0f} tokens, less than one request of context_length "
+            f"{context:.0f}: cap the context at the pool (rounded down to 1024), or raise "
+            "--mem-fraction-static",
+            "the pool itself is too small for the model's context",
+        )
+    ]
