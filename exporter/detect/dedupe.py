@@ -136,7 +136,7 @@ class Deduper:
         keys = self._emitted_keys
         if keys:
             gen = self.generation
-            drop = [k for k in keys if (p := k.rpartition("@"))[0] == gen and int(p[2]) < offset]
+            drop = [k for k in keys if (p := k.rpartition("@"))[0] == gen and p[2].isdigit() and int(p[2]) < offset]
             for k in drop:
                 del keys[k]
 
