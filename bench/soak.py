@@ -16,10 +16,15 @@ What runs at once, in a temp dir, against one `serve --state-dir` daemon followi
   restart, before it is ready), leaves it down 0-2 s while the writer and rotator go on, and restarts it.
 
 Documented limits the soak keeps clear of, so that exactness is what is measured: a file is rotated at most
-once while the daemon is down and at most every 2 s while it is up (a generation created and rotated away
-between two looks is never opened: README "Tailing"). One loss is by design and counted apart: a file
-deleted while the daemon is down takes with it whatever the daemon had not read (`at_risk` counts those
-generations' events; the check is 0 <= lost <= at_risk for those files, exact for every other file).
+once while the daemon is down, and while it is up only once its generation is 2 s old (a generation created
+and rotated away between two looks is never opened: README "Tailing"). Losses by design are counted apart
+(`at_risk`; the check is 0 <= lost <= at_risk for those files, exact for every other file):
+- a file deleted while the daemon is down takes with it whatever the daemon had not read;
+- a generation whose first bytes were written while the daemon was down (or less than 2 s before the SIGKILL)
+  and that was rotated before the daemon was back: no state names it;
+- a file deleted while the daemon is up, then a SIGKILL within DELETE_KILL_WINDOW: the events written to it
+  within that window before the delete (the daemon saves at the delete and soon after counting, but a kill
+  can come first).
 
 At the end the writer and rotator stop, the daemon (restarted if down) catches up, and each file's
 `sglang_oom_events_total{kind="prefill",source=...}` is compared with what was written to it.
@@ -58,7 +63,11 @@ from benchlib import (
 TRACEBACK = (
     '  File "/usr/lib/python3/dist-packages/sglang/srt/managers/scheduler.py", line 9, in prepare_for_extend\n    x()\n'
 )
-ROTATE_GAP_UP = 2.0  # seconds between two rotations of one file while the daemon is up
+ROTATE_GAP_UP = 2.0  # seconds a generation lives at least before it is rotated while the daemon is up
+# A file deleted while the daemon is up takes with it what the daemon had not saved yet: it saves when it sees
+# the delete and within about 0.5 s of counting an event, so only a SIGKILL this soon after the delete can lose
+# events written this soon before it (counted apart, as at risk, like a delete while down).
+DELETE_KILL_WINDOW = 3.0
 
 
 @dataclass
@@ -72,6 +81,10 @@ class LogFile:
     at_risk: int = 0
     last_rotation: float = -1e9
     rotated_while_down: bool = False
+    born: float = -1e9  # when the current generation got its first bytes (after a create or a truncate)
+    born_down: bool = False  # ... while the daemon was down: no running daemon has looked at it yet
+    writes_at: list[float] = field(default_factory=list)  # when each event of the current generation was written
+    deleted_up: tuple[float, int] | None = None  # (when, events written within the window before) a delete while up
 
 
 @dataclass
@@ -126,7 +139,15 @@ class Soak:
 
     def kill(self) -> None:
         assert self.daemon is not None
-        self.journal.append((round(time.monotonic() - self.t0, 3), "-", "kill", self.daemon.pid))
+        now = time.monotonic()
+        self.journal.append((round(now - self.t0, 3), "-", "kill", self.daemon.pid))
+        for f in self.files:
+            with f.lock:
+                if f.deleted_up is not None and now - f.deleted_up[0] <= DELETE_KILL_WINDOW:
+                    f.at_risk += f.deleted_up[1]
+                f.deleted_up = None
+                # Younger than a rotation while up may be: perhaps never looked at, as if born while down.
+                f.born_down = f.born_down or now - f.born < ROTATE_GAP_UP
         self.down.set()
         self.children.stop(self.daemon, signal.SIGKILL, timeout=10)
         self.tally.kills += 1
@@ -151,6 +172,9 @@ class Soak:
             second, data = self.event_bytes()
             cuts = sorted(self.rng.sample(range(1, len(data)), self.rng.randint(1, 6)))
             with f.lock:
+                if not f.path.exists() or f.path.stat().st_size == 0:
+                    # The generation's first bytes (after a create, or a truncate): from now on it has an identity.
+                    f.born, f.born_down = time.monotonic(), self.down.is_set()
                 with open(f.path, "ab") as fh:
                     for a, b in zip([0, *cuts], [*cuts, len(data)], strict=True):
                         fh.write(data[a:b])
@@ -160,6 +184,7 @@ class Soak:
                             time.sleep(self.rng.uniform(0, 0.003))  # a rank's line split across the daemon's looks
                 f.written += 1
                 f.generation += 1
+                f.writes_at.append(time.monotonic())
                 self.journal.append((round(time.monotonic() - self.t0, 3), f.path.stem, "event", second))
                 self.tally.events += 1
                 self.tally.bytes += len(data)
@@ -171,7 +196,8 @@ class Soak:
             with f.lock:
                 down = self.down.is_set()
                 now = time.monotonic()
-                if (down and f.rotated_while_down) or (not down and now - f.last_rotation < ROTATE_GAP_UP):
+                young = now - max(f.last_rotation, f.born) < ROTATE_GAP_UP
+                if (down and f.rotated_while_down) or (not down and young):
                     continue  # the documented limit: one generation per look
                 if not f.path.exists():
                     continue
@@ -187,7 +213,15 @@ class Soak:
                     os.unlink(f.path)
                     if down:
                         f.at_risk += f.generation  # by design: what the daemon had not read goes with the file
+                    else:
+                        recent = sum(1 for t in f.writes_at if now - t <= DELETE_KILL_WINDOW)
+                        f.deleted_up = (now, recent)  # at risk only if a SIGKILL follows within the window
+                if down and f.born_down and action != "delete":
+                    # First bytes written and rotated while the daemon was down: no state names this generation
+                    # (README "Tailing": a generation created and rotated away between two looks is never read).
+                    f.at_risk += f.generation
                 f.generation = 0
+                f.writes_at = []
                 f.last_rotation = now
                 f.rotated_while_down = f.rotated_while_down or down
                 self.tally.rotations[action] += 1
@@ -215,7 +249,7 @@ class Soak:
         wait_for(self.ready_or_dead, timeout=60, what="the restarted daemon to be ready")
         for f in self.files:
             with f.lock:
-                f.rotated_while_down = False
+                f.rotated_while_down = f.born_down = False
         self.down.clear()
 
     def ready_or_dead(self) -> bool:
@@ -309,7 +343,7 @@ class Soak:
             "events_counted": sum(counted.values()),
             "exact_files": len(exact_files), "exact_files_written": sum(f.written for f in exact_files),
             "exact_files_counted": sum(counted[f.path.stem] for f in exact_files), "miscounted_files": wrong,
-            "deleted_while_down_files": len(risky), "deleted_while_down_at_risk": sum(f.at_risk for f in risky),
+            "at_risk_files": len(risky), "at_risk_events": sum(f.at_risk for f in risky),
             "lost_by_design": lost_by_design, "out_of_bounds": out_of_bounds,
             "rss_kib_samples": self.tally.rss, "peak_rss_kib": max(rss, default=0),
         }  # fmt: skip

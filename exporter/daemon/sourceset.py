@@ -10,6 +10,7 @@ look: the loop (loop.py) does.
 
 from __future__ import annotations
 
+import fnmatch
 import logging
 import os
 import threading
@@ -26,6 +27,7 @@ from ..metrics import EventCounts, SourceStats
 from ..sources.discover import KubernetesFilter, dirs_to_watch, discover_pods, expand
 from ..sources.handles import HandleBudget, handle_bound
 from ..sources.tail import FileTailer, TailPosition
+from .lazypipe import LazyPipeline
 from .logsource import LogSource
 from .sink import Context, EventSink
 
@@ -85,21 +87,34 @@ class SourceSet:
                 )
         new = []
         with self.lock:
+            # One stat per file at discovery's pace; a glob or a pod log only matches files that exist.
+            self.waiting = sorted(p for p, known in found.items() if known is None and not os.path.exists(p))
+            for path in self._saved_but_missing(found):
+                # Renamed away while the daemon was down and not recreated yet: follow it now, so that its
+                # rotated generation is drained from the saved position, not only once a new file appears.
+                found[path] = None
+            taken: set[str] | None = None  # source names in use, built once per discovery (not once per file)
             for path, known in found.items():
                 if path in self.by_path:
                     continue
                 if known is None:
-                    name = self._source_name(path)
+                    if taken is None:
+                        taken = {s.label_map.get("source", "") for s in self.by_path.values()}
+                    name = self._source_name(path, taken)
+                    taken.add(name)
                     known = (("", "", name) if k is not None else (name,), {"source": name})
                 self.by_path[path] = self._new_source(path, *known)
                 self._watch_dirs = None
                 new.append(path)
             self._discovered_once = True
             self.problem = self._discovery_problem(found)
-            # One stat per file at discovery's pace; a glob or a pod log only matches files that exist.
-            self.waiting = sorted(p for p, known in found.items() if known is None and not os.path.exists(p))
             self._retire(self._clock(), set(found))
         return new
+
+    def _saved_but_missing(self, found: Mapping[str, Any]) -> list[str]:
+        """Saved files that the configured globs matched before and that have no file at their path now."""
+        globs = [os.path.expanduser(p) for p in self.config.paths if any(c in p for c in "*?[")]
+        return [p for p in self.saved if p not in found and any(fnmatch.fnmatchcase(p, g) for g in globs)]
 
     def add_stdin(self) -> LogSource:
         """The stdin source (fed by the loop from the stdin pump, not by a tailer)."""
@@ -190,6 +205,15 @@ class SourceSet:
         with self.lock:
             return min((s.close_at for s in self.by_path.values() if s.close_at is not None), default=None)
 
+    def settle_ended(self) -> int:
+        """Count now what files whose generation ended (a reset, no new bytes yet) still wait for; returns how many."""
+        with self.lock:
+            ended = [s for s in self.by_path.values() if s.tailer is not None and s.generation is None]
+            waiting = [s for s in ended if s.pipeline.pending()]
+            for source in waiting:
+                source.pipeline.finish()
+            return len(waiting)
+
     def generations(self) -> int:
         """File generations opened or first identified over every file source (the keeper saves after one)."""
         with self.lock:
@@ -209,13 +233,13 @@ class SourceSet:
 
     # --- internals ---------------------------------------------------------------------------
 
-    def _source_name(self, path: str) -> str:
+    def _source_name(self, path: str, taken: set[str]) -> str:
         for pattern, name in self.config.names.items():
             if pattern == path:
                 return name
         base = os.path.basename(path)
         stem = base[:-4] if base.endswith(".log") else base
-        if stem in {s.label_map.get("source", "") for s in self.by_path.values()}:
+        if stem in taken:
             parent = os.path.basename(os.path.dirname(path))
             return f"{parent}/{stem}" if parent else path
         return stem
@@ -228,7 +252,8 @@ class SourceSet:
         def record(event: OomEvent) -> None:
             self.sink.record(event, labels, label_map, context(label_map))
 
-        pipeline = Pipeline(
+        # A file's pipeline is built on its first byte (most followed files stay quiet); stdin's at once.
+        pipeline = (Pipeline if path == STDIN else LazyPipeline)(
             self.catalog, self.matcher, source=label_map.get("source") or "/".join(labels), location=path,
             sink=record, extra_prefixes=self.config.prefix_regex, wait_seconds=self.config.traceback_wait,
         )  # fmt: skip

@@ -27,6 +27,9 @@ from .sourceset import SourceSet
 
 log = logging.getLogger(__name__)
 
+# An event counted is on disk within about this long, not only at the next periodic save: its file may be deleted
+# (and the daemon killed) at any moment, and then nothing could count it again.
+EVENT_SAVE_DELAY = 0.5
 STATE_VERSION = 1  # of the file's envelope and of the data inside it: one number, bumped for either
 STATE_FILENAME = "state.json"
 _TEMP_PREFIX = f".{STATE_FILENAME}."
@@ -188,6 +191,7 @@ class StateKeeper:
         self._last_save = clock()
         self._saved_mark: tuple[float, float] | None = None  # (bytes read, events) at the last save
         self._saved_generations = 0
+        self._failing = False  # the last save failed: logged once per streak, retried at the interval only
         self.saves = 0
         self.errors = 0
 
@@ -224,11 +228,17 @@ class StateKeeper:
 
         An idle node with 1,000 files should not fsync a state file every few seconds.
         """
-        if self._clock() - self._last_save >= self.interval:
+        since = self._clock() - self._last_save
+        if since >= self.interval:
             self.save(force=False)
-        elif self._store is not None and self._sources.generations() != self._saved_generations:
-            # A rotation, truncation or new file was seen: save now. A restart knows only the generations in
-            # the state file; one born after the last save and rotated away while down was never read again.
+        elif self._store is None or self._failing:
+            return
+        elif self._sources.generations() != self._saved_generations:
+            # A rotation, truncation, deletion or new file was seen: save now. A restart knows only the
+            # generations in the state file; one born after the last save and rotated away while down was never
+            # read again, and what was counted from a deleted one cannot be counted again.
+            self.save()
+        elif since >= EVENT_SAVE_DELAY and self._saved_mark is not None and self._counts.total() != self._saved_mark[1]:
             self.save()
 
     def save(self, *, force: bool = True) -> None:
@@ -241,21 +251,38 @@ class StateKeeper:
             self._last_save = self._clock()
             return
         with self._sources.lock:
-            files = {}
-            for path, source in self._sources.by_path.items():
-                saved = source.state()
-                if saved is not None:
-                    files[path] = saved
+            # A generation that ended with events still waiting (rotated away, truncated) has nothing more to
+            # wait for: counted now, they go into this save. Saved as waiting, a SIGKILL would lose them, since
+            # the position that re-reads them belongs to a generation the state no longer names.
+            self._sources.settle_ended()
+            files = self._files()
             data = {"counters": self._counts.export_state(), "files": files}
         try:
             self._store.save(data)
             self.saves += 1
             self._saved_mark = mark
             self._saved_generations = generations
+            if self._failing:
+                log.info("state: saved again in %s", self._store.directory)
+            self._failing = False
         except (OSError, TypeError, ValueError) as exc:
             self._error(f"cannot save the state file: {exc}")
+            self._failing = True
         self._last_save = self._clock()
 
+    def _files(self) -> dict[str, dict[str, Any]]:
+        """Each file's entry: followed ones from their source, the others as loaded (kept until claimed)."""
+        # A saved file not followed now (renamed away while the daemon was down and not recreated yet, or
+        # removed by a reload) keeps its entry: dropping it would make a later start read its rotated
+        # generation never, or its new file from 0 on top of counters that hold its events.
+        files = dict(self._sources.saved)
+        for path, source in self._sources.by_path.items():
+            saved = source.state()
+            if saved is not None:
+                files[path] = saved
+        return files
+
     def _error(self, message: str) -> None:
+        # Counted every time; logged once per streak of failures (a broken state dir fails every few seconds).
         self.errors += 1
-        log.warning("state: %s", message)
+        log.log(logging.DEBUG if self._failing else logging.WARNING, "state: %s", message)

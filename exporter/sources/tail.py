@@ -77,6 +77,9 @@ class FileTailer:
         # Parked: the handle was given back to the budget; what the file was and where we were in it.
         self._parked: _Parked | None = None
         self._restore = position
+        # The last generation held, once it has ended (rotated, deleted) and no new one is open yet: still what
+        # the state must say, so that a restart finds the rotated file and keeps this file's epoch and memory.
+        self._ended: TailPosition | None = None
         # Existing files on a first start are history, not pages; a file that appears later is read
         # from 0 because a crashing container can write its OOM in its first second.
         self._start_at_end = start_at_end
@@ -92,10 +95,12 @@ class FileTailer:
 
     @property
     def position(self) -> TailPosition | None:
-        """Resume point for the state file; None when no file is open (and no restore is pending)."""
+        """Resume point for the state file; None before any file was opened (and no restore is pending)."""
         if self._fd is None:
             p = self._parked
-            return self._restore if p is None else TailPosition(self.path, p.dev, p.ino, p.commit, p.fp, p.fp_len)
+            if p is not None:
+                return TailPosition(self.path, p.dev, p.ino, p.commit, p.fp, p.fp_len)
+            return self._restore or self._ended
         return TailPosition(self.path, self._dev, self._ino, self._commit, self._fp, self._fp_len)
 
     def prime(self) -> None:
@@ -178,6 +183,8 @@ class FileTailer:
             return  # renamed away and not yet replaced: keep draining until the new file shows up
         if st is None:
             now = self._clock()
+            if self._deleted_at is None:
+                self.stats.generations += 1  # lost its name: save now, while what was counted from it is known
             if self._deleted_at is None or self._offset > before:
                 self._deleted_at = now
             if now - self._deleted_at < DELETED_LINGER_SECONDS:
@@ -313,6 +320,7 @@ class FileTailer:
         if (st.st_dev, st.st_ino) != (self._dev, self._ino):
             self.stats.generations += 1  # not a parked file coming back
         self._fd, self._dev, self._ino = fd, st.st_dev, st.st_ino
+        self._ended = None
         if self._budget is not None:
             self._budget.opened(self)
         self._rewind()
@@ -356,6 +364,7 @@ class FileTailer:
         # The generation we parked is no longer at the path: renamed (drain it from a sibling) or deleted.
         self._parked = None
         pos = TailPosition(self.path, p.dev, p.ino, p.offset, p.fp, p.fp_len)
+        self._ended = TailPosition(self.path, p.dev, p.ino, p.commit, p.fp, p.fp_len)
         rotated = self._find_rotated(pos)
         if rotated is not None:
             yield from self._drain_rotated(rotated, pos)
@@ -383,6 +392,7 @@ class FileTailer:
             yield from self._read_to_eof()
             return
         self._restore = None
+        self._ended = pos
         self._start_at_end = False
         rotated = self._find_rotated(pos)
         if rotated is not None:
@@ -435,6 +445,11 @@ class FileTailer:
                     self.stats.bytes_read += len(data)
                     self.stats.last_read_wall_time = self._wall_clock()
                     # The saved generation's identity, even when it now lives in a .gz of another inode.
+                    newline = data.rfind(b"\n")
+                    if newline >= 0 and self._fd is None:
+                        # Drained up to here: a restart resumes the rotated file here, not at the saved offset.
+                        self._ended = TailPosition(self.path, pos.dev, pos.ino, offset + newline + 1, pos.fingerprint,
+                                                   pos.fingerprint_len)  # fmt: skip
                     yield TailChunk(self.path, data, offset, pos.dev, pos.ino)
                     offset += len(data)
         except (OSError, EOFError, zlib.error) as exc:
@@ -444,6 +459,7 @@ class FileTailer:
 
     def _close_fd(self) -> None:
         if self._fd is not None:
+            self._ended = TailPosition(self.path, self._dev, self._ino, self._commit, self._fp, self._fp_len)
             fd, self._fd = self._fd, None
             if self._budget is not None:
                 self._budget.released(self)
