@@ -1,0 +1,157 @@
+"""Node discovery, the API call: list the pods of one node through the Kubernetes API server as the pod's
+service account, and turn the PodList into each pod's SGLang endpoint. stdlib only (ssl, http.client).
+
+Every failure is a DiscoveryError with a reason from REASONS (a metric label); nodetargets.py counts them.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import ssl
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import quote
+
+SERVICE_ACCOUNT_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
+REASONS = ("no_node_name", "no_token", "refused", "timeout", "tls", "http_status", "bad_json", "too_large", "error")
+MAX_BODY_BYTES = 64 << 20  # one node's pod list is far smaller; a runaway answer must not fill memory
+
+PodKey = tuple[str, str]  # (namespace, pod)
+
+
+class DiscoveryError(Exception):
+    """A failed pod list; reason is one of REASONS (a metric label)."""
+
+    def __init__(self, reason: str, detail: str) -> None:
+        super().__init__(f"{reason}: {detail}")
+        self.reason = reason if reason in REASONS else "error"
+        self.detail = detail
+
+
+@dataclass(frozen=True, slots=True)
+class PodEndpoint:
+    """Where one pod's SGLang listens."""
+
+    namespace: str
+    pod: str
+    ip: str
+    port: int
+
+    @property
+    def url(self) -> str:
+        """http://<ip>:<port>, with brackets around an IPv6 address."""
+        host = f"[{self.ip}]" if ":" in self.ip else self.ip
+        return f"http://{host}:{self.port}"
+
+
+class ApiClient:
+    """Lists the pods of one node through the API server, as the pod's service account.
+
+    timeout bounds each socket operation (connect, TLS handshake, each read), not the whole call: the caller is
+    the discovery thread, so a slow API server delays only the next list.
+    """
+
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        *,
+        token_file: str,
+        ca_file: str,
+        timeout: float = 10.0,
+        max_bytes: int = MAX_BODY_BYTES,
+    ) -> None:
+        self.host, self.port = host, port
+        self.token_file, self.ca_file = token_file, ca_file
+        self.timeout = timeout
+        self.max_bytes = max_bytes
+
+    @classmethod
+    def in_cluster(
+        cls, env: Mapping[str, str], service_account_dir: str = SERVICE_ACCOUNT_DIR, timeout: float = 10.0
+    ) -> ApiClient:
+        """The client a pod uses: the API server from the service env vars, the mounted token and CA."""
+        host = env.get("KUBERNETES_SERVICE_HOST", "")
+        try:
+            port = int(env.get("KUBERNETES_SERVICE_PORT", "443"))
+        except ValueError:
+            port = 443
+        return cls(
+            host,
+            port,
+            token_file=os.path.join(service_account_dir, "token"),
+            ca_file=os.path.join(service_account_dir, "ca.crt"),
+            timeout=timeout,
+        )
+
+    def list_pods(self, node: str) -> dict[str, Any]:
+        """The PodList of the pods scheduled on node; DiscoveryError on any failure."""
+        if not self.host:
+            raise DiscoveryError("error", "KUBERNETES_SERVICE_HOST is not set (not running in a pod?)")
+        token = self._token()
+        try:
+            context = ssl.create_default_context(cafile=self.ca_file)
+        except (OSError, ssl.SSLError) as exc:
+            raise DiscoveryError("tls", f"cannot load the CA {self.ca_file}: {exc}") from exc
+        # resourceVersion=0: served from the API server's watch cache, not etcd; a thousand nodes listing every
+        # interval stay cheap (what client-go's informers do for their lists).
+        path = "/api/v1/pods?fieldSelector=" + quote(f"spec.nodeName={node}", safe="") + "&resourceVersion=0"
+        conn = http.client.HTTPSConnection(self.host, self.port, timeout=self.timeout, context=context)
+        try:
+            conn.request("GET", path, headers={"Authorization": f"Bearer {token}", "Accept": "application/json"})
+            response = conn.getresponse()
+            body = response.read(self.max_bytes + 1)
+        except ssl.SSLError as exc:
+            raise DiscoveryError("tls", f"TLS with {self.host}:{self.port} failed: {exc}") from exc
+        except ConnectionRefusedError as exc:
+            raise DiscoveryError("refused", f"connection refused by {self.host}:{self.port}") from exc
+        except TimeoutError as exc:
+            raise DiscoveryError("timeout", f"no answer from {self.host}:{self.port} within {self.timeout}s") from exc
+        except (OSError, http.client.HTTPException) as exc:
+            raise DiscoveryError("error", f"{type(exc).__name__}: {exc}") from exc
+        finally:
+            conn.close()
+        if response.status != 200:
+            raise DiscoveryError("http_status", f"HTTP {response.status}: {body[:200].decode('utf-8', 'replace')}")
+        if len(body) > self.max_bytes:
+            raise DiscoveryError("too_large", f"pod list over {self.max_bytes} bytes")
+        try:
+            doc = json.loads(body)
+        except ValueError as exc:
+            raise DiscoveryError("bad_json", f"pod list is not JSON: {exc}") from exc
+        if not isinstance(doc, dict) or not isinstance(doc.get("items"), list):
+            raise DiscoveryError("bad_json", "pod list has no items list")
+        return doc
+
+    def _token(self) -> str:
+        try:
+            with open(self.token_file, encoding="utf-8") as fh:
+                token = fh.read().strip()
+        except OSError as exc:
+            raise DiscoveryError("no_token", f"cannot read {self.token_file}: {exc.strerror or exc}") from exc
+        if not token:
+            raise DiscoveryError("no_token", f"{self.token_file} is empty")
+        return token
+
+
+def endpoints(pod_list: Mapping[str, Any], default_port: int, port_annotation: str) -> dict[PodKey, PodEndpoint]:
+    """Each pod with an IP -> its SGLang endpoint; the port from the annotation when it is a valid port."""
+    found: dict[PodKey, PodEndpoint] = {}
+    for item in pod_list.get("items") or []:
+        if not isinstance(item, dict):
+            continue
+        meta, status = item.get("metadata") or {}, item.get("status") or {}
+        namespace, name, ip = meta.get("namespace"), meta.get("name"), status.get("podIP")
+        if not (isinstance(namespace, str) and isinstance(name, str) and isinstance(ip, str) and ip):
+            continue  # pending pods have no IP yet
+        if status.get("phase") in ("Succeeded", "Failed"):
+            continue
+        port = default_port
+        raw = (meta.get("annotations") or {}).get(port_annotation)
+        if isinstance(raw, str) and raw.strip().isdigit() and 0 < int(raw) < 65536:
+            port = int(raw)
+        found[(namespace, name)] = PodEndpoint(namespace, name, ip, port)
+    return found
