@@ -20,12 +20,11 @@ from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 from ..config import Config
-from ..metrics import SourceStats
 from ..sources.stdin import StdinPump
 from .health import HealthWatch
 from .logsource import IDLE_CLOSE_SECONDS, LogSource
+from .publish import Publisher
 from .sourceset import STDIN, SourceSet
-from .sourceset import _add_stats as add_stats  # one source's statistics, as SourceSet.stats() sums them
 from .state import StateKeeper
 from .store import Health
 
@@ -83,8 +82,7 @@ class Loop:
         self._starting = True
         self._health = HealthWatch(sources, keeper)
         self._health.state_dir = config.state_dir
-        self._table = sources.counts.sources  # read statistics, published here as files are read
-        self._resync = True  # the set of files may have changed: publish new files, unpublish gone ones
+        self._published = Publisher(sources)  # read statistics, handed to the metrics page as files are read
         self.pending = 0  # events waiting for their traceback or other ranks, at the end of the last pass
         self.busy = 0  # sources joining lines or events at the end of the last pass
 
@@ -102,7 +100,7 @@ class Loop:
                 fresh = set(self.sources.discover())
                 self._last_discover = now
                 self._discover_requested = False
-                self._resync = True
+                self._published.resync = True
             sweep = now - self._last_sweep >= self.config.sweep_interval or self._changed is None
             if sweep:
                 self._last_sweep = now
@@ -114,41 +112,22 @@ class Loop:
                 # and only sources with something pending are ticked. An idle node costs almost nothing.
                 look = sweep or source.path in fresh or source.path in self._behind or source.directory in changed
                 ticked = source.close_at is not None or source.pipeline.pending()
+                if not (look or ticked):
+                    continue  # nothing to read, close or publish; nothing pending either
                 if self._guarded(source, now, look):
                     behind.add(source.path)
-                if look or ticked:
-                    self._publish(source)
+                self._published.publish(source, always=bool(ticked))
                 waiting = source.pipeline.pending()
                 pending += waiting
                 busy += 1 if waiting or source.close_at is not None else 0
             self._changed = set()
             self._behind = behind
             self._drain_stdin(now)
-            self._sync_published()
+            self._published.after_pass()
             self.pending, self.busy = pending, busy
         self.keeper.save_if_due()
         self._last_loop = self._wall()
         self._health.note()
-
-    def _publish(self, source: LogSource) -> None:
-        """Hand one file's read statistics to the metrics page (only changed values are re-encoded there)."""
-        stats = SourceStats(source.labels)
-        add_stats(stats, source)
-        self._table.update(source.path, stats)
-
-    def _sync_published(self) -> None:
-        """After discovery or a reload: publish the files that are new, unpublish the ones no longer followed."""
-        stdin = self.sources.by_path.get(STDIN)
-        if stdin is not None:
-            self._publish(stdin)  # fed by the pump, not polled: its lines count every pass
-        if not self._resync:
-            return
-        self._resync = False
-        published, current = self._table.paths(), self.sources.by_path
-        for path in published - current.keys():
-            self._table.remove(path)
-        for path in current.keys() - published:
-            self._publish(current[path])
 
     def _guarded(self, source: LogSource, now: float, look: bool) -> bool:
         """Poll (or tick) one source; an unexpected error in it is counted and logged, never raised."""
@@ -186,7 +165,7 @@ class Loop:
         self.keeper.interval = config.state_interval
         self._health.state_dir = config.state_dir
         self._last_discover = self._last_sweep = -1e18
-        self._resync = True
+        self._published.resync = True
 
     def next_timeout(self) -> float:
         """How long the loop may wait for a file event before it must look again."""

@@ -54,6 +54,7 @@ class EventCounts:
         self._retracted: dict[Labels, float] = {}
         self._last: dict[tuple[Labels, str], _Last] = {}
         self._flags: dict[tuple[Labels, str, str], tuple[float | None, float]] = {}
+        self._sum: float | None = 0.0  # total() over every source and kind (None: recount); the keeper asks each pass
         names = ["kind", *self.label_names]
         fam = self.page.family
         self._f_events = fam(
@@ -126,6 +127,8 @@ class EventCounts:
             self._ensure(labels)
             kind_key = (event.kind, *labels)
             self._events[labels][event.kind] = self._events[labels].get(event.kind, 0.0) + 1
+            if self._sum is not None:
+                self._sum += 1
             self._f_events.set(kind_key, self._events[labels][event.kind])
             if event.fatal:
                 self._fatal[labels][event.kind] = self._fatal[labels].get(event.kind, 0.0) + 1
@@ -170,6 +173,7 @@ class EventCounts:
     def drop(self, labels: Labels) -> None:
         """Forget a source whose logs are gone (after the retention), with every series it had."""
         with self._lock:
+            self._sum = None
             for kind in (*self._events.pop(labels, {}), *self._fatal.pop(labels, {})):
                 self._f_events.discard((kind, *labels))
                 self._f_fatal.discard((kind, *labels))
@@ -194,7 +198,12 @@ class EventCounts:
     def total(self, kind: str | None = None) -> float:
         """Sum over sources (all kinds, or one)."""
         with self._lock:
-            return sum(v for per in self._events.values() for k, v in per.items() if kind is None or k == kind)
+            if kind is None and self._sum is not None:
+                return self._sum
+            total = sum(v for per in self._events.values() for k, v in per.items() if kind is None or k == kind)
+            if kind is None:
+                self._sum = total
+            return total
 
     def export_state(self) -> dict[str, Any]:
         """Counter values as plain data for the state file."""
@@ -224,6 +233,7 @@ class EventCounts:
         except (KeyError, TypeError, AttributeError) as exc:
             raise ValueError(f"bad counter state: {exc!r}") from exc
         with self._lock:
+            self._sum = None
             for labels, events, fatal, retracted in restored:
                 self._ensure(labels)
                 self._events[labels].update(events)

@@ -84,6 +84,8 @@ class SourceTable:
         """Publish one file's statistics (its own, not merged); only the lines whose value changed are re-encoded."""
         with self._lock:
             old = self._by_path.get(path)
+            if old == stats:
+                return
             if old is not None and old.labels != stats.labels:
                 self._leave(path, old)
                 old = None
