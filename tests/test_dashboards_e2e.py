@@ -82,7 +82,9 @@ def test_oom_and_suggestion_panels_return_the_event_and_the_flag_change(stack):
     # after their first sample exercises the increase() branch and a longer one the born-in-range branch.
     prefill = 'sglang_oom_fatal_events_total{kind="prefill",source="server"}'
     prom.wait_for_targets_up()
-    wait_until(lambda: (prom.query_value(f"count_over_time({prefill}[1m])") or 0) >= 6, timeout=15, what="samples")
+    # Eight samples (seven seconds) before the event, so that since_first below is at least 6 however soon
+    # the event is scraped after its append (with six, a quick scrape left it at 5 now and then).
+    wait_until(lambda: (prom.query_value(f"count_over_time({prefill}[1m])") or 0) >= 8, timeout=20, what="samples")
     (raw,) = prom.api("query", query=f"{prefill}[1m]")["result"]
     first_sample = float(raw["values"][0][0])
     assert _series(prom, _grafana(fatal_expr), "kind") == {(k,): 0.0 for k in fatal_kinds}
