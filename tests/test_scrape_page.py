@@ -244,3 +244,79 @@ def test_series_per_source_exactly(tmp_path):
     after_read = _series(page())
     assert len(after_read) == len(three) + 1  # b's last-read timestamp, once it has read something
     assert "sglang_oom_exporter_lines_read_total 1.0" in after_read
+
+
+# --- what the loop publishes equals what the source set holds ---------------------------------------------
+
+
+def _published(app: App) -> dict[str, dict]:
+    """The page's read statistics: per source (lag, errors, last read) and the exporter-wide totals."""
+    metrics = {m.name: m for m in app.counts.page.metrics()}
+    per = {
+        name: {s.labels["source"]: s.value for s in metrics[f"sglang_oom_exporter_{name}"].samples}
+        for name in ("file_lag_bytes", "read_errors", "last_read_timestamp_seconds")
+    }
+    totals = {
+        name: metrics[f"sglang_oom_exporter_{name}"].samples[0].value
+        for name in ("read_bytes", "lines_read", "records", "matched_records", "files_watched")
+    }
+    return {"per": per, "totals": totals}
+
+
+def _held(app: App) -> dict[str, dict]:
+    """The same numbers summed from the source set itself (SourceSet.stats(), under its lock)."""
+    stats = app.sources.stats()
+    per = {
+        "file_lag_bytes": {s.labels[0]: s.lag_bytes for s in stats},
+        "read_errors": {s.labels[0]: s.read_errors for s in stats},
+        "last_read_timestamp_seconds": {s.labels[0]: s.last_read for s in stats if s.last_read is not None},
+    }
+    totals = {
+        "read_bytes": sum(s.bytes_read for s in stats), "lines_read": sum(s.lines_read for s in stats),
+        "records": sum(s.records for s in stats), "matched_records": sum(s.matched_records for s in stats),
+        "files_watched": sum(s.files for s in stats),
+    }  # fmt: skip
+    return {"per": per, "totals": totals}
+
+
+BLOCK = (
+    "[2026-03-14 22:07:{s:02d} TP0] Decode out of memory. Try to lower your batch size.\nTry to allocate 8 tokens.\n\n"
+)
+
+
+def test_published_statistics_equal_the_source_sets_after_each_kind_of_change(tmp_path):
+    a, b = tmp_path / "a.log", tmp_path / "b.log"
+    a.write_text("")
+    b.write_text("")
+    app, clock = _app(tmp_path)
+    _steps(app, clock)
+    assert _published(app) == _held(app)  # two quiet files
+    with open(a, "a") as fh:
+        fh.write("line one\nline two\n" + BLOCK.format(s=1))
+    _steps(app, clock, 6)  # read by a sweep (no file event is handed over)
+    assert _published(app) == _held(app)
+    assert _published(app)["totals"]["lines_read"] == 5
+    a.rename(tmp_path / "a.log.1")
+    a.write_text("after the rotation\n")
+    _steps(app, clock, 6)
+    assert _published(app) == _held(app)  # the rotated file drained, the new one read
+    b.write_text("a long line that will be cut away by the truncation below\n" * 5)
+    _steps(app, clock, 4)
+    assert _published(app) == _held(app)
+    b.write_text(BLOCK.format(s=2))  # truncated (copytruncate-style), then written again
+    _steps(app, clock, 8)
+    assert _published(app) == _held(app)
+    assert app.counts.total() == 2
+    resets = {s.labels["reason"]: s.value for m in app.counts.page.metrics()
+              if m.name == "sglang_oom_exporter_file_resets" for s in m.samples}  # fmt: skip
+    assert resets == {"rotated": 1.0, "truncated": 1.0, "recreated": 0.0, "deleted": 0.0}
+    before = _published(app)["totals"]
+    assert app.reload(app.config, CATALOG) == "applied"  # every file source rebuilt: its counts start again
+    _steps(app, clock, 4)
+    after = _published(app)["totals"]
+    assert after == before  # the totals neither go down nor count the rebuilt sources twice
+    assert _published(app)["per"] == _held(app)["per"]
+    with open(b, "a") as fh:
+        fh.write("one more\n")
+    _steps(app, clock, 4)
+    assert _published(app)["totals"]["lines_read"] == before["lines_read"] + 1
