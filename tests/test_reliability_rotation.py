@@ -124,7 +124,7 @@ def test_an_event_in_flight_when_its_generation_ends_survives_a_sigkill(tmp_path
     _append(log, EVENT.format(s=5))
     app.loop.mark_changed({str(tmp_path)})
     app.loop.step()  # read at once; the settle has not passed on the fake clock
-    assert app.sources.pending() == 1
+    assert app.loop.pending == 1
     if how == "rename":
         os.rename(log, log + ".1")  # and no new file yet
     else:
@@ -132,7 +132,7 @@ def test_an_event_in_flight_when_its_generation_ends_survives_a_sigkill(tmp_path
         os.truncate(log, 0)
     app.loop.mark_changed({str(tmp_path)})
     app.loop.step()
-    assert app.sources.pending() == 1  # the generation ended with the event still waiting
+    assert app.loop.pending == 1  # the generation ended with the event still waiting
     app.keeper.save()
     app.sources.close()
     app = _restarted(tmp_path)

@@ -2,15 +2,13 @@
 
     config (paths, globs, pod log root) --discover()--> LogSource per file --poll--> Pipeline --> EventSink
 
-Discovery names each new file once (a logical `source` label, or namespace/pod/container in Kubernetes
-mode), zero-initialises its series, and resumes it from the saved position the state keeper handed over.
-A file gone for longer than the retention is retired with its series. Nothing here decides when to
-look: the loop (loop.py) does.
+Discovery names each new file once (found.py), zero-initialises its series, and resumes it from the saved
+position the state keeper handed over; a file gone longer than the retention is retired with its series.
+Nothing here decides when to look: the loop (loop.py) does.
 """
 
 from __future__ import annotations
 
-import fnmatch
 import logging
 import os
 import threading
@@ -24,9 +22,10 @@ from ..detect.match import Matcher
 from ..detect.model import OomEvent
 from ..detect.pipeline import Pipeline
 from ..metrics import EventCounts, SourceStats
-from ..sources.discover import KubernetesFilter, dirs_to_watch, discover_pods, expand
+from ..sources.discover import dirs_to_watch, discover_pods, expand
 from ..sources.handles import HandleBudget, handle_bound
 from ..sources.tail import FileTailer, TailPosition
+from .found import discovery_problem, kubernetes_filter, restore, saved_but_missing, source_name
 from .lazypipe import LazyPipeline
 from .logsource import LogSource
 from .sink import Context, EventSink
@@ -67,7 +66,7 @@ class SourceSet:
         self.bad_positions = 0  # saved positions that could not be used (a state error)
         self._discovered_once = False
         self._watch_dirs: set[str] | None = None
-        self._kfilter = _filter(config)
+        self._kfilter = kubernetes_filter(config)
         # Never more log files open than the open-file limit allows with room for HTTP and the state file.
         self.handles = HandleBudget(handle_bound())
 
@@ -89,7 +88,7 @@ class SourceSet:
         with self.lock:
             # One stat per file at discovery's pace; a glob or a pod log only matches files that exist.
             self.waiting = sorted(p for p, known in found.items() if known is None and not os.path.exists(p))
-            for path in self._saved_but_missing(found):
+            for path in saved_but_missing(self.config.paths, self.saved, found):
                 # Renamed away while the daemon was down and not recreated yet: follow it now, so that its
                 # rotated generation is drained from the saved position, not only once a new file appears.
                 found[path] = None
@@ -100,21 +99,16 @@ class SourceSet:
                 if known is None:
                     if taken is None:
                         taken = {s.label_map.get("source", "") for s in self.by_path.values()}
-                    name = self._source_name(path, taken)
+                    name = source_name(self.config.names, path, taken)
                     taken.add(name)
                     known = (("", "", name) if k is not None else (name,), {"source": name})
                 self.by_path[path] = self._new_source(path, *known)
                 self._watch_dirs = None
                 new.append(path)
             self._discovered_once = True
-            self.problem = self._discovery_problem(found)
+            self.problem = discovery_problem(self.config, found, STDIN in self.by_path)
             self._retire(self._clock(), set(found))
         return new
-
-    def _saved_but_missing(self, found: Mapping[str, Any]) -> list[str]:
-        """Saved files that the configured globs matched before and that have no file at their path now."""
-        globs = [os.path.expanduser(p) for p in self.config.paths if any(c in p for c in "*?[")]
-        return [p for p in self.saved if p not in found and any(fnmatch.fnmatchcase(p, g) for g in globs)]
 
     def add_stdin(self) -> LogSource:
         """The stdin source (fed by the loop from the stdin pump, not by a tailer)."""
@@ -141,16 +135,15 @@ class SourceSet:
     def reconfigure(self, config: Config, catalog: Catalog) -> None:
         """Apply a reloaded config and catalog to every file source, as a restart would, exactly once.
 
-        Each file source is rebuilt from what the state file would hold for it (the offset of its oldest
-        byte in flight and its dedupe memory), so the new pipeline, matcher and traceback wait take over
-        without losing or recounting an event. stdin cannot be re-read: it keeps its pipeline. A file the new
-        config no longer names is let go at once (what it had pending counts now); its position is kept, so
-        naming it again later resumes where it stopped.
+        Each file source is rebuilt from what the state file would hold for it (the offset of its oldest byte in
+        flight, its dedupe memory), so the new pipeline, matcher and traceback wait take over without losing or
+        recounting an event; stdin keeps its pipeline. A file the new config no longer names is let go at once
+        (what it had pending counts now); its position is kept (and saved), so naming it again resumes there.
         """
         with self.lock:
             self.config, self.catalog = config, catalog
             self.matcher = Matcher(catalog)
-            self._kfilter = _filter(config)
+            self._kfilter = kubernetes_filter(config)
             self._watch_dirs = None
             wanted = set(expand(config.paths))
             k = config.kubernetes
@@ -173,12 +166,17 @@ class SourceSet:
         saved = source.state()
         if saved is not None:
             self.saved[path] = saved
+        self._drop(path, source)
+        log.info("source dropped path=%s: the reloaded configuration no longer names it", path)
+
+    def _drop(self, path: str, source: LogSource) -> None:
+        """Stop following path: close it, forget it, and drop its series unless another file has its labels."""
         if source.tailer is not None:
             source.tailer.close()
         del self.by_path[path]
+        self._watch_dirs = None
         if not any(s.labels == source.labels for s in self.by_path.values()):
             self.counts.drop(source.labels)
-        log.info("source dropped path=%s: the reloaded configuration no longer names it", path)
 
     # --- statistics --------------------------------------------------------------------------
 
@@ -190,11 +188,6 @@ class SourceSet:
                 _add_stats(merged.setdefault(source.labels, SourceStats(source.labels)), source)
             return list(merged.values())
 
-    def pending(self) -> int:
-        """Events waiting for their traceback or for other ranks, over every source."""
-        with self.lock:
-            return sum(s.pipeline.pending() for s in self.by_path.values())
-
     def busy(self) -> int:
         """Sources that wait for a traceback or for a quiet file's records to close (0: all caught up)."""
         with self.lock:
@@ -205,14 +198,12 @@ class SourceSet:
         with self.lock:
             return min((s.close_at for s in self.by_path.values() if s.close_at is not None), default=None)
 
-    def settle_ended(self) -> int:
-        """Count now what files whose generation ended (a reset, no new bytes yet) still wait for; returns how many."""
+    def settle_ended(self) -> None:
+        """Count now what files whose generation ended (a reset, and no new bytes yet) still wait for."""
         with self.lock:
-            ended = [s for s in self.by_path.values() if s.tailer is not None and s.generation is None]
-            waiting = [s for s in ended if s.pipeline.pending()]
-            for source in waiting:
-                source.pipeline.finish()
-            return len(waiting)
+            for s in self.by_path.values():
+                if s.tailer is not None and s.generation is None and s.pipeline.pending():
+                    s.pipeline.finish()
 
     def generations(self) -> int:
         """File generations opened or first identified over every file source (the keeper saves after one)."""
@@ -232,17 +223,6 @@ class SourceSet:
                     source.tailer.close()
 
     # --- internals ---------------------------------------------------------------------------
-
-    def _source_name(self, path: str, taken: set[str]) -> str:
-        for pattern, name in self.config.names.items():
-            if pattern == path:
-                return name
-        base = os.path.basename(path)
-        stem = base[:-4] if base.endswith(".log") else base
-        if stem in taken:
-            parent = os.path.basename(os.path.dirname(path))
-            return f"{parent}/{stem}" if parent else path
-        return stem
 
     def _new_source(self, path: str, labels: tuple[str, ...], label_map: dict[str, str] | None) -> LogSource:
         label_map = label_map or dict(zip(self.counts.label_names, labels, strict=False))
@@ -276,18 +256,11 @@ class SourceSet:
         if saved is None:
             return None
         try:
-            position = TailPosition.from_dict(saved["position"])
-            lineno = saved.get("lineno", 1)
-            source.resume_lineno = None if lineno is None else int(lineno)
-            source.resume_offset = position.offset
-            source.epoch = int(saved.get("epoch", 0))
-            source.pipeline.restore_state(saved.get("dedupe", {}))
+            return restore(source, saved)
         except (KeyError, TypeError, ValueError) as exc:
             self.bad_positions += 1
             log.warning("state: ignoring the saved position of %s: %s", source.path, exc)
-            source.resume_lineno = source.resume_offset = None
             return None
-        return position
 
     def _retire(self, now: float, found: set[str]) -> None:
         """Drop sources whose file is gone, and their series once the retention is over.
@@ -305,29 +278,8 @@ class SourceSet:
             if source.gone_since is None:
                 source.gone_since = now
             elif now - source.gone_since >= self.config.source_retention:
-                source.tailer.close()
-                del self.by_path[path]
-                self._watch_dirs = None
-                if not any(s.labels == source.labels for s in self.by_path.values()):
-                    self.counts.drop(source.labels)
+                self._drop(path, source)
                 log.info("source retired path=%s after %.0fs without its file", path, now - source.gone_since)
-
-    def _discovery_problem(self, found: Mapping[str, Any]) -> str:
-        if STDIN in self.by_path:
-            return ""
-        k = self.config.kubernetes
-        if k is not None and not os.path.isdir(k.logs_root):
-            return f"the Kubernetes log root {k.logs_root} does not exist"
-        if not found and not self.config.paths and k is None:
-            return "no log paths are configured"
-        if not found:
-            return "no log file matches the configured paths yet"
-        return ""
-
-
-def _filter(config: Config) -> KubernetesFilter | None:
-    k = config.kubernetes
-    return None if k is None else KubernetesFilter(k.namespace, k.pod, k.container)
 
 
 def _add_stats(s: SourceStats, source: LogSource) -> None:
