@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import gzip
 import http.client
+import shutil
+import subprocess
 import threading
 import time
 import zlib
@@ -16,6 +18,8 @@ from email.message import Message
 
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client import parser as text_parser
+from prometheus_client.openmetrics import parser as openmetrics_parser
 from prometheus_client.openmetrics.exposition import generate_latest as generate_openmetrics
 
 from sglang_oom_exporter.config import Config
@@ -320,3 +324,35 @@ def test_published_statistics_equal_the_source_sets_after_each_kind_of_change(tm
         fh.write("one more\n")
     _steps(app, clock, 4)
     assert _published(app)["totals"]["lines_read"] == before["lines_read"] + 1
+
+
+def _busy_page_registry() -> PageRegistry:
+    counts = EventCounts(CATALOG.ids, ("namespace", "pod", "container"), CATALOG.retraction_kind,
+                         fatal_kinds=fatal_kinds(CATALOG))  # fmt: skip
+    for i in range(3):
+        counts.ensure(("llm", f"sglang-{i}", 'c"\\x'))
+    counts.record(("llm", "sglang-1", 'c"\\x'), _event("prefill", requested_tokens=9, available_tokens=1), 5.0)
+    counts.sources.update("/l/0", SourceStats(("llm", "sglang-0", 'c"\\x'), files=1, bytes_read=9, last_read=2.0))
+    registry = PageRegistry()
+    registry.register(ExporterCollector(counts, lambda: {"pending_events": 1.0, "source_errors_total": 0.0}))
+    return registry
+
+
+@pytest.mark.needs_promtool
+@pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool (Debian package prometheus) is not installed")
+def test_promtool_accepts_the_cached_page():
+    page = join_plain(_busy_page_registry().render(False))
+    proc = subprocess.run(["promtool", "check", "metrics"], input=page, capture_output=True, timeout=60, check=False)
+    assert (proc.returncode, proc.stdout, proc.stderr) == (0, b"", b"")
+
+
+def test_the_openmetrics_page_parses_strictly_to_the_same_samples_as_the_text_page():
+    registry = _busy_page_registry()
+    om = join_plain(registry.render(True)).decode()
+    text = join_plain(registry.render(False)).decode()
+    om_samples = {(s.name, tuple(sorted(s.labels.items())), s.value)
+                  for f in openmetrics_parser.text_string_to_metric_families(om) for s in f.samples}  # fmt: skip
+    text_samples = {(s.name, tuple(sorted(s.labels.items())), s.value)
+                    for f in text_parser.text_string_to_metric_families(text) for s in f.samples}  # fmt: skip
+    assert om_samples == text_samples
+    assert len(om_samples) == len(_series(text))
