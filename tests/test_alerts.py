@@ -201,6 +201,70 @@ def test_the_unit_tests_catch_a_rule_without_its_born_at_one_branch(tmp_path):
     assert "name: one event pages" not in out  # the plain increase still sees the ordinary case
 
 
+@pytest.mark.needs_promtool
+@needs_promtool
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize(
+    ("mutate", "failing"),
+    [
+        # Without `offset 1h`, a file missing for 15m (SGLang still loading) would already warn, and a file
+        # missing for good would warn 45 minutes early.
+        (lambda e: e.replace("sources_waiting{job=\"sglang-oom-exporter\"} offset 1h", "sources_waiting{job=\"sglang-oom-exporter\"}"),
+         {"a file that appears half an hour after start never warns",
+          "a configured file missing for an hour warns although the other files are read",
+          "an exporter restart does not restart the hour of waiting"}),
+        # Without the waiting branch, a missing file goes unseen while another file is read.
+        (lambda e: e[: e.rindex("or\n(")],
+         {"a configured file missing for an hour warns although the other files are read",
+          "an exporter restart does not restart the hour of waiting"}),
+    ],
+    ids=["no-whole-window-guard", "no-waiting-branch"],
+)  # fmt: skip
+def test_the_unit_tests_catch_a_no_logs_rule_that_ignores_waiting_sources_or_pages_too_soon(tmp_path, mutate, failing):
+    data = yaml.safe_load(RULES.read_text())
+    rule = next(r for g in data["groups"] for r in g["rules"] if r["alert"] == "SGLangOOMExporterNoLogs")
+    mutated = mutate(rule["expr"])
+    assert mutated != rule["expr"]
+    rule["expr"] = mutated
+    (tmp_path / "rules.yaml").write_text(yaml.safe_dump(data, sort_keys=False))
+    test = yaml.safe_load((ROOT / "tests" / "rules" / "sglangoomexporternologs.test.yaml").read_text())
+    test["rule_files"] = ["rules.yaml"]
+    (tmp_path / "t.test.yaml").write_text(yaml.safe_dump(test, sort_keys=False))
+    proc = _run("promtool", "test", "rules", "t.test.yaml", cwd=tmp_path)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 1
+    names = {t["name"] for t in test["tests"]}
+    assert {n for n in names if f"name: {n}," in out} == failing, out
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(40)
+def test_the_guard_alerts_read_series_a_live_daemon_exports_with_the_values_their_tests_assume(tmp_path):
+    """A corrupt state file and a configured log that does not exist: the series the guards read, on real serve."""
+    from tests.test_serve_e2e import Daemon
+
+    state = tmp_path / "state"
+    state.mkdir()
+    (state / "state.json").write_text("{not json")
+    present = tmp_path / "server.log"
+    present.write_text("")
+    daemon = Daemon([str(present), str(tmp_path / "not-started.log")], str(state)).start()
+    try:
+        metrics = {name: v for (name, labels), v in daemon.metrics().items() if not labels}
+    finally:
+        daemon.stop()
+    guards = [s for s in SPECS if s.group == "sglang-oom-exporter"]
+    read = {m for s in guards for m in re.findall(r"\b(sglang_oom_exporter_\w+)\{", s.expr)}
+    assert read == {"sglang_oom_exporter_files_watched", "sglang_oom_exporter_lines_read_total",
+                    "sglang_oom_exporter_sources_waiting", "sglang_oom_exporter_state_errors_total"}  # fmt: skip
+    # The missing file is followed (files_watched counts it) and waiting: NoLogs needs its waiting branch.
+    assert metrics["sglang_oom_exporter_files_watched"] == 2.0
+    assert metrics["sglang_oom_exporter_sources_waiting"] == 1.0
+    assert metrics["sglang_oom_exporter_lines_read_total"] == 0.0
+    # The corrupt state was counted at start, before any scrape: StateErrors' series is born at 1.
+    assert metrics["sglang_oom_exporter_state_errors_total"] == 1.0
+
+
 def test_every_alert_has_a_promtool_test_that_fires_it_and_one_that_keeps_it_quiet():
     fired: dict[str, set[str]] = {}
     quiet: dict[str, set[str]] = {}

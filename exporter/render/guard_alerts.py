@@ -27,24 +27,31 @@ def exporter_down_alert(pack: Mapping[str, Any], job: str) -> AlertSpec:
 
 
 def no_logs_alert(pack: Mapping[str, Any], job: str) -> AlertSpec:
-    """SGLangOOMExporterNoLogs: up, but following no file, or reading nothing for a whole window."""
+    """SGLangOOMExporterNoLogs: up, but following no file, reading nothing, or waiting for a file, for a window."""
     window = str(pack["exporter_no_logs"]["window"])
     files = sel("sglang_oom_exporter_files_watched", job=job)
     lines = sel("sglang_oom_exporter_lines_read_total", job=job)
+    waiting = sel("sglang_oom_exporter_sources_waiting", job=job)
     expr = (
         f"max by (job, instance) ({files}) == 0\n"
         "or\n(\n"
         f"  sum by (job, instance) (increase({lines}[{window}])) == 0\n"
         # Only once the exporter has had sources for a whole window: a fresh install is not "silent for 1h".
         f"  and on (job, instance)\n  max by (job, instance) ({lines} offset {window})\n)\n"
+        "or\n(\n"
+        # A configured file that has not appeared for a whole window (SGLang never started there, or a wrong
+        # path), even while the other files are read. Waiting at start is normal, so only once it lasted a window.
+        f"  max by (job, instance) (min_over_time({waiting}[{window}])) > 0\n"
+        f"  and on (job, instance)\n  max by (job, instance) ({waiting} offset {window})\n)\n"
     )
     description = (
-        "The SGLang OOM exporter at {{ $labels.instance }} is up but follows no log file, or read nothing "
-        f"from its files in the last {window}: a wrong path or glob, a wrong hostPath or "
-        "container filter, unreadable files, or servers that logged nothing. Check its /healthz and its "
-        "sglang_oom_exporter_read_errors_total."
+        "The SGLang OOM exporter at {{ $labels.instance }} is up but follows no log file, read nothing "
+        f"from its files in the last {window}, or has waited {window} for a configured log file to appear: "
+        "a wrong path or glob, a wrong hostPath or container filter, unreadable files, an SGLang server that "
+        "never started, or servers that logged nothing. Its /healthz names the files it waits for; see also its "
+        "sglang_oom_exporter_sources_waiting and sglang_oom_exporter_read_errors_total."
     )
-    summary = "The SGLang OOM exporter reads no SGLang logs, so no OOM alert can fire."
+    summary = "The SGLang OOM exporter reads no logs from some or all of its SGLang servers, so their OOMs go unseen."
     return pack_alert(pack, "exporter_no_logs", NO_LOGS, expr, summary, description, window=window)
 
 

@@ -41,13 +41,19 @@ _PACK_TEXT: dict[str, dict[str, str]] = {
         "selects (kube-prometheus-stack wants `release: <its release>`), and the Service's port.",
     },
     "exporter_no_logs": {
-        "meaning": "The exporter runs, but it follows no log file, or read no line from its files for a whole "
-        "window. OOMs cannot be counted from logs it does not read.",
+        "meaning": "The exporter runs, but for a whole window it followed no log file, read no line from its files, "
+        "or kept waiting for a configured log file that does not exist. OOMs cannot be counted from logs it does "
+        "not read.\n\nA configured file that does not exist yet is normal while SGLang starts (`/healthz` says "
+        "so), so that alone waits a full window before the alert starts its `for`: with the defaults it warns "
+        "75 minutes after the file was first missed, never during a rollout. An exporter following no file at "
+        "all warns after the `for` alone.",
         "impact": "No user impact by itself; OOMs on the unread servers never alert.",
         "mitigation": "Fix the paths: the glob or file names in its config, `--kubernetes-logs` pointing at the "
         "node's pod-log directory (usually /var/log/pods, mounted read-only), the namespace/pod/container filters "
-        "(container names must look like an SGLang server), and file permissions. An SGLang server that was idle "
-        "for the whole window logs nothing; that is normal, and the alert resolves with the next request.",
+        "(container names must look like an SGLang server), and file permissions. A file it waits for (named in "
+        "`/healthz`) belongs to an SGLang server that never started or logs elsewhere: start it, fix its path, "
+        "or remove it from the config (SIGHUP reloads it). An SGLang server that was idle for the whole window "
+        "logs nothing; that is normal, and the alert resolves with the next request.",
     },
     "target_down": {
         "meaning": "The exporter cannot scrape the SGLang endpoint (`--sglang-url`) it reads KV usage and server "
@@ -60,7 +66,10 @@ _PACK_TEXT: dict[str, dict[str, str]] = {
     },
     "state_errors": {
         "meaning": "The exporter could not write its state file, or found it unreadable or corrupt at start. The "
-        "state file is how a restarted exporter neither loses nor recounts an OOM.",
+        "state file is how a restarted exporter neither loses nor recounts an OOM.\n\nOne error is enough to "
+        "warn: a corrupt state at start has already cost counts, and a save that failed on a full or read-only "
+        "disk fails again at every interval (each attempt is counted). The alert resolves one window after the "
+        "last error; while saves keep failing, `/healthz` also says so.",
         "impact": "No user impact now. After a corrupt state it started like a first run (old OOMs not counted "
         "again, but OOMs logged while it was down may be missed); if saves keep failing, its next restart will.",
         "mitigation": "Give `--state-dir` space and write permission (the chart mounts a small hostPath), then "
@@ -81,6 +90,7 @@ _PACK_SERIES = {
     "exporter_down": ["up", "sglang_oom_exporter_build_info"],
     "exporter_no_logs": [
         "sglang_oom_exporter_files_watched",
+        "sglang_oom_exporter_sources_waiting",
         "sglang_oom_exporter_lines_read_total",
         "sglang_oom_exporter_read_errors_total",
         "sglang_oom_exporter_last_read_timestamp_seconds",
