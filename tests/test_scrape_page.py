@@ -11,6 +11,7 @@ import gzip
 import http.client
 import shutil
 import subprocess
+import sys
 import threading
 import time
 import zlib
@@ -25,6 +26,7 @@ from prometheus_client.openmetrics.exposition import generate_latest as generate
 from sglang_oom_exporter.config import Config
 from sglang_oom_exporter.daemon.app import App
 from sglang_oom_exporter.daemon.logsource import LogSource
+from sglang_oom_exporter.daemon.loop import SWITCH_INTERVAL
 from sglang_oom_exporter.daemon.store import EventStore, Health
 from sglang_oom_exporter.detect.model import OomEvent
 from sglang_oom_exporter.metrics import EventCounts, ExporterCollector, PageRegistry, SourceStats, fatal_kinds
@@ -356,3 +358,22 @@ def test_the_openmetrics_page_parses_strictly_to_the_same_samples_as_the_text_pa
                     for f in text_parser.text_string_to_metric_families(text) for s in f.samples}  # fmt: skip
     assert om_samples == text_samples
     assert len(om_samples) == len(_series(text))
+
+
+def test_the_running_loop_hands_the_gil_over_every_millisecond_and_restores_it(tmp_path):
+    app, _clock = _app(tmp_path)
+    seen: list[float] = []
+
+    class Probe:
+        def start(self) -> None:
+            seen.append(sys.getswitchinterval())
+
+        def stop(self) -> None:
+            seen.append(sys.getswitchinterval())
+
+    before = sys.getswitchinterval()
+    stop = threading.Event()
+    stop.set()  # run() starts the services, primes the files, and stops at once
+    app.loop.run(stop, services=[Probe()])
+    assert seen == [min(before, SWITCH_INTERVAL)] * 2
+    assert sys.getswitchinterval() == before

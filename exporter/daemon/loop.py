@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -32,6 +33,10 @@ log = logging.getLogger(__name__)
 
 BUSY_WAIT_SECONDS = 0.2  # loop tick while events wait for their traceback
 DISCOVER_MIN_GAP = 1.0  # a busy log wakes us all the time: a requested discovery runs at most this often
+# A scrape hands the GIL back and forth a dozen times (accept, thread start, recv, send); behind a loop busy with
+# a read slice each hand-off waits up to the switch interval, 5 ms by default. At 1 ms a scrape's p99 with one
+# writer on 1,000 files was 82-110 ms instead of 186-208 ms (two rounds on the loaded 2-core machine).
+SWITCH_INTERVAL = 0.001
 _ERROR_LOG_INTERVAL = 60.0
 
 
@@ -209,6 +214,8 @@ class Loop:
     ) -> None:
         """Start the services, step until stop is set, then stop them, save the state and close the files."""
         started: list[Service] = []
+        interval = sys.getswitchinterval()
+        sys.setswitchinterval(min(interval, SWITCH_INTERVAL))
         try:
             for service in services:
                 service.start()
@@ -226,6 +233,7 @@ class Loop:
                 service.stop()
             self.keeper.save()
             self.sources.close()
+            sys.setswitchinterval(interval)
 
     def _start(self) -> None:
         """Load the state, find the files, and save where each will be read from before its first byte is read.
