@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 import shutil
 import subprocess
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
@@ -180,21 +181,30 @@ def test_promtool_unit_tests_pass():
     assert proc.stdout.count("SUCCESS") == len(RULE_TESTS) == len(SPECS)
 
 
+def _unit_test_mutated(
+    tmp_path: Path, alert: str, mutate: Callable[[str], str]
+) -> tuple[subprocess.CompletedProcess[str], set[str]]:
+    """Run the alert's promtool tests against the rules with its expression mutated; the result and test names."""
+    data = yaml.safe_load(RULES.read_text())
+    rule = next(r for g in data["groups"] for r in g["rules"] if r["alert"] == alert)
+    mutated = mutate(rule["expr"])
+    assert mutated != rule["expr"]
+    rule["expr"] = mutated
+    (tmp_path / "rules.yaml").write_text(yaml.safe_dump(data, sort_keys=False))
+    test = yaml.safe_load((ROOT / "tests" / "rules" / f"{alert.lower()}.test.yaml").read_text())
+    test["rule_files"] = ["rules.yaml"]
+    (tmp_path / "t.test.yaml").write_text(yaml.safe_dump(test, sort_keys=False))
+    proc = _run("promtool", "test", "rules", "t.test.yaml", cwd=tmp_path)
+    return proc, {t["name"] for t in test["tests"]}
+
+
 @pytest.mark.needs_promtool
 @needs_promtool
 @pytest.mark.timeout(30)
 def test_the_unit_tests_catch_a_rule_without_its_born_at_one_branch(tmp_path):
     # The convention's warning: a plain increase() misses a series born at 1. Prove the tests notice.
-    data = yaml.safe_load(RULES.read_text())
-    rule = next(r for g in data["groups"] for r in g["rules"] if r["alert"] == "SGLangPrefillOOM")
-    rule["expr"] = (
-        f'max by (namespace, pod, container, source, kind) (increase(sglang_oom_fatal_events_total{{job="{JOB}", kind="prefill"}}[5m]) > 0)'
-    )
-    (tmp_path / "rules.yaml").write_text(yaml.safe_dump(data, sort_keys=False))
-    test = yaml.safe_load((ROOT / "tests" / "rules" / "sglangprefilloom.test.yaml").read_text())
-    test["rule_files"] = ["rules.yaml"]
-    (tmp_path / "t.test.yaml").write_text(yaml.safe_dump(test, sort_keys=False))
-    proc = _run("promtool", "test", "rules", "t.test.yaml", cwd=tmp_path)
+    plain = f'max by (namespace, pod, container, source, kind) (increase(sglang_oom_fatal_events_total{{job="{JOB}", kind="prefill"}}[5m]) > 0)'
+    proc, _ = _unit_test_mutated(tmp_path, "SGLangPrefillOOM", lambda _expr: plain)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 1
     assert "name: a series born at 1 pages" in out
@@ -221,19 +231,9 @@ def test_the_unit_tests_catch_a_rule_without_its_born_at_one_branch(tmp_path):
     ids=["no-whole-window-guard", "no-waiting-branch"],
 )  # fmt: skip
 def test_the_unit_tests_catch_a_no_logs_rule_that_ignores_waiting_sources_or_pages_too_soon(tmp_path, mutate, failing):
-    data = yaml.safe_load(RULES.read_text())
-    rule = next(r for g in data["groups"] for r in g["rules"] if r["alert"] == "SGLangOOMExporterNoLogs")
-    mutated = mutate(rule["expr"])
-    assert mutated != rule["expr"]
-    rule["expr"] = mutated
-    (tmp_path / "rules.yaml").write_text(yaml.safe_dump(data, sort_keys=False))
-    test = yaml.safe_load((ROOT / "tests" / "rules" / "sglangoomexporternologs.test.yaml").read_text())
-    test["rule_files"] = ["rules.yaml"]
-    (tmp_path / "t.test.yaml").write_text(yaml.safe_dump(test, sort_keys=False))
-    proc = _run("promtool", "test", "rules", "t.test.yaml", cwd=tmp_path)
+    proc, names = _unit_test_mutated(tmp_path, "SGLangOOMExporterNoLogs", mutate)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 1
-    names = {t["name"] for t in test["tests"]}
     assert {n for n in names if f"name: {n}," in out} == failing, out
 
 
