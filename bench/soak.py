@@ -22,9 +22,11 @@ and rotated away between two looks is never opened: README "Tailing"). Losses by
 - a file deleted while the daemon is down takes with it whatever the daemon had not read;
 - a generation whose first bytes were written while the daemon was down (or less than 2 s before the SIGKILL)
   and that was rotated before the daemon was back: no state names it;
-- a file deleted while the daemon is up, then a SIGKILL within DELETE_KILL_WINDOW: the events written to it
-  within that window before the delete (the daemon saves at the delete and soon after counting, but a kill
-  can come first).
+- "down" lasts from the SIGKILL until the restarted daemon is ready and has finished its first pass over the
+  files (until then it has not looked at what was written meanwhile): a delete in that time is one while down;
+- a file deleted while the daemon is up, then a SIGKILL before the daemon saved its state (a save ending at
+  least DELETE_SAVE_MARGIN after the delete): the events written to it within DELETE_KILL_WINDOW before the
+  delete (the daemon saves at the delete and soon after counting, but a kill can come first).
 
 At the end the writer and rotator stop, the daemon (restarted if down) catches up, and each file's
 `sglang_oom_events_total{kind="prefill",source=...}` is compared with what was written to it.
@@ -64,10 +66,12 @@ TRACEBACK = (
     '  File "/usr/lib/python3/dist-packages/sglang/srt/managers/scheduler.py", line 9, in prepare_for_extend\n    x()\n'
 )
 ROTATE_GAP_UP = 2.0  # seconds a generation lives at least before it is rotated while the daemon is up
-# A file deleted while the daemon is up takes with it what the daemon had not saved yet: it saves when it sees
-# the delete and within about 0.5 s of counting an event, so only a SIGKILL this soon after the delete can lose
-# events written this soon before it (counted apart, as at risk, like a delete while down).
+# A file deleted while the daemon is up takes with it what the daemon had not saved yet. It saves when it sees
+# the delete and within about 0.5 s of counting an event; the events written this soon before a delete are at
+# risk (counted apart, like a delete while down) if the daemon is SIGKILLed before a save that ended at least
+# DELETE_SAVE_MARGIN after the delete (on a loaded machine a save of a large state file takes seconds).
 DELETE_KILL_WINDOW = 3.0
+DELETE_SAVE_MARGIN = 1.0
 
 
 @dataclass
@@ -84,7 +88,7 @@ class LogFile:
     born: float = -1e9  # when the current generation got its first bytes (after a create or a truncate)
     born_down: bool = False  # ... while the daemon was down: no running daemon has looked at it yet
     writes_at: list[float] = field(default_factory=list)  # when each event of the current generation was written
-    deleted_up: tuple[float, int] | None = None  # (when, events written within the window before) a delete while up
+    deleted_up: tuple[float, int] | None = None  # a delete while up: (wall time, events written just before)
 
 
 @dataclass
@@ -141,9 +145,13 @@ class Soak:
         assert self.daemon is not None
         now = time.monotonic()
         self.journal.append((round(now - self.t0, 3), "-", "kill", self.daemon.pid))
+        try:
+            saved_at = (self.state / "state.json").stat().st_mtime
+        except OSError:
+            saved_at = 0.0
         for f in self.files:
             with f.lock:
-                if f.deleted_up is not None and now - f.deleted_up[0] <= DELETE_KILL_WINDOW:
+                if f.deleted_up is not None and saved_at < f.deleted_up[0] + DELETE_SAVE_MARGIN:
                     f.at_risk += f.deleted_up[1]
                 f.deleted_up = None
                 # Younger than a rotation while up may be: perhaps never looked at, as if born while down.
@@ -215,7 +223,7 @@ class Soak:
                         f.at_risk += f.generation  # by design: what the daemon had not read goes with the file
                     else:
                         recent = sum(1 for t in f.writes_at if now - t <= DELETE_KILL_WINDOW)
-                        f.deleted_up = (now, recent)  # at risk only if a SIGKILL follows within the window
+                        f.deleted_up = (time.time(), recent)  # at risk if a SIGKILL comes before a save after it
                 if down and f.born_down and action != "delete":
                     # First bytes written and rotated while the daemon was down: no state names this generation
                     # (README "Tailing": a generation created and rotated away between two looks is never read).
@@ -246,11 +254,23 @@ class Soak:
         self.wait_ready()
 
     def wait_ready(self) -> None:
+        """Down until ready and one whole pass over the files done: until then it has not looked at them yet."""
         wait_for(self.ready_or_dead, timeout=60, what="the restarted daemon to be ready")
+        ready_at = time.time()
+        wait_for(lambda: self.looked_since(ready_at), timeout=60, what="the daemon's first pass after ready")
         for f in self.files:
             with f.lock:
                 f.rotated_while_down = f.born_down = False
         self.down.clear()
+
+    def looked_since(self, wall: float) -> bool:
+        """A pass of the daemon's loop ended after this wall time (the first one after ready sweeps every file)."""
+        assert self.daemon is not None
+        if self.daemon.proc.poll() is not None:
+            raise RuntimeError(f"the daemon exited: {self.daemon.tail()}")
+        r = http_get(self.port, "/metrics", timeout=5.0)
+        stamp = metric(parse_prom(r[1]), "sglang_oom_exporter_loop_timestamp_seconds") if r is not None else None
+        return stamp is not None and stamp > wall
 
     def ready_or_dead(self) -> bool:
         assert self.daemon is not None

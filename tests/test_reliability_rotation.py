@@ -175,3 +175,31 @@ def test_a_failing_save_warns_once_per_streak_and_counts_every_failure(tmp_path,
     assert app.keeper.errors == failures
     assert app.keeper.saves >= 1
     assert any("saved again" in r.getMessage() for r in caplog.records)
+
+
+def test_eager_saves_wait_as_long_as_the_last_save_took(tmp_path, monkeypatch):
+    """A large state on a busy machine: saving on every rotation must not starve the reading."""
+    log = _first_run(tmp_path)
+    app, clock = _started(tmp_path)
+    store = app.keeper._store
+    assert store is not None
+    real_save = store.save
+
+    def slow_save(data):
+        real_save(data)
+        clock.now += 2.0  # this save took 2 s
+
+    monkeypatch.setattr(store, "save", slow_save)
+    _run(app, clock, 1.0)
+    saves = app.keeper.saves
+    app.keeper.save()  # took 2 s
+    assert app.keeper.saves == saves + 1
+    os.rename(log, log + ".1")  # a new generation: an eager save is due ...
+    log_path = tmp_path / "a.log"
+    log_path.write_text(BLOCK.format(s=7))
+    app.loop.mark_changed({str(tmp_path)})
+    app.loop.step()
+    assert app.keeper.saves == saves + 1  # ... but not sooner than the last save took
+    clock.now += 2.0
+    app.loop.step()
+    assert app.keeper.saves == saves + 2

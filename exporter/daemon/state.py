@@ -192,6 +192,7 @@ class StateKeeper:
         self._saved_mark: tuple[float, float] | None = None  # (bytes read, events) at the last save
         self._saved_generations = 0
         self._failing = False  # the last save failed: logged once per streak, retried at the interval only
+        self._save_cost = 0.0  # how long the last save took (on the keeper's clock)
         self.saves = 0
         self.errors = 0
 
@@ -231,7 +232,9 @@ class StateKeeper:
         since = self._clock() - self._last_save
         if since >= self.interval:
             self.save(force=False)
-        elif self._store is None or self._failing:
+        elif self._store is None or self._failing or since < self._save_cost:
+            # An eager save waits at least as long as the last one took: with a large state on a busy machine,
+            # the loop then spends at most about half its time saving, and the rest reading.
             return
         elif self._sources.generations() != self._saved_generations:
             # A rotation, truncation, deletion or new file was seen: save now. A restart knows only the
@@ -250,6 +253,7 @@ class StateKeeper:
         if not force and mark == self._saved_mark:
             self._last_save = self._clock()
             return
+        began = self._clock()
         with self._sources.lock:
             # A generation that ended with events still waiting (rotated away, truncated) has nothing more to
             # wait for: counted now, they go into this save. Saved as waiting, a SIGKILL would lose them, since
@@ -269,6 +273,7 @@ class StateKeeper:
             self._error(f"cannot save the state file: {exc}")
             self._failing = True
         self._last_save = self._clock()
+        self._save_cost = self._last_save - began
 
     def _files(self) -> dict[str, dict[str, Any]]:
         """Each file's entry: followed ones from their source, the others as loaded (kept until claimed)."""
