@@ -100,13 +100,11 @@ class LimitedDaemon(Daemon):
     def start(self) -> LimitedDaemon:
         import resource
         import subprocess
-        import sys
 
         def limit() -> None:
             resource.setrlimit(resource.RLIMIT_NOFILE, (_NOFILE, _NOFILE))
 
-        cmd = [sys.executable, "-m", "sglang_oom_exporter", "serve", "--listen", f"127.0.0.1:{self.port}",
-               "--state-dir", self.state_dir, "--poll-interval", "0.5s", "--traceback-wait", "1s", *self.args]  # fmt: skip
+        cmd = self.command()
         # stderr to a file: 300 event lines would fill a pipe nobody reads and block the daemon.
         with open(os.path.join(self.state_dir + ".stderr"), "ab") as err:
             self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err, preexec_fn=limit)

@@ -63,13 +63,16 @@ class Daemon:
         self.port = _free_port()
         self.proc: subprocess.Popen[bytes] | None = None
 
-    def start(self) -> Daemon:
+    def command(self) -> list[str]:
+        """The serve command line: this port and state dir, test intervals, then the test's own arguments."""
         # A 0.1 s tick: file events wake the loop anyway; the tick only bounds how soon a test sees the loop
         # pass that proves it caught up (settle), so a longer one would only make every test wait.
-        cmd = [sys.executable, "-m", "sglang_oom_exporter", "serve", "--listen", f"127.0.0.1:{self.port}",
-               "--state-dir", self.state_dir, "--poll-interval", "0.1s", "--traceback-wait", "1s", *self.args]  # fmt: skip
+        return [sys.executable, "-m", "sglang_oom_exporter", "serve", "--listen", f"127.0.0.1:{self.port}",
+                "--state-dir", self.state_dir, "--poll-interval", "0.1s", "--traceback-wait", "1s", *self.args]  # fmt: skip
+
+    def start(self) -> Daemon:
         env = {**os.environ, **self.env} if self.env else None
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+        self.proc = subprocess.Popen(self.command(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
         wait_for(self.started, what="the daemon to answer /healthz with its starting positions saved")
         return self
 
