@@ -19,7 +19,7 @@ from sglang_oom_exporter.detect.dedupe import FRAMES_LINES, RANK_WINDOW_SECONDS,
 from sglang_oom_exporter.detect.match import Matcher
 from sglang_oom_exporter.detect.model import OomEvent
 from sglang_oom_exporter.detect.pipeline import Pipeline
-from tests.helpers import CATALOG, frames
+from tests.helpers import CATALOG, MATCHER, frames
 
 TS = "2026-03-14 22:07:33"
 PREFILL = "Prefill out of memory. Try to lower your batch size.\nTry to allocate 4096 tokens.\nAvailable tokens: 100 (available_size=60 + evictable_size=40)\n"
@@ -241,3 +241,66 @@ def test_a_restart_between_a_counted_block_and_its_traceback_counts_once():
     restarted.tick(501.0)
     restarted.finish()
     assert again == []
+
+
+def _reference_groups(reports: list) -> list[list[int]]:
+    """The join rules as a plain linear scan over every group, newest first (what dedupe did before its index)."""
+    from sglang_oom_exporter.detect.window import CROSS_RANK_SECONDS, SAME_RANK_SECONDS, close
+
+    groups: list[dict] = []  # {"body", "epoch", "lineno", "members": {rank: {"block": (short, epoch, line), ...}}}
+    for i, (r, epoch) in enumerate(reports):
+        rank, typ = r.record.ranks, ("trace" if r.record.kind == "traceback" else "block")
+        other_typ = "block" if typ == "trace" else "trace"
+        found = None
+        for g in reversed(groups):
+            m = g["members"].get(rank)
+            if m is None or m.get(typ) is not None or m.get(other_typ) is None:
+                continue
+            short, e, line = m[other_typ]
+            if r.short and short and r.short != short:
+                continue
+            if close(epoch, e, r.record.lineno, line, SAME_RANK_SECONDS):
+                found = g
+                break
+        if found is None and r.body:
+            for g in reversed(groups):
+                near = close(epoch, g["epoch"], r.record.lineno, g["lineno"], CROSS_RANK_SECONDS)
+                if g["body"] == r.body and rank not in g["members"] and near:
+                    found = g
+                    break
+        if found is None:
+            found = {"body": r.body, "epoch": epoch, "lineno": r.record.lineno, "members": {}, "ids": []}
+            groups.append(found)
+        found["members"].setdefault(rank, {})[typ] = (r.short, epoch, r.record.lineno)
+        found["ids"].append(i)
+        found["epoch"] = found["epoch"] if found["epoch"] is not None else epoch
+    return sorted(g["ids"] for g in groups)
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_the_indexed_window_joins_exactly_as_a_scan_of_every_group(seed):
+    import random
+
+    from sglang_oom_exporter.detect.dedupe import Deduper
+    from sglang_oom_exporter.detect.model import Record, Report
+
+    rng = random.Random(seed)  # noqa: S311 - a reproducible sequence, not a secret
+    reports: list = []
+    lineno = 0
+    for i in range(200):
+        lineno += rng.choice([1, 7, 3000])  # in log order, sometimes far apart (the no-timestamp join is by lines)
+        second = rng.choice([None, *range(30, 40)]) if rng.random() < 0.9 else None
+        time = None if second is None else f"2026-03-14 22:07:{second:02d}"
+        kind = rng.choice(["block", "traceback"])
+        record = Record(kind, lineno, time, rng.choice(["TP0", "TP1", "TP2", ""]), "",
+                        ("x",), offset=i)  # fmt: skip
+        report = Report("prefill", "prefill", True, record, rng.choice(["", "a", "b"]), rng.choice(["", "s1", "s2"]),
+                        "m", None, False, {}, ())  # fmt: skip
+        reports.append(report)
+    deduper = Deduper("t", "t.log", lambda e: None, resolve=MATCHER.resolve)
+    for r in reports:
+        deduper.add(r)
+    from sglang_oom_exporter.detect.dedupe import _epoch
+
+    got = sorted(sorted(reports.index(r) for m in g.members.values() for r in m.reports) for g in deduper._groups)
+    assert got == _reference_groups([(r, _epoch(r)) for r in reports])

@@ -90,7 +90,7 @@ class Deduper:
         window = self._groups
         group = window.same_rank(report, rank, typ, epoch) or window.cross_rank(report, rank, epoch)
         if group is None:
-            group = Group(report.body, epoch, rec.lineno, rec.offset, now)
+            group = Group(report.body, epoch, rec.lineno, rec.offset, now, key_offset=rec.offset)
             window.add(group)
             self._pending[group.seq] = group
             while len(window) > RECENT_GROUPS:
@@ -167,7 +167,9 @@ class Deduper:
             self._groups.add(g)  # touched stays None: its age counts from the first flush after the restart
 
     def _key(self, group: Group) -> str:
-        return f"{self.generation}@{group.offset}"
+        # The opening report's offset, not the group's earliest: a record that started earlier but closed later
+        # (another stream) may join after the count, and a re-read must still make the same key.
+        return f"{self.generation}@{group.key_offset}"
 
     def _due(self, group: Group, now: float, lineno: int | None, tracing: Collection[str]) -> bool:
         age = now - group.opened_at

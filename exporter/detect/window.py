@@ -55,6 +55,7 @@ class Group:
     members: dict[str, Member] = field(default_factory=dict)
     emitted: bool = False
     seq: int = 0  # creation order in the window: the newest group wins a join
+    key_offset: int = -1  # where the report that opened it starts: its replay key, whatever joins it later
 
     def waiting(self) -> list[Report]:
         """The blocks that expect a traceback and have none yet."""
