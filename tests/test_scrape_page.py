@@ -79,7 +79,7 @@ def _series(text: str) -> list[str]:
 
 
 @pytest.mark.timeout(20)
-def test_a_scrape_answers_while_the_loop_is_mid_slice(tmp_path, monkeypatch):
+def test_a_scrape_and_a_probe_answer_while_the_loop_is_mid_slice(tmp_path, monkeypatch):
     log = tmp_path / "a.log"
     log.write_text("")
     app, clock = _app(tmp_path)
@@ -87,7 +87,7 @@ def test_a_scrape_answers_while_the_loop_is_mid_slice(tmp_path, monkeypatch):
     registry = PageRegistry()
     registry.register(app.collector())
     server = ExporterServer(("127.0.0.1", 0), registry=registry, catalog=CATALOG, events=EventStore(10),
-                            health=lambda: Health(True))  # fmt: skip
+                            health=app.loop.health)  # fmt: skip
     in_slice, release = threading.Event(), threading.Event()
     real_poll = LogSource.poll
 
@@ -116,6 +116,12 @@ def test_a_scrape_answers_while_the_loop_is_mid_slice(tmp_path, monkeypatch):
         assert 'sglang_oom_exporter_file_lag_bytes{source="a"} 0.0' in body
         assert stepper.is_alive()  # answered while the slice was still running
         assert took < 5
+        conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=5)
+        conn.request("GET", "/healthz")  # a liveness probe does not wait for the slice either
+        resp = conn.getresponse()
+        assert (resp.status, resp.read()) == (200, b"ok: following 1 log source(s)\n")
+        conn.close()
+        assert stepper.is_alive()
     finally:
         release.set()
         stepper.join(10)

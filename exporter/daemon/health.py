@@ -17,7 +17,7 @@ log = logging.getLogger(__name__.rpartition(".")[0] + ".loop")
 
 
 class HealthWatch:
-    """Follows the state saves' outcome and the source set's trouble; reads them under the source set's lock."""
+    """Follows the state saves' outcome and the source set's trouble."""
 
     def __init__(self, sources: SourceSet, keeper: StateKeeper) -> None:
         self.sources = sources
@@ -44,15 +44,20 @@ class HealthWatch:
             log.log(level, "health: %s", trouble or f"following {len(self.sources.by_path)} log source(s)")
 
     def report(self) -> Health:
-        """Ready when sources are being read (some may still be waiting to appear); otherwise the reason."""
-        with self.sources.lock:
-            trouble = self.trouble()
-            following = f"following {len(self.sources.by_path)} log source(s)"
-            if not trouble:
-                return Health(True, following)
-            if trouble == waiting(self.sources.waiting) and len(self.sources.waiting) < len(self.sources.by_path):
-                return Health(True, f"{following}; {trouble}")  # some files are read: not blind
-            return Health(False, trouble)
+        """Ready when sources are being read (some may still be waiting to appear); otherwise the reason.
+
+        Called from the HTTP edge without the source set's lock, which the loop holds through a read slice:
+        what it reads are single attribute values the loop replaces whole (a probe must not wait a slice).
+        """
+        sources = self.sources
+        trouble = self.trouble()
+        following = f"following {len(sources.by_path)} log source(s)"
+        if not trouble:
+            return Health(True, following)
+        missing = sources.waiting
+        if trouble == waiting(missing) and len(missing) < len(sources.by_path):
+            return Health(True, f"{following}; {trouble}")  # some files are read: not blind
+        return Health(False, trouble)
 
     def trouble(self) -> str:
         """What keeps the daemon from reading every configured source and saving its state ("": nothing)."""
