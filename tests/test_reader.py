@@ -144,3 +144,21 @@ def test_other_service_lines_inside_a_block_neither_use_up_nor_extend_the_window
     assert [(e.kind, e.numbers["requested_tokens"], e.numbers["available_tokens"]) for e in events] == [
         ("decode", 8, 5)
     ]
+
+
+@pytest.mark.parametrize("opener_searched", [False, True])
+def test_an_open_cri_span_holds_the_window_whether_or_not_its_opener_is_a_searched_literal(opener_searched):
+    # The reader skips the span check on lines that are not hits only when every span opener is a searched
+    # literal (then the line opening a span is a hit); otherwise it must check every line in the window.
+    t = "2026-03-14T22:07:33.1Z"
+    lines = [f"{t} stdout F noise {i}" for i in range(20)]
+    lines += [f"{t} stdout F Prefill out of memory.", f"{t} stdout P part one"]
+    lines += [f"{t} stderr F other {i}" for i in range(6)]
+    lines += [f"{t} stdout F end of line", *(f"{t} stdout F tail {i}" for i in range(10))]
+    literals = ["ut of memory", " stdout P "] if opener_searched else ["ut of memory"]
+    reader = LineReader(literals, spans=[(" stdout P ", " stdout F ")], after_short=1)
+    assert reader._openers_hit is opener_searched
+    items = [*reader.feed(("\n".join(lines) + "\n").encode()), *reader.finish()]
+    # The anchor (21), the P record (22), the six other-stream lines the open span holds (23-28), its F (29).
+    assert [i.lineno for i in items if isinstance(i, RawLine)] == list(range(21, 30))
+    assert sum(i.lines for i in items if isinstance(i, Gap)) == len(lines) - 9
