@@ -146,7 +146,7 @@ def _serve_parser(sub: Any) -> None:
     serve.add_argument(
         "--traceback-wait",
         metavar="DURATION",
-        help="how long a logged OOM waits for its traceback before it counts (default 2.5s)",
+        help="how long the generic 0.5.4+ OOM text waits for the traceback that names its phase (default 2.5s)",
     )
     serve.add_argument(
         "--source-retention",
