@@ -30,6 +30,7 @@ log = logging.getLogger(__name__)
 # An event counted is on disk within about this long, not only at the next periodic save: its file may be deleted
 # (and the daemon killed) at any moment, and then nothing could count it again.
 EVENT_SAVE_DELAY = 0.5
+EAGER_DEFER_MAX = 1.0  # an eager save waits this long at most for the events in flight to be counted
 STATE_VERSION = 1  # of the file's envelope and of the data inside it: one number, bumped for either
 STATE_FILENAME = "state.json"
 _TEMP_PREFIX = f".{STATE_FILENAME}."
@@ -193,6 +194,7 @@ class StateKeeper:
         self._saved_generations = 0
         self._failing = False  # the last save failed: logged once per streak, retried at the interval only
         self._save_cost = 0.0  # how long the last save took (on the keeper's clock)
+        self._due_since: float | None = None  # when an eager save became due (it may wait for events in flight)
         self.saves = 0
         self.errors = 0
 
@@ -229,20 +231,27 @@ class StateKeeper:
 
         An idle node with 1,000 files should not fsync a state file every few seconds.
         """
-        since = self._clock() - self._last_save
+        now = self._clock()
+        since = now - self._last_save
         if since >= self.interval:
             self.save(force=False)
-        elif self._store is None or self._failing or since < self._save_cost:
+            return
+        if self._store is None or self._failing or since < self._save_cost:
             # An eager save waits at least as long as the last one took: with a large state on a busy machine,
             # the loop then spends at most about half its time saving, and the rest reading.
             return
-        elif self._sources.generations() != self._saved_generations:
-            # A rotation, truncation, deletion or new file was seen: save now. A restart knows only the
-            # generations in the state file; one born after the last save and rotated away while down was never
-            # read again, and what was counted from a deleted one cannot be counted again.
-            self.save()
-        elif since >= EVENT_SAVE_DELAY and self._saved_mark is not None and self._counts.total() != self._saved_mark[1]:
-            self.save()
+        # A rotation, truncation, deletion or new file was seen: save now. A restart knows only the generations
+        # in the state file; one born after the last save and rotated away while down was never read again, and
+        # what was counted from a deleted one cannot be counted again. The same soon after an event is counted.
+        due = self._sources.generations() != self._saved_generations or (
+            since >= EVENT_SAVE_DELAY and self._saved_mark is not None and self._counts.total() != self._saved_mark[1]
+        )
+        if not due:
+            return
+        self._due_since = now if self._due_since is None else self._due_since
+        if now - self._due_since < EAGER_DEFER_MAX and self._sources.busy():
+            return  # an event about to be counted (its rank window closing) goes into this save, and comes first
+        self.save()
 
     def save(self, *, force: bool = True) -> None:
         """Write positions, counters and dedupe memory atomically; a failure is counted and logged."""
@@ -274,6 +283,7 @@ class StateKeeper:
             self._failing = True
         self._last_save = self._clock()
         self._save_cost = self._last_save - began
+        self._due_since = None
 
     def _files(self) -> dict[str, dict[str, Any]]:
         """Each file's entry: followed ones from their source, the others as loaded (kept until claimed)."""
