@@ -304,3 +304,32 @@ def test_the_indexed_window_joins_exactly_as_a_scan_of_every_group(seed):
 
     got = sorted(sorted(reports.index(r) for m in g.members.values() for r in m.reports) for g in deduper._groups)
     assert got == _reference_groups([(r, _epoch(r)) for r in reports])
+
+
+class _Pump:
+    """What the loop asks of the stdin pump: the chunks read since the last look, and whether stdin ended."""
+
+    def __init__(self) -> None:
+        self.chunks: list[bytes] = []
+        self.done = False
+
+    def drain(self) -> tuple[list[bytes], bool]:
+        chunks, self.chunks = self.chunks, []
+        return chunks, self.done
+
+
+def test_stdin_counts_a_block_and_its_traceback_within_the_window_too(tmp_path):
+    import io
+
+    clock = Clock()
+    config = Config(paths=(), state_dir=str(tmp_path / "state"), traceback_wait=2.5, poll_interval=1.0)
+    app = App(config, CATALOG, clock=clock, wall=clock, stdin=io.BytesIO(b""), stdout=io.BytesIO())
+    pump = _Pump()
+    app.loop._stdin = pump  # type: ignore[assignment]
+    app.loop.step()
+    pump.chunks.append((block(PREFILL) + traceback(PREFILL, ("get_new_batch_prefill", "prepare_for_extend"))).encode())
+    app.loop.step()
+    assert app.counts.total() == 0
+    clock.now += RANK_WINDOW_SECONDS
+    app.loop.step()
+    assert (app.counts.total("prefill"), app.counts.total()) == (1, 1)

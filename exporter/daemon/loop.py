@@ -276,7 +276,7 @@ class Loop:
         chunks, done = self._stdin.drain()
         for data in chunks:
             source.pipeline.feed(data, now)
-            source.close_at = now + IDLE_CLOSE_SECONDS
+            source.close_at = now + source.pipeline.quiet_seconds(IDLE_CLOSE_SECONDS)  # whole records close sooner
         if done:
             if not was_done:
                 source.pipeline.finish()  # the end of stdin: everything pending counts now
