@@ -82,26 +82,12 @@ class KindFields:
         severity = self._str(raw, "severity", where, SEVERITIES)
         phase = self._str(raw, "phase", where, PHASES)
         join_on = self._str(raw, "join_on", where, ("body", "anchor"))
-        anchors = raw.get("anchors")
-        if not isinstance(anchors, list) or not anchors or not all(isinstance(a, str) and a for a in anchors):
-            self.v.err(raw, f"{where}.anchors", "must be a non-empty list of literals")
-            anchors = []
+        anchors = self._anchors(raw, where)
         patterns = self._patterns(raw, where)
-        extract = []
-        for j, text in enumerate(raw.get("extract") or []):
-            compiled = self._regex(raw, text, f"{where}.extract[{j}]")
-            if compiled is not None:
-                extract.append(compiled)
+        extract = self._extract(raw, where)
         summary, steps = self._remediation(raw, where)
         match_ex, no_match_ex = self._examples(raw, where)
-        runbook = raw.get("runbook")
-        if not isinstance(runbook, dict) or not {"meaning", "impact"} <= set(runbook):
-            self.v.err(raw, f"{where}.runbook", "needs meaning and impact")
-            runbook = {}
-        alert = raw.get("alert")
-        if not isinstance(alert, dict):
-            self.v.err(raw, f"{where}.alert", "missing")
-            alert = {}
+        runbook, alert = self._blocks(raw, where)
         suggest = self._suggest(raw, where) or "none"
         return OomKind(
             id=kid,
@@ -115,12 +101,40 @@ class KindFields:
             extract=tuple(extract),
             summary=summary,
             steps=tuple(steps),
-            runbook={k: str(v) for k, v in runbook.items() if k != "__line__"},
-            alert={k: v for k, v in alert.items() if k != "__line__"},
+            runbook=runbook,
+            alert=alert,
             match_examples=tuple(match_ex),
             no_match_examples=tuple(no_match_ex),
             suggest=suggest,
         )
+
+    def _anchors(self, raw: dict[str, Any], where: str) -> list[str]:
+        anchors = raw.get("anchors")
+        if not isinstance(anchors, list) or not anchors or not all(isinstance(a, str) and a for a in anchors):
+            self.v.err(raw, f"{where}.anchors", "must be a non-empty list of literals")
+            return []
+        return anchors
+
+    def _extract(self, raw: dict[str, Any], where: str) -> list[regex.Pattern[str]]:
+        extract = []
+        for j, text in enumerate(raw.get("extract") or []):
+            compiled = self._regex(raw, text, f"{where}.extract[{j}]")
+            if compiled is not None:
+                extract.append(compiled)
+        return extract
+
+    def _blocks(self, raw: dict[str, Any], where: str) -> tuple[dict[str, str], dict[str, Any]]:
+        """The `runbook` (meaning and impact at least) and `alert` blocks, without line keys."""
+        runbook = raw.get("runbook")
+        if not isinstance(runbook, dict) or not {"meaning", "impact"} <= set(runbook):
+            self.v.err(raw, f"{where}.runbook", "needs meaning and impact")
+            runbook = {}
+        alert = raw.get("alert")
+        if not isinstance(alert, dict):
+            self.v.err(raw, f"{where}.alert", "missing")
+            alert = {}
+        text = {k: str(v) for k, v in runbook.items() if k != "__line__"}
+        return text, {k: v for k, v in alert.items() if k != "__line__"}
 
     def _examples(self, raw: dict[str, Any], where: str) -> tuple[list[str], list[str]]:
         """The kind's `match` and `no_match` example lines; at least one of each."""
