@@ -31,6 +31,23 @@ class _Last:
     available: float | None
 
 
+# The event families in page order: key -> (name after the namespace, type, help, label set).
+_FAMILIES = {
+    "events": ("events", "counter", "SGLang OOM events seen in the logs, one per server-level failure.", "kind"),
+    "fatal": ("fatal_events", "counter", "SGLang OOM events that crashed the server (or its scheduler).", "kind"),
+    "retracted": ("retracted_requests", "counter",
+                  "Requests retracted by KV-cache-full retractions (counted once per event, not per rank).", "source"),
+    "last_ts": ("last_event_timestamp_seconds", "gauge", "When the exporter saw the last event of a kind.", "kind"),
+    "last_req": ("last_event_requested_tokens", "gauge", "Tokens the last failed allocation asked for.", "kind"),
+    "last_avail": ("last_event_available_tokens", "gauge",
+                   "Tokens available (free + evictable) in the pool that ran out, at the last event.", "kind"),
+    "suggested": ("suggested_flag_value", "gauge",
+                  "The value the last event of a kind suggests for an SGLang flag (flag without its leading dashes).",
+                  "flag"),
+    "current": ("current_flag_value", "gauge", "The flag's value on the server when that event happened.", "flag"),
+}  # fmt: skip
+
+
 class EventCounts:
     """The counters the exporter owns, keyed by source label values; thread-safe (the page's lock)."""
 
@@ -55,47 +72,13 @@ class EventCounts:
         self._last: dict[tuple[Labels, str], _Last] = {}
         self._flags: dict[tuple[Labels, str, str], tuple[float | None, float]] = {}
         self._sum: float | None = 0.0  # total() over every source and kind (None: recount); the keeper asks each pass
-        names = ["kind", *self.label_names]
-        fam = self.page.family
-        self._f_events = fam(
-            f"{NAMESPACE}_events", "counter", "SGLang OOM events seen in the logs, one per server-level failure.", names
-        )
-        self._f_fatal = fam(
-            f"{NAMESPACE}_fatal_events",
-            "counter",
-            "SGLang OOM events that crashed the server (or its scheduler).",
-            names,
-        )
-        self._f_retracted = fam(
-            f"{NAMESPACE}_retracted_requests",
-            "counter",
-            "Requests retracted by KV-cache-full retractions (counted once per event, not per rank).",
-            self.label_names,
-        )
-        self._f_last_ts = fam(
-            f"{NAMESPACE}_last_event_timestamp_seconds",
-            "gauge",
-            "When the exporter saw the last event of a kind.",
-            names,
-        )
-        self._f_last_req = fam(
-            f"{NAMESPACE}_last_event_requested_tokens", "gauge", "Tokens the last failed allocation asked for.", names
-        )
-        self._f_last_avail = fam(
-            f"{NAMESPACE}_last_event_available_tokens",
-            "gauge",
-            "Tokens available (free + evictable) in the pool that ran out, at the last event.",
-            names,
-        )
-        flag_names = [*names, "flag"]
-        self._f_suggested = fam(
-            f"{NAMESPACE}_suggested_flag_value",
-            "gauge",
-            "The value the last event of a kind suggests for an SGLang flag (flag without its leading dashes).",
-            flag_names,
-        )
-        self._f_current = fam(f"{NAMESPACE}_current_flag_value", "gauge",
-                              "The flag's value on the server when that event happened.", flag_names)  # fmt: skip
+        by = {"kind": ["kind", *self.label_names], "source": list(self.label_names)}
+        by["flag"] = [*by["kind"], "flag"]
+        fams = {attr: self.page.family(f"{NAMESPACE}_{name}", typ, doc, by[labels])
+                for attr, (name, typ, doc, labels) in _FAMILIES.items()}  # fmt: skip
+        self._f_events, self._f_fatal, self._f_retracted = fams["events"], fams["fatal"], fams["retracted"]
+        self._f_last_ts, self._f_last_req, self._f_last_avail = fams["last_ts"], fams["last_req"], fams["last_avail"]
+        self._f_suggested, self._f_current = fams["suggested"], fams["current"]
         self.sources = SourceTable(self.page, self.label_names)  # the read statistics, after the event families
 
     # --- writes ------------------------------------------------------------------------------
