@@ -147,6 +147,8 @@ class Soak:
         self.journal.append((round(now - self.t0, 3), "-", "kill", self.daemon.pid))
         try:
             saved_at = (self.state / "state.json").stat().st_mtime
+            if self.args.keep:  # what a restart will find, for the post-mortem
+                shutil.copyfile(self.state / "state.json", self.root / f"state-at-kill-{self.tally.kills}.json")
         except OSError:
             saved_at = 0.0
         for f in self.files:
