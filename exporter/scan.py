@@ -6,6 +6,9 @@ Also the golden-test harness: tests call scan_paths() and compare its JSON with 
 from __future__ import annotations
 
 import gzip
+import io
+import os
+import stat
 import sys
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -107,11 +110,13 @@ def scan_stream(
         extra_prefixes=tuple(extra_prefixes),
     )
     try:
+        size = _first_read(stream, chunk)
         while True:
-            data = stream.read(chunk)
+            data = stream.read(size)
             if not data:
                 break
             pipe.feed(data)
+            size = chunk
     except (OSError, EOFError, gzip.BadGzipFile) as exc:
         # A truncated .gz or a read error mid-file: keep what was read, and say so.
         raise InputError(f"error reading {name}: {exc}") from exc
@@ -119,6 +124,27 @@ def scan_stream(
         pipe.finish()
     events.sort(key=lambda e: int(e.location.rsplit(":", 1)[1]))
     return events, pipe.stats()
+
+
+def _first_read(stream: IO[bytes], chunk: int) -> int:
+    """How much to ask for first: a plain file's size when below chunk. A BufferedReader asked for 4 MiB
+    allocates 4 MiB whatever the file holds: for 1,000 files of 100 KB that was 0.08 s of a 0.6 s scan."""
+    if isinstance(stream, io.BufferedReader):
+        try:
+            st = os.fstat(stream.fileno())
+        except (OSError, ValueError):
+            return chunk
+        if stat.S_ISREG(st.st_mode):
+            return max(1, min(chunk, st.st_size - stream.tell() + 1))  # +1: this read meets the end
+    return chunk
+
+
+def check_readable(path: str) -> None:
+    """InputError unless path (not stdin) opens for reading: one unbuffered open, nothing read."""
+    try:
+        open(path, "rb", buffering=0).close()
+    except OSError as exc:
+        raise InputError(f"cannot read {path}: {exc.strerror or exc}") from exc
 
 
 def load_server_args(path: str) -> dict[str, Any]:
@@ -165,7 +191,7 @@ def scan_paths(
 
         for path in paths:
             if path != "-":
-                open_input(path)[1].close()  # unreadable inputs fail before any worker starts
+                check_readable(path)  # unreadable inputs fail before any worker starts
         options = ScanOptions(prefilter, tuple(extra_prefixes), finder, chunk)
         try:
             done = scan_parallel(catalog, matcher, paths, jobs=jobs, options=options,
