@@ -12,12 +12,10 @@ import json
 import os
 import sys
 from collections.abc import Sequence
-from importlib import resources
 from typing import Any
 
 from . import __version__
 from .catalog.loader import CatalogError, load_catalog
-from .config import DEFAULT_LISTEN
 from .scan import InputError, format_text, load_server_args, scan_paths
 
 EXIT_OK, EXIT_OOM, EXIT_USAGE = 0, 1, 2
@@ -26,11 +24,18 @@ EXIT_OK, EXIT_OOM, EXIT_USAGE = 0, 1, 2
 def sample_path(name: str = "sample.log") -> str:
     """A bundled sample: the synthetic log (several SGLang eras, TP=2, every fatal kind, retractions), or
     the server-info JSON that goes with it."""
+    from importlib import resources
+
     return str(resources.files("sglang_oom_exporter").joinpath(f"samples/{name}"))
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The argument parser, also the source of --help."""
+SERVE_HELP = "follow SGLang logs live and export OOM counters on /metrics"
+RENDER_HELP = "write the alert rules, runbooks, dashboards and chart copies from the catalog"
+
+
+def build_parser(only_scan: bool = False) -> argparse.ArgumentParser:
+    """The argument parser, also the source of --help. With only_scan (the command is scan), serve and render
+    get no arguments: a scan then never imports the configuration code that serve's help quotes."""
     parser = argparse.ArgumentParser(
         prog="sglang-oom-exporter",
         description=(
@@ -73,15 +78,19 @@ def build_parser() -> argparse.ArgumentParser:
     scan.add_argument("--server-args", metavar="FILE",
                       help="JSON from SGLang's /server_info (or /get_server_info): suggestions then start from the "
                       "server's current flag values")  # fmt: skip
-    _serve_parser(sub)
-    _render_parser(sub)
+    if only_scan:
+        sub.add_parser("serve", help=SERVE_HELP)
+        sub.add_parser("render", help=RENDER_HELP)
+    else:
+        _serve_parser(sub)
+        _render_parser(sub)
     return parser
 
 
 def _render_parser(sub: Any) -> None:
     render = sub.add_parser(
         "render",
-        help="write the alert rules, runbooks, dashboards and chart copies from the catalog",
+        help=RENDER_HELP,
         description=(
             "Render every generated file of the alert pack from the catalog into OUT_DIR (default: the "
             "current directory, meant to be the repository root). With --check nothing is written: exit 1 and "
@@ -98,9 +107,11 @@ def _render_parser(sub: Any) -> None:
 
 
 def _serve_parser(sub: Any) -> None:
+    from .config import DEFAULT_LISTEN
+
     serve = sub.add_parser(
         "serve",
-        help="follow SGLang logs live and export OOM counters on /metrics",
+        help=SERVE_HELP,
         description=(
             "Follow log files, globs, Kubernetes pod logs or stdin, count every OOM exactly once (across "
             "rotations and restarts, with --state-dir), and serve /metrics, /healthz, /events and an HTML page "
@@ -170,7 +181,8 @@ def _serve_parser(sub: Any) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the console script and of `python -m sglang_oom_exporter`."""
-    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else list(argv)
+    parser = build_parser(only_scan=argv[:1] == ["scan"])
     args = parser.parse_args(argv)
     if args.command is None:
         parser.print_help(sys.stderr)
