@@ -22,6 +22,9 @@ from .detect.pipeline import Pipeline, PipelineStats
 from .sources.fileid import open_binary
 
 CHUNK = 4 * 1024 * 1024
+# Below this many bytes in all, --jobs N scans in this process: starting and feeding a pool of workers costs
+# about 0.06 s of CPU, the time one process takes for about 10 MB, so a pool only pays off above twice that.
+MIN_PARALLEL_BYTES = 16 * 1024 * 1024
 
 
 class InputError(Exception):
@@ -175,11 +178,13 @@ def scan_paths(
     chunk: int = CHUNK,
     range_size: int | None = None,
     start_method: str | None = None,
+    min_parallel_bytes: int = MIN_PARALLEL_BYTES,
 ) -> ScanResult:
     """Scan every path in order; InputError on the first unreadable one.
 
     jobs > 1 scans in that many worker processes (files in parallel, big plain files cut into ranges) with
-    the same result; range_size and start_method only exist for tests (scanpar.py says why they are safe).
+    the same result, once the files hold at least min_parallel_bytes (or range_size is given); range_size,
+    start_method and min_parallel_bytes only exist for tests (scanpar.py says why they are safe).
     """
     matcher = Matcher(catalog)
     sink = EventSink(catalog)
@@ -187,11 +192,18 @@ def scan_paths(
     result = ScanResult(catalog)
     paths = list(paths)
     if jobs > 1 and any(p != "-" for p in paths):
-        from .scanpar import MIN_RANGE, ScanOptions, scan_parallel
-
+        size = 0
         for path in paths:
             if path != "-":
                 check_readable(path)  # unreadable inputs fail before any worker starts
+                size += os.stat(path).st_size
+        if range_size is None and size < min_parallel_bytes:
+            jobs = 1
+    else:
+        jobs = 1  # stdin alone is read in this process
+    if jobs > 1:
+        from .scanpar import MIN_RANGE, ScanOptions, scan_parallel
+
         options = ScanOptions(prefilter, tuple(extra_prefixes), finder, chunk)
         try:
             done = scan_parallel(catalog, matcher, paths, jobs=jobs, options=options,

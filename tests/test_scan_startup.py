@@ -94,3 +94,59 @@ def test_serve_help_still_quotes_the_default_listen_address():
     from sglang_oom_exporter.config import DEFAULT_LISTEN
 
     assert f"(default {DEFAULT_LISTEN})" in proc.stdout.decode()
+
+
+def _pool_calls(monkeypatch) -> list[int]:
+    """Record every call of scan_parallel (made in this process, before any worker starts)."""
+    from sglang_oom_exporter import scanpar
+
+    calls: list[int] = []
+    real = scanpar.scan_parallel
+
+    def spy(*args, **kwargs):
+        calls.append(kwargs["jobs"])
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(scanpar, "scan_parallel", spy)
+    return calls
+
+
+@pytest.mark.timeout(60)
+def test_a_pool_starts_only_above_min_parallel_bytes(tmp_path, monkeypatch):
+    calls = _pool_calls(monkeypatch)
+    paths = []
+    for i in range(3):
+        path = tmp_path / f"{i}.log"
+        path.write_bytes(b"noise\n" * 100 + RETRACT * (i + 1))
+        paths.append(str(path))
+    size = sum(os.path.getsize(p) for p in paths)
+    serial = scan_paths(CATALOG, paths).to_json()
+    assert scan_paths(CATALOG, paths, jobs=2, min_parallel_bytes=size + 1).to_json() == serial
+    assert calls == []  # below the bound: read in this process
+    assert scan_paths(CATALOG, paths, jobs=2, min_parallel_bytes=size).to_json() == serial
+    assert calls == [2]
+    assert serial["counts"]["retract"] == 6
+    assert scan_paths(CATALOG, paths, jobs=2).to_json() == serial  # the default bound: 16 MiB
+    assert calls == [2]
+
+
+@pytest.mark.timeout(60)
+def test_stdin_between_files_in_a_pool_keeps_input_order(tmp_path, monkeypatch):
+    calls = _pool_calls(monkeypatch)
+    first, last = tmp_path / "a.log", tmp_path / "b.log"
+    first.write_bytes(RETRACT)
+    last.write_bytes(b"noise\n" + RETRACT * 2)
+    piped = b"x\n" + RETRACT * 3 + b"y"
+
+    def run(jobs: int) -> dict:
+        monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(piped)))
+        return scan_paths(CATALOG, [str(first), "-", str(last)], jobs=jobs, min_parallel_bytes=0).to_json()
+
+    serial, parallel = run(1), run(2)
+    assert calls == [2]
+    assert parallel == serial
+    assert [(i["path"], i["lines_read"], i["events"]) for i in parallel["inputs"]] == [
+        (str(first), 1, 1),
+        ("-", 5, 3),
+        (str(last), 3, 2),
+    ]
