@@ -72,8 +72,9 @@ def build_parser(only_scan: bool = False) -> argparse.ArgumentParser:
         default=_cpus(),
         metavar="N",
         help="worker processes (default: the number of CPUs). Files go to different workers and a big plain "
-        "file is cut into ranges, with the same result as --jobs 1, which reads in this process. gzip files "
-        "are each read whole by one worker; stdin is read in this process",
+        "file is cut into ranges, with the same result as --jobs 1, which reads in this process, as does any "
+        "N when the files hold under 16 MiB in all. gzip files are each read whole by one worker; stdin is read "
+        "in this process",
     )
     scan.add_argument("--server-args", metavar="FILE",
                       help="JSON from SGLang's /server_info (or /get_server_info): suggestions then start from the "
