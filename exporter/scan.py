@@ -6,9 +6,7 @@ Also the golden-test harness: tests call scan_paths() and compare its JSON with 
 from __future__ import annotations
 
 import gzip
-import io
 import os
-import stat
 import sys
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -113,13 +111,11 @@ def scan_stream(
         extra_prefixes=tuple(extra_prefixes),
     )
     try:
-        size = _first_read(stream, chunk)
         while True:
-            data = stream.read(size)
+            data = stream.read(chunk)
             if not data:
                 break
             pipe.feed(data)
-            size = chunk
     except (OSError, EOFError, gzip.BadGzipFile) as exc:
         # A truncated .gz or a read error mid-file: keep what was read, and say so.
         raise InputError(f"error reading {name}: {exc}") from exc
@@ -127,19 +123,6 @@ def scan_stream(
         pipe.finish()
     events.sort(key=lambda e: int(e.location.rsplit(":", 1)[1]))
     return events, pipe.stats()
-
-
-def _first_read(stream: IO[bytes], chunk: int) -> int:
-    """How much to ask for first: a plain file's size when below chunk. A BufferedReader asked for 4 MiB
-    allocates 4 MiB whatever the file holds: for 1,000 files of 100 KB that was 0.08 s of a 0.6 s scan."""
-    if isinstance(stream, io.BufferedReader):
-        try:
-            st = os.fstat(stream.fileno())
-        except (OSError, ValueError):
-            return chunk
-        if stat.S_ISREG(st.st_mode):
-            return max(1, min(chunk, st.st_size - stream.tell() + 1))  # +1: this read meets the end
-    return chunk
 
 
 def check_readable(path: str) -> None:

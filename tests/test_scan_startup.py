@@ -1,4 +1,4 @@
-"""`scan`'s start-up and per-file costs: what a scan imports, how big its first read is, how inputs are checked.
+"""`scan`'s start-up costs: what a scan imports, how inputs are checked, when a pool of workers starts.
 
 bench/bench_scan_files.py measures the time; these tests pin the mechanisms, so a change that brings a cost back
 fails here rather than only showing up as a slower benchmark.
@@ -6,7 +6,6 @@ fails here rather than only showing up as a slower benchmark.
 
 from __future__ import annotations
 
-import gzip
 import io
 import json
 import os
@@ -15,43 +14,10 @@ import sys
 
 import pytest
 
-from sglang_oom_exporter.scan import CHUNK, InputError, _first_read, check_readable, open_input, scan_paths
+from sglang_oom_exporter.scan import InputError, check_readable, scan_paths
 from tests.helpers import CATALOG
 
 RETRACT = b"[2026-03-14 22:01:05 TP0] KV cache pool is full. Retract requests. #retracted_reqs: 3, #new_token_ratio: 0.4 -> 0.5\n"
-
-
-def test_first_read_of_a_small_plain_file_is_its_size_plus_one(tmp_path):
-    path = tmp_path / "a.log"
-    path.write_bytes(b"x" * 1000)
-    with open(path, "rb") as fh:
-        assert _first_read(fh, CHUNK) == 1001
-        fh.read(400)
-        assert _first_read(fh, CHUNK) == 601  # from where the stream stands
-    with open(path, "rb") as fh:
-        assert _first_read(fh, 512) == 512  # never above the chunk
-
-
-def test_first_read_of_a_stream_without_a_size_is_the_chunk(tmp_path):
-    path = tmp_path / "a.log.gz"
-    path.write_bytes(gzip.compress(b"y" * 5000))
-    _name, stream = open_input(str(path))
-    with stream:
-        assert _first_read(stream, CHUNK) == CHUNK  # a gzip stream: its file's size is not the text's
-    read_fd, write_fd = os.pipe()
-    with open(read_fd, "rb") as pipe, open(write_fd, "wb"):
-        assert _first_read(pipe, CHUNK) == CHUNK  # a pipe's st_size says nothing
-    assert _first_read(io.BytesIO(b"zz"), CHUNK) == CHUNK
-
-
-def test_small_first_read_gives_the_same_json_as_one_byte_chunks(tmp_path):
-    path = tmp_path / "r.log"
-    path.write_bytes(b"plain line\n" * 50 + RETRACT + b"tail without newline")
-    whole = scan_paths(CATALOG, [str(path)]).to_json()
-    tiny = scan_paths(CATALOG, [str(path)], chunk=1).to_json()
-    assert whole == tiny
-    assert whole["counts"]["retract"] == 1
-    assert whole["inputs"][0]["lines_read"] == 52
 
 
 def test_check_readable_names_the_input(tmp_path):
