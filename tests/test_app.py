@@ -71,15 +71,19 @@ def test_from_beginning_reads_existing_files(tmp_path):
     assert app.counts.total("decode") == 2
 
 
-def test_block_without_traceback_counts_after_the_wait_not_before(tmp_path):
+def test_block_naming_its_kind_counts_after_the_rank_window_not_before(tmp_path):
+    # A block whose text names its kind does not wait for a traceback (--traceback-wait is for the generic
+    # text): it counts once the rank window has closed, in well under half a second, and only once.
     log = tmp_path / "a.log"
     log.write_text("")
     app, clock = _app(tmp_path)
     _run(app, clock, 1)
     log.write_text("[2026-03-14 22:07:33 TP0] Prefill out of memory. Try to lower your batch size.\n\n")
     app.loop.step()
-    assert app.counts.total("prefill") == 0  # waiting for its traceback
-    _run(app, clock, 1.5)
+    assert app.counts.total("prefill") == 0  # the other ranks of this tick may still be on their way
+    _run(app, clock, 0.5)
+    assert app.counts.total("prefill") == 1
+    _run(app, clock, 3)
     assert app.counts.total("prefill") == 1
 
 

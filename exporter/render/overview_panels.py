@@ -150,8 +150,9 @@ def health_panels() -> list[tuple[g.Json, int, int]]:
     )  # fmt: skip
     pending = g.timeseries(
         "Pending events",
-        "Events waiting for their traceback or for other ranks before they are counted (normally 0 or briefly "
-        "1). Stuck above 0: a traceback never arrived; the event counts after --traceback-wait.",
+        "Events waiting for other ranks (0.15 s) or, for the generic 0.5.4+ 'Out of memory' text, for the "
+        "traceback that names the phase (normally 0 or briefly 1). Stuck above 0 for seconds: a generic block's "
+        "traceback never arrived; it counts as unknown after --traceback-wait.",
         [g.target(f"sum by (instance) ({scoped('sglang_oom_exporter_pending_events')})", "{{instance}}")],
         g.field_config("short", decimals=0),
     )
