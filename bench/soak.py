@@ -25,8 +25,10 @@ and rotated away between two looks is never opened: README "Tailing"). Losses by
 - "down" lasts from the SIGKILL until the restarted daemon is ready and has finished its first pass over the
   files (until then it has not looked at what was written meanwhile): a delete in that time is one while down;
 - a file deleted while the daemon is up, then a SIGKILL before the daemon saved its state (a save ending at
-  least DELETE_SAVE_MARGIN after the delete): the events written to it within DELETE_KILL_WINDOW before the
-  delete (the daemon saves at the delete and soon after counting, but a kill can come first).
+  least DELETE_SAVE_MARGIN after the delete): the events it counted within DELETE_KILL_WINDOW before the
+  delete (the daemon saves at the delete and soon after counting, but a kill can come first). An event is
+  counted soon after it is written, or, if written before the running daemon finished its first pass, when
+  that pass re-reads it (a SIGKILL before its save left it to the restart).
 
 At the end the writer and rotator stop, the daemon (restarted if down) catches up, and each file's
 `sglang_oom_events_total{kind="prefill",source=...}` is compared with what was written to it.
@@ -74,6 +76,16 @@ DELETE_KILL_WINDOW = 3.0
 DELETE_SAVE_MARGIN = 1.0
 
 
+def counted_soon_before(writes_at: list[float], up_since: float, deleted_at: float) -> int:
+    """Events of a generation deleted while up that the running daemon counted within DELETE_KILL_WINDOW of it.
+
+    An event is counted soon after it is written, but one written before the running daemon finished its first
+    pass (while down, or before the previous daemon saved it and was killed) is counted only then, when that
+    daemon reads it again: its count is as young as that first pass, however old its bytes are.
+    """
+    return sum(1 for t in writes_at if deleted_at - max(t, up_since) <= DELETE_KILL_WINDOW)
+
+
 @dataclass
 class LogFile:
     """One followed file: what was written to it, and which of its events a delete while down put at risk."""
@@ -119,6 +131,7 @@ class Soak:
         self.daemon: Child | None = None
         self.started_at = 0.0
         self.down = threading.Event()  # set from a kill until the restarted daemon is ready
+        self.up_since = time.monotonic()  # when the running daemon finished its first pass (down was cleared)
         self.stop = threading.Event()
         self.seq = 0
         self.second = 0
@@ -224,7 +237,7 @@ class Soak:
                     if down:
                         f.at_risk += f.generation  # by design: what the daemon had not read goes with the file
                     else:
-                        recent = sum(1 for t in f.writes_at if now - t <= DELETE_KILL_WINDOW)
+                        recent = counted_soon_before(f.writes_at, self.up_since, now)
                         f.deleted_up = (time.time(), recent)  # at risk if a SIGKILL comes before a save after it
                 if down and f.born_down and action != "delete":
                     # First bytes written and rotated while the daemon was down: no state names this generation
@@ -263,6 +276,7 @@ class Soak:
         for f in self.files:
             with f.lock:
                 f.rotated_while_down = f.born_down = False
+        self.up_since = time.monotonic()
         self.down.clear()
 
     def looked_since(self, wall: float) -> bool:
