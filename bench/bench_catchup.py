@@ -160,123 +160,120 @@ def main(argv: list[str] | None = None) -> int:
     children = bl.Children()
     src, truth, generated = bench_scan.ensure_log(args.lines, args.oom_every)
     tmp = Path(tempfile.mkdtemp(prefix="bench-catchup-", dir=args.tmpdir))
-    status = 0
     try:
-        log = tmp / "sglang-0.log"
-        log.touch()
-        state, snapshot = tmp / "state", tmp / "state-at-stop"
-        port = bl.free_port()
-        first = children.start(
-            "ours", bl.ours_argv(port, [str(log)], state_dir=str(state), extra=args.ours_arg), tmp / "ours-first.out"
-        )
-
-        def ready() -> bool:
-            bl.check_alive(first)
-            return bl.ours_ready(port, files=1)
-
-        bl.wait_for(ready, 60, 0.1, "ours ready on the empty file")
-        rc = children.stop(first)
-        if rc != 0 or not (state / "state.json").exists():
-            raise RuntimeError(
-                f"first ours exited {rc}, state.json exists: {(state / 'state.json').exists()}\n{first.tail()}"
+        with bl.BenchRun(children, tmp) as run:
+            log = tmp / "sglang-0.log"
+            log.touch()
+            state, snapshot = tmp / "state", tmp / "state-at-stop"
+            port = bl.free_port()
+            first = children.start(
+                "ours",
+                bl.ours_argv(port, [str(log)], state_dir=str(state), extra=args.ours_arg),
+                tmp / "ours-first.out",
             )
-        shutil.copytree(state, snapshot)
-        secs = append_bytes(src, log)
-        size = log.stat().st_size
-        mb = size / 1e6
-        bench_scan.warm_cache(log)
-        print(
-            f"appended {src.name} to {log}: {mb:.1f} MB, {truth['lines']} lines in {secs:.1f}s while ours was "
-            f"down; truth prefill={truth['prefill']} decode={truth['decode']}",
-            file=sys.stderr,
-        )
 
-        use_mtail = bool(args.mtail) and Path(args.mtail).exists()
-        if not use_mtail:
-            print("SKIP mtail: " + (f"{args.mtail} not found" if args.mtail else "off (--mtail '')"), file=sys.stderr)
-        # Each run times ours and then mtail back to back, so that a run's ratio compares the two under the same
-        # load (a shared machine's load moves between runs far more than between two neighbouring commands).
-        ours_runs: list[dict] = []
-        mtail_times: list[float] = []
-        pair_ratios: list[float] = []
-        cpu_ratios: list[float] = []
-        mtail_note = ""
-        for i in range(args.runs):
-            ours_runs.append(ours_run(args, log, state, snapshot, truth, tmp, i + 1, children))
-            if not use_mtail:
-                continue
-            seconds, cpu, mtail_note = mtail_run(args, log, truth)
-            mtail_times.append(seconds)
-            pair_ratios.append(seconds / ours_runs[-1]["seconds"])
-            # CPU seconds too: ours is one thread and mtail spreads over every core, so on a machine loaded by
-            # other jobs the wall ratio moves with the load and the CPU ratio much less.
-            cpu_ratios.append(cpu / ours_runs[-1]["cpu_s"])
+            def ready() -> bool:
+                bl.check_alive(first)
+                return bl.ours_ready(port, files=1)
+
+            bl.wait_for(ready, 60, 0.1, "ours ready on the empty file")
+            rc = children.stop(first)
+            if rc != 0 or not (state / "state.json").exists():
+                raise RuntimeError(
+                    f"first ours exited {rc}, state.json exists: {(state / 'state.json').exists()}\n{first.tail()}"
+                )
+            shutil.copytree(state, snapshot)
+            secs = append_bytes(src, log)
+            size = log.stat().st_size
+            mb = size / 1e6
+            bench_scan.warm_cache(log)
             print(
-                f"  run {i + 1}: mtail --one_shot {seconds:.3f}s, CPU {cpu:.2f}s; mtail / ours {pair_ratios[-1]:.2f}x "
-                f"(CPU {cpu_ratios[-1]:.2f}x)",
+                f"appended {src.name} to {log}: {mb:.1f} MB, {truth['lines']} lines in {secs:.1f}s while ours was "
+                f"down; truth prefill={truth['prefill']} decode={truth['decode']}",
                 file=sys.stderr,
             )
 
-        o_times = [x["seconds"] for x in ours_runs]
-        ob = min(o_times)
-        print(
-            f"\nfile: {log.name}  {truth['lines']} lines  {mb:.1f} MB written while ours was down; {args.runs} run(s)"
-        )
-        print(f"{'':22s} {'best s':>8s} {'median s':>9s} {'MB/s':>7s}  notes")
-        print(
-            f"{'ours (restart)':22s} {ob:8.3f} {statistics.median(o_times):9.3f} {mb / ob:7.1f}  "
-            f"prefill={truth['prefill']} decode={truth['decode']} exact; spawn to first /metrics answer "
-            f"{min(x['first_answer'] for x in ours_runs):.3f}s; CPU {min(x['cpu_s'] for x in ours_runs):.2f}s; "
-            f"peak RSS {max(x['hwm_kib'] for x in ours_runs) / 1024:.1f} MiB"
-        )
-        ratio = None
-        if mtail_times:
-            mb_ = min(mtail_times)
-            print(
-                f"{'mtail --one_shot':22s} {mb_:8.3f} {statistics.median(mtail_times):9.3f} {mb / mb_:7.1f}  "
-                f"{mtail_note}"
-            )
-            ratio = statistics.median(pair_ratios)
-            met = ratio >= args.target
-            print(
-                "\nmtail / ours, each run side by side: "
-                + ", ".join(f"{r:.2f}x" for r in pair_ratios)
-                + f"; median {ratio:.2f}x (best / best {mb_ / ob:.2f}x); in CPU seconds "
-                + ", ".join(f"{r:.2f}x" for r in cpu_ratios)
-                + f"   (target >= {args.target:g}: {'MET' if met else 'NOT MET'})"
-            )
-        if args.results:
-            args.results.write_text(
-                json.dumps(
-                    {
-                        "bytes": size,
-                        "truth": truth,
-                        "ours": ours_runs,
-                        "mtail_one_shot": mtail_times,
-                        "ratios": pair_ratios,
-                        "cpu_ratios": cpu_ratios,
-                        "ratio": ratio,
-                    },
-                    indent=2,
+            use_mtail = bool(args.mtail) and Path(args.mtail).exists()
+            if not use_mtail:
+                print(
+                    "SKIP mtail: " + (f"{args.mtail} not found" if args.mtail else "off (--mtail '')"), file=sys.stderr
                 )
-                + "\n",
-                encoding="utf-8",
+            # Each run times ours and then mtail back to back, so that a run's ratio compares the two under the same
+            # load (a shared machine's load moves between runs far more than between two neighbouring commands).
+            ours_runs: list[dict] = []
+            mtail_times: list[float] = []
+            pair_ratios: list[float] = []
+            cpu_ratios: list[float] = []
+            mtail_note = ""
+            for i in range(args.runs):
+                ours_runs.append(ours_run(args, log, state, snapshot, truth, tmp, i + 1, children))
+                if not use_mtail:
+                    continue
+                seconds, cpu, mtail_note = mtail_run(args, log, truth)
+                mtail_times.append(seconds)
+                pair_ratios.append(seconds / ours_runs[-1]["seconds"])
+                # CPU seconds too: ours is one thread and mtail spreads over every core, so on a machine loaded by
+                # other jobs the wall ratio moves with the load and the CPU ratio much less.
+                cpu_ratios.append(cpu / ours_runs[-1]["cpu_s"])
+                print(
+                    f"  run {i + 1}: mtail --one_shot {seconds:.3f}s, CPU {cpu:.2f}s; "
+                    f"mtail / ours {pair_ratios[-1]:.2f}x (CPU {cpu_ratios[-1]:.2f}x)",
+                    file=sys.stderr,
+                )
+
+            o_times = [x["seconds"] for x in ours_runs]
+            ob = min(o_times)
+            print(
+                f"\nfile: {log.name}  {truth['lines']} lines  {mb:.1f} MB written while ours was down; "
+                f"{args.runs} run(s)"
             )
-        if args.check_target and (ratio is None or ratio < args.target):
-            status = 1
-    except (RuntimeError, TimeoutError) as exc:
-        print(f"FAIL: {exc}", file=sys.stderr)
-        status = 1
-    except KeyboardInterrupt:
-        print("interrupted: stopping the daemons and removing the temp files", file=sys.stderr)
-        status = 130
+            print(f"{'':22s} {'best s':>8s} {'median s':>9s} {'MB/s':>7s}  notes")
+            print(
+                f"{'ours (restart)':22s} {ob:8.3f} {statistics.median(o_times):9.3f} {mb / ob:7.1f}  "
+                f"prefill={truth['prefill']} decode={truth['decode']} exact; spawn to first /metrics answer "
+                f"{min(x['first_answer'] for x in ours_runs):.3f}s; CPU {min(x['cpu_s'] for x in ours_runs):.2f}s; "
+                f"peak RSS {max(x['hwm_kib'] for x in ours_runs) / 1024:.1f} MiB"
+            )
+            ratio = None
+            if mtail_times:
+                mb_ = min(mtail_times)
+                print(
+                    f"{'mtail --one_shot':22s} {mb_:8.3f} {statistics.median(mtail_times):9.3f} {mb / mb_:7.1f}  "
+                    f"{mtail_note}"
+                )
+                ratio = statistics.median(pair_ratios)
+                met = ratio >= args.target
+                print(
+                    "\nmtail / ours, each run side by side: "
+                    + ", ".join(f"{r:.2f}x" for r in pair_ratios)
+                    + f"; median {ratio:.2f}x (best / best {mb_ / ob:.2f}x); in CPU seconds "
+                    + ", ".join(f"{r:.2f}x" for r in cpu_ratios)
+                    + f"   (target >= {args.target:g}: {'MET' if met else 'NOT MET'})"
+                )
+            if args.results:
+                args.results.write_text(
+                    json.dumps(
+                        {
+                            "bytes": size,
+                            "truth": truth,
+                            "ours": ours_runs,
+                            "mtail_one_shot": mtail_times,
+                            "ratios": pair_ratios,
+                            "cpu_ratios": cpu_ratios,
+                            "ratio": ratio,
+                        },
+                        indent=2,
+                    )
+                    + "\n",
+                    encoding="utf-8",
+                )
+            if args.check_target and (ratio is None or ratio < args.target):
+                run.status = 1
     finally:
-        children.stop_all()
-        shutil.rmtree(tmp, ignore_errors=True)
         if generated and not args.keep:
             src.unlink(missing_ok=True)
             Path(str(src) + ".truth.json").unlink(missing_ok=True)
-    return status
+    return run.status
 
 
 if __name__ == "__main__":

@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import shutil
 import sys
 import tempfile
 import time
@@ -222,9 +221,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"RLIMIT_NOFILE for both daemons: soft {soft}, hard {hard}", file=sys.stderr)
     children = bl.Children()
     tmp = Path(tempfile.mkdtemp(prefix="bench-idle-"))
-    status = 0
     all_results = {}
-    try:
+    with bl.BenchRun(children, tmp, keep=args.keep_tmp, tails=lambda: bl.out_file_tails(tmp)) as run:
         for layout in layouts:
             res = run_layout(layout, args, tmp, children)
             cpu_ok, rss_ok = report(layout, res, args)
@@ -235,27 +233,13 @@ def main(argv: list[str] | None = None) -> int:
                 "rss_target_met": rss_ok,
             }
             if args.check_target and not (cpu_ok and rss_ok):
-                status = 1
+                run.status = 1
         if args.results:
             args.results.write_text(
                 json.dumps({"files": args.files, "window": args.window, "layouts": all_results}, indent=2) + "\n",
                 encoding="utf-8",
             )
-    except (RuntimeError, TimeoutError) as exc:
-        print(f"FAIL: {exc}", file=sys.stderr)
-        for out in sorted(tmp.glob("*.out")):
-            print(f"--- {out.name} (tail) ---\n{out.read_bytes()[-2000:].decode('utf-8', 'replace')}", file=sys.stderr)
-        status = 1
-    except KeyboardInterrupt:
-        print("interrupted: stopping the daemons and removing the temp files", file=sys.stderr)
-        status = 130
-    finally:
-        children.stop_all()
-        if args.keep_tmp:
-            print(f"kept {tmp}", file=sys.stderr)
-        else:
-            shutil.rmtree(tmp, ignore_errors=True)
-    return status
+    return run.status
 
 
 if __name__ == "__main__":

@@ -27,7 +27,6 @@ import argparse
 import json
 import os
 import random
-import shutil
 import socket
 import statistics
 import sys
@@ -273,126 +272,116 @@ def main(argv: list[str] | None = None) -> int:
     if args.mtail and not use_mtail:
         print(f"SKIP mtail: {args.mtail} not found", file=sys.stderr)
     fd = -1
-    status = 0
     hang = None
     try:
-        if args.hanging_target:
-            hang = _HangingServer()
-            args.ours_arg += ["--sglang-url", f"http://127.0.0.1:{hang.port}", "--scrape-interval", "1s"]
-            print(f"hanging SGLang target on 127.0.0.1:{hang.port} (accepts, never answers)")
-        log = tmp / "sglang-0.log"
-        log.write_bytes(preamble(20))
-        state = tmp / "state"
-        ours_port = bl.free_port()
-        ours = children.start(
-            "ours", bl.ours_argv(ours_port, [str(log)], state_dir=str(state), extra=args.ours_arg), tmp / "ours.out"
-        )
-        running = [ours]
-        mtail_port = None
-        if use_mtail:
-            mtail_port = bl.free_port()
-            running.append(children.start("mtail", bl.mtail_argv(args.mtail, mtail_port, str(log)), tmp / "mtail.out"))
-
-        def ready() -> bool:
-            bl.check_alive(*running)
-            return bl.ours_ready(ours_port, files=1) and (mtail_port is None or bl.mtail_answers(mtail_port))
-
-        bl.wait_for(ready, 60, 0.1, "both daemons ready")
-        fd = os.open(log, os.O_WRONLY | os.O_APPEND)
-        # Liveness: one more ordinary line must reach both, so both are tailing before the first trial.
-        os.write(fd, preamble(1))
-
-        def both_read() -> bool:
-            bl.check_alive(*running)
-            o = bl.http_get(ours_port, "/metrics")
-            ok = o is not None and (bl.metric(bl.parse_prom(o[1]), "sglang_oom_exporter_lines_read_total") or 0) >= 1
-            if mtail_port is not None:
-                m = bl.http_get(mtail_port, "/metrics")
-                ok = ok and m is not None and (bl.metric(bl.parse_prom(m[1]), "mtail_lines_total") or 0) >= 1
-            return ok
-
-        bl.wait_for(both_read, 30, 0.05, "both daemons to read a line appended after start")
-        print(
-            f"ready: ours pid {ours.pid} port {ours_port}; "
-            + (f"mtail pid {running[1].pid} port {mtail_port}" if use_mtail else "no mtail"),
-            file=sys.stderr,
-        )
-
-        full = Phase("block + traceback")
-        block = Phase("block only (no traceback)")
-        common = dict(
-            fd=fd, ours_port=ours_port, mtail_port=mtail_port, stem=log.stem, args=args, rng=rng, children=running
-        )
-        eo, em = run_phase(
-            full, args.trials, traceback=True, first_index=0, expect_ours=0.0, expect_mtail=0.0, **common
-        )
-        run_phase(
-            block,
-            args.block_trials,
-            traceback=False,
-            first_index=args.trials,
-            expect_ours=eo,
-            expect_mtail=em,
-            **common,
-        )
-        bl.check_alive(*running)
-        rss = bl.proc_status(ours.pid)
-
-        print(
-            f"\nfile: {log} (one write(2) per OOM, {LOG_STEP_SECONDS} s of log time apart); scrape every "
-            f"{args.poll * 1000:.0f} ms; ours with default flags (traceback wait {DEFAULT_TRACEBACK_WAIT} s)"
-            + (f" {' '.join(args.ours_arg)}" if args.ours_arg else "")
-            + ("; mtail poll 250 ms (default)" if use_mtail else "")
-        )
-        ok1 = print_phase(full, args.target_traceback, "p99") if args.trials else True
-        ok2 = print_phase(block, args.target_block, "p99") if args.block_trials else True
-        print(
-            f"\nours RSS at the end: {rss.get('VmRSS', 0) / 1024:.1f} MiB (peak {rss.get('VmHWM', 0) / 1024:.1f} MiB)"
-        )
-        if args.results:
-            args.results.write_text(
-                json.dumps(
-                    {
-                        "trials": args.trials,
-                        "block_trials": args.block_trials,
-                        "poll": args.poll,
-                        "phases": {
-                            p.name: {
-                                "ours": p.ours,
-                                "mtail": p.mtail,
-                                "ours_summary": Phase.summary(p.ours),
-                                "mtail_summary": Phase.summary(p.mtail) if p.mtail else None,
-                            }
-                            for p in (full, block)
-                        },
-                        "targets_met": {"traceback_p99": ok1, "block_p99": ok2},
-                    },
-                    indent=2,
-                )
-                + "\n",
-                encoding="utf-8",
+        with bl.BenchRun(children, tmp, keep=args.keep_tmp, tails=lambda: bl.children_tails(children)) as run:
+            if args.hanging_target:
+                hang = _HangingServer()
+                args.ours_arg += ["--sglang-url", f"http://127.0.0.1:{hang.port}", "--scrape-interval", "1s"]
+                print(f"hanging SGLang target on 127.0.0.1:{hang.port} (accepts, never answers)")
+            log = tmp / "sglang-0.log"
+            log.write_bytes(preamble(20))
+            state = tmp / "state"
+            ours_port = bl.free_port()
+            ours = children.start(
+                "ours", bl.ours_argv(ours_port, [str(log)], state_dir=str(state), extra=args.ours_arg), tmp / "ours.out"
             )
-        if args.check_target and not (ok1 and ok2):
-            status = 1
-    except (RuntimeError, TimeoutError) as exc:
-        print(f"FAIL: {exc}", file=sys.stderr)
-        for c in list(children._children):
-            print(f"--- {c.name} output (tail) ---\n{c.tail()}", file=sys.stderr)
-        status = 1
-    except KeyboardInterrupt:
-        print("interrupted: stopping the daemons and removing the temp files", file=sys.stderr)
-        status = 130
+            running = [ours]
+            mtail_port = None
+            if use_mtail:
+                mtail_port = bl.free_port()
+                running.append(
+                    children.start("mtail", bl.mtail_argv(args.mtail, mtail_port, str(log)), tmp / "mtail.out")
+                )
+
+            def ready() -> bool:
+                bl.check_alive(*running)
+                return bl.ours_ready(ours_port, files=1) and (mtail_port is None or bl.mtail_answers(mtail_port))
+
+            bl.wait_for(ready, 60, 0.1, "both daemons ready")
+            fd = os.open(log, os.O_WRONLY | os.O_APPEND)
+            # Liveness: one more ordinary line must reach both, so both are tailing before the first trial.
+            os.write(fd, preamble(1))
+
+            def both_read() -> bool:
+                bl.check_alive(*running)
+                o = bl.http_get(ours_port, "/metrics")
+                ok = (
+                    o is not None and (bl.metric(bl.parse_prom(o[1]), "sglang_oom_exporter_lines_read_total") or 0) >= 1
+                )
+                if mtail_port is not None:
+                    m = bl.http_get(mtail_port, "/metrics")
+                    ok = ok and m is not None and (bl.metric(bl.parse_prom(m[1]), "mtail_lines_total") or 0) >= 1
+                return ok
+
+            bl.wait_for(both_read, 30, 0.05, "both daemons to read a line appended after start")
+            print(
+                f"ready: ours pid {ours.pid} port {ours_port}; "
+                + (f"mtail pid {running[1].pid} port {mtail_port}" if use_mtail else "no mtail"),
+                file=sys.stderr,
+            )
+
+            full = Phase("block + traceback")
+            block = Phase("block only (no traceback)")
+            common = dict(
+                fd=fd, ours_port=ours_port, mtail_port=mtail_port, stem=log.stem, args=args, rng=rng, children=running
+            )
+            eo, em = run_phase(
+                full, args.trials, traceback=True, first_index=0, expect_ours=0.0, expect_mtail=0.0, **common
+            )
+            run_phase(
+                block,
+                args.block_trials,
+                traceback=False,
+                first_index=args.trials,
+                expect_ours=eo,
+                expect_mtail=em,
+                **common,
+            )
+            bl.check_alive(*running)
+            rss = bl.proc_status(ours.pid)
+
+            print(
+                f"\nfile: {log} (one write(2) per OOM, {LOG_STEP_SECONDS} s of log time apart); scrape every "
+                f"{args.poll * 1000:.0f} ms; ours with default flags (traceback wait {DEFAULT_TRACEBACK_WAIT} s)"
+                + (f" {' '.join(args.ours_arg)}" if args.ours_arg else "")
+                + ("; mtail poll 250 ms (default)" if use_mtail else "")
+            )
+            ok1 = print_phase(full, args.target_traceback, "p99") if args.trials else True
+            ok2 = print_phase(block, args.target_block, "p99") if args.block_trials else True
+            now_mib, peak_mib = rss.get("VmRSS", 0) / 1024, rss.get("VmHWM", 0) / 1024
+            print(f"\nours RSS at the end: {now_mib:.1f} MiB (peak {peak_mib:.1f} MiB)")
+            if args.results:
+                args.results.write_text(
+                    json.dumps(
+                        {
+                            "trials": args.trials,
+                            "block_trials": args.block_trials,
+                            "poll": args.poll,
+                            "phases": {
+                                p.name: {
+                                    "ours": p.ours,
+                                    "mtail": p.mtail,
+                                    "ours_summary": Phase.summary(p.ours),
+                                    "mtail_summary": Phase.summary(p.mtail) if p.mtail else None,
+                                }
+                                for p in (full, block)
+                            },
+                            "targets_met": {"traceback_p99": ok1, "block_p99": ok2},
+                        },
+                        indent=2,
+                    )
+                    + "\n",
+                    encoding="utf-8",
+                )
+            if args.check_target and not (ok1 and ok2):
+                run.status = 1
     finally:
         if fd >= 0:
             os.close(fd)
-        children.stop_all()
         if hang is not None:
             hang.close()
-        if args.keep_tmp:
-            print(f"kept {tmp}", file=sys.stderr)
-        else:
-            shutil.rmtree(tmp, ignore_errors=True)
-    return status
+    return run.status
 
 
 if __name__ == "__main__":

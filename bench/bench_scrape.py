@@ -32,7 +32,6 @@ import gzip
 import http.client
 import json
 import multiprocessing
-import shutil
 import sys
 import tempfile
 import time
@@ -240,27 +239,16 @@ def main(argv: list[str] | None = None) -> int:
     bl.raise_nofile(max(8192, 4 * max(counts)))
     children = bl.Children()
     tmp = Path(tempfile.mkdtemp(prefix="bench-scrape-"))
-    status, results = 0, []
-    try:
+    results = []
+    with bl.BenchRun(children, tmp, tails=lambda: bl.out_file_tails(tmp)) as run:
         for i, files in enumerate(counts):
             r = run_count(files, args, tmp, children, load=i == 0)
             results.append(r)
             if not report(r, args) and args.check_target:
-                status = 1
+                run.status = 1
         if args.results:
             args.results.write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
-    except (RuntimeError, TimeoutError) as exc:
-        print(f"FAIL: {exc}", file=sys.stderr)
-        for out in sorted(tmp.glob("*.out")):
-            print(f"--- {out.name} (tail) ---\n{out.read_bytes()[-2000:].decode('utf-8', 'replace')}", file=sys.stderr)
-        status = 1
-    except KeyboardInterrupt:
-        print("interrupted: stopping the daemons and removing the temp files", file=sys.stderr)
-        status = 130
-    finally:
-        children.stop_all()
-        shutil.rmtree(tmp, ignore_errors=True)
-    return status
+    return run.status
 
 
 if __name__ == "__main__":

@@ -17,6 +17,7 @@ import http.client
 import math
 import os
 import re
+import shutil
 import signal
 import socket
 import statistics
@@ -162,6 +163,58 @@ class Children:
         for child in list(self._children):
             with contextlib.suppress(Exception):
                 self.stop(child, timeout=5.0)
+
+
+def out_file_tails(tmp: Path) -> Iterable[tuple[str, str]]:
+    """The last 2,000 bytes of each daemon output file (*.out) in a benchmark's temp dir."""
+    for out in sorted(tmp.glob("*.out")):
+        yield f"{out.name} (tail)", out.read_bytes()[-2000:].decode("utf-8", "replace")
+
+
+def children_tails(children: Children) -> Iterable[tuple[str, str]]:
+    """The end of each running child's output."""
+    for c in list(children._children):
+        yield f"{c.name} output (tail)", c.tail()
+
+
+class BenchRun:
+    """How every daemon benchmark ends, in a `with` block around its body.
+
+    A RuntimeError or TimeoutError is printed as FAIL (with the given output tails) and makes `status` 1; an
+    interrupt (also SIGTERM/SIGHUP, see raise_on_signals) makes it 130. Either way, and on success, the
+    children are stopped and the temp dir removed, or kept and named. The body sets `status` for a missed target.
+    """
+
+    def __init__(
+        self,
+        children: Children,
+        tmp: Path,
+        *,
+        keep: bool = False,
+        tails: Callable[[], Iterable[tuple[str, str]]] | None = None,
+    ) -> None:
+        self.status = 0
+        self._children, self._tmp, self._keep, self._tails = children, tmp, keep, tails
+
+    def __enter__(self) -> BenchRun:
+        return self
+
+    def __exit__(self, typ: type[BaseException] | None, exc: BaseException | None, _tb: Any) -> bool:
+        handled = False
+        if typ is not None and issubclass(typ, (RuntimeError, TimeoutError)):
+            print(f"FAIL: {exc}", file=sys.stderr)
+            for header, text in self._tails() if self._tails else ():
+                print(f"--- {header} ---\n{text}", file=sys.stderr)
+            self.status, handled = 1, True
+        elif typ is not None and issubclass(typ, KeyboardInterrupt):
+            print("interrupted: stopping the daemons and removing the temp files", file=sys.stderr)
+            self.status, handled = 130, True
+        self._children.stop_all()
+        if self._keep:
+            print(f"kept {self._tmp}", file=sys.stderr)
+        else:
+            shutil.rmtree(self._tmp, ignore_errors=True)
+        return handled
 
 
 def raise_on_signals() -> None:
