@@ -18,6 +18,16 @@ CATALOG = load_catalog()
 MATCHER = Matcher(CATALOG)
 
 
+class Clock:
+    """A settable clock: a test moves `now` by hand instead of waiting for time to pass."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
 def scan_bytes(data: bytes, *, chunk: int = 1 << 20, prefilter: bool = True, name: str = "t.log") -> list[OomEvent]:
     """All events of one input, read in chunks of the given size."""
     events, _ = scan_stream(CATALOG, MATCHER, name, io.BytesIO(data), prefilter=prefilter, chunk=chunk)

@@ -18,17 +18,9 @@ from sglang_oom_exporter.daemon.app import App
 from sglang_oom_exporter.daemon.logsource import LogSource
 from sglang_oom_exporter.daemon.state import StateStore
 from sglang_oom_exporter.scan import scan_paths
-from tests.helpers import CATALOG
+from tests.helpers import CATALOG, Clock
 
 BLOCK = "[2026-03-14 22:07:{s:02d} TP0] Decode out of memory. Try to lower your batch size.\nTry to allocate {s} tokens.\n\n"
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def _app(tmp_path, catalog=CATALOG, **overrides) -> tuple[App, Clock]:

@@ -19,7 +19,7 @@ from sglang_oom_exporter.detect.dedupe import FRAMES_LINES, RANK_WINDOW_SECONDS,
 from sglang_oom_exporter.detect.match import Matcher
 from sglang_oom_exporter.detect.model import OomEvent
 from sglang_oom_exporter.detect.pipeline import Pipeline
-from tests.helpers import CATALOG, MATCHER, frames
+from tests.helpers import CATALOG, MATCHER, Clock, frames
 
 TS = "2026-03-14 22:07:33"
 PREFILL = "Prefill out of memory. Try to lower your batch size.\nTry to allocate 4096 tokens.\nAvailable tokens: 100 (available_size=60 + evictable_size=40)\n"
@@ -37,14 +37,6 @@ def traceback(text: str, funcs: tuple[str, ...], rank: str = "TP0", ts: str = TS
     """The scheduler's traceback that repeats the block: header, frames, exception text, two blank lines."""
     head = f"[{ts} {rank}] Scheduler hit an exception: Traceback (most recent call last):\n"
     return head + frames(*funcs) + f"RuntimeError: {text}\n\n"
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 @pytest.fixture

@@ -16,18 +16,10 @@ from prometheus_client import CollectorRegistry, generate_latest
 
 from sglang_oom_exporter.config import Config
 from sglang_oom_exporter.daemon.app import App
-from tests.helpers import CATALOG
+from tests.helpers import CATALOG, Clock
 from tests.test_serve_e2e import daemon_factory, wait_for  # noqa: F401 (fixture)
 
 WAITING = "waiting for {path} to appear (normal until SGLang starts and writes its log)"
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def _app(tmp_path, **fields) -> tuple[App, Clock]:

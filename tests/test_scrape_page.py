@@ -33,17 +33,9 @@ from sglang_oom_exporter.metrics import EventCounts, ExporterCollector, PageRegi
 from sglang_oom_exporter.metrics.exposition import CHUNK_SERIES, join_gzip, join_plain
 from sglang_oom_exporter.web.routes import Routes
 from sglang_oom_exporter.web.server import ExporterServer
-from tests.helpers import CATALOG
+from tests.helpers import CATALOG, Clock
 
 OPENMETRICS = "application/openmetrics-text;version=1.0.0"
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def _app(tmp_path) -> tuple[App, Clock]:
