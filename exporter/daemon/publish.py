@@ -9,8 +9,7 @@ from __future__ import annotations
 
 from ..metrics import SourceStats
 from .logsource import LogSource
-from .sourceset import STDIN, SourceSet
-from .sourceset import _add_stats as add_stats  # one source's statistics, as SourceSet.stats() sums them
+from .sourceset import STDIN, SourceSet, add_stats
 
 
 class Publisher:

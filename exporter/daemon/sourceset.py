@@ -185,7 +185,7 @@ class SourceSet:
         with self.lock:
             merged: dict[tuple[str, ...], SourceStats] = {}
             for source in self.by_path.values():
-                _add_stats(merged.setdefault(source.labels, SourceStats(source.labels)), source)
+                add_stats(merged.setdefault(source.labels, SourceStats(source.labels)), source)
             return list(merged.values())
 
     def busy(self) -> int:
@@ -282,7 +282,8 @@ class SourceSet:
                 log.info("source retired path=%s after %.0fs without its file", path, now - source.gone_since)
 
 
-def _add_stats(s: SourceStats, source: LogSource) -> None:
+def add_stats(s: SourceStats, source: LogSource) -> None:
+    """Add one source's statistics into `s` (SourceSet.stats() sums them; the loop publishes them per file)."""
     stats = source.pipeline.stats()
     s.files += 1 if source.tailer is not None else 0
     s.lines_read += stats.lines_read
