@@ -15,7 +15,6 @@ import yaml
 from .model import Catalog, OomKind, Pattern, RemediationStep
 from .validate import CatalogError, Validator
 from .vocabulary import EVENT_FIELDS, KV_PHASES, PHASE_GROUPS, PHASES, SEVERITIES, SUGGEST_RULES
-from .vocabulary import ID_RE as _ID_RE  # noqa: F401 - kept under its old name (tests check it for backtracking)
 
 # The value types live in model.py; they are imported from here by most of the code.
 __all__ = [
