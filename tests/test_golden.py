@@ -15,6 +15,7 @@ import pytest
 import yaml
 
 from sglang_oom_exporter.catalog.loader import EVENT_FIELDS
+from sglang_oom_exporter.detect import finder as finders
 from sglang_oom_exporter.detect import reader
 from sglang_oom_exporter.scan import scan_paths
 from tests.helpers import CATALOG, scan_bytes
@@ -37,7 +38,7 @@ def finder(request, monkeypatch):
     name = request.param
     if name == "hyperscan":
         pytest.importorskip("hyperscan", reason="hyperscan has no wheel for this platform")
-    build = reader.HyperscanFinder if name == "hyperscan" else reader.BytesFinder
+    build = finders.HyperscanFinder if name == "hyperscan" else finders.BytesFinder
     monkeypatch.setattr(reader, "make_finder", lambda literals, prefer="auto": build(literals))
     return name
 

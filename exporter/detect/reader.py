@@ -19,10 +19,7 @@ import regex
 from ..detect.model import Gap, RawLine
 from .decode import wrapper_stream
 
-# make_finder is looked up here at call time (tests swap it for one finder); the finders are re-exported.
-from .finder import BytesFinder as BytesFinder
-from .finder import Finder as Finder
-from .finder import HyperscanFinder as HyperscanFinder
+# make_finder is looked up here at call time: tests swap it for one finder.
 from .finder import literal_set, make_finder
 
 DEFAULT_AFTER = 32  # after a traceback opens: its header lines; each frame line then extends the window
