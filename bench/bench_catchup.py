@@ -128,7 +128,7 @@ def mtail_run(args: argparse.Namespace, log: Path, truth: dict) -> tuple[float, 
     """One `mtail --one_shot` over the file, spawn to reap: (seconds, CPU seconds, its counts as a note)."""
     argv = [args.mtail, "--one_shot", "--one_shot_format", "prometheus", "--logtostderr", "--address", bl.LOOPBACK,
             "--port", "0", "--progs", str(bl.MTAIL_PROG), "--logs", str(log)]  # fmt: skip
-    r = bench_scan.run_measured(argv, args.timeout)
+    r = bl.run_measured(argv, args.timeout)
     if r.returncode != 0:
         raise RuntimeError(f"mtail --one_shot exit {r.returncode}:\n{r.stderr[-3000:]}")
     c = bench_scan.parse_mtail(r.stdout)
@@ -186,7 +186,7 @@ def main(argv: list[str] | None = None) -> int:
             secs = append_bytes(src, log)
             size = log.stat().st_size
             mb = size / 1e6
-            bench_scan.warm_cache(log)
+            bl.warm_cache(log)
             print(
                 f"appended {src.name} to {log}: {mb:.1f} MB, {truth['lines']} lines in {secs:.1f}s while ours was "
                 f"down; truth prefill={truth['prefill']} decode={truth['decode']}",

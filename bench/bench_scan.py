@@ -27,7 +27,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-# run_measured and warm_cache live in benchlib; bench_catchup.py still reaches them through this module.
 from benchlib import (
     BENCH_DIR,
     Run,
@@ -37,9 +36,6 @@ from benchlib import (
     ratio_line,
     time_rounds,
     warm_cache,
-)
-from benchlib import (
-    run_measured as run_measured,
 )
 
 OUT_DIR = BENCH_DIR / "out"
