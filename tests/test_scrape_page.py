@@ -27,6 +27,7 @@ from sglang_oom_exporter.config import Config
 from sglang_oom_exporter.daemon.app import App
 from sglang_oom_exporter.daemon.logsource import LogSource
 from sglang_oom_exporter.daemon.loop import SWITCH_INTERVAL
+from sglang_oom_exporter.daemon.sourceset import add_stats
 from sglang_oom_exporter.daemon.store import EventStore, Health
 from sglang_oom_exporter.detect.model import OomEvent
 from sglang_oom_exporter.metrics import EventCounts, ExporterCollector, PageRegistry, SourceStats, fatal_kinds
@@ -268,8 +269,12 @@ def _published(app: App) -> dict[str, dict]:
 
 
 def _held(app: App) -> dict[str, dict]:
-    """The same numbers summed from the source set itself (SourceSet.stats(), under its lock)."""
-    stats = app.sources.stats()
+    """The same numbers summed from the source set itself, under its lock, per label set."""
+    with app.sources.lock:
+        merged: dict[tuple[str, ...], SourceStats] = {}
+        for source in app.sources.by_path.values():
+            add_stats(merged.setdefault(source.labels, SourceStats(source.labels)), source)
+    stats = list(merged.values())
     per = {
         "file_lag_bytes": {s.labels[0]: s.lag_bytes for s in stats},
         "read_errors": {s.labels[0]: s.read_errors for s in stats},

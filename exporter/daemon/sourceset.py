@@ -180,14 +180,6 @@ class SourceSet:
 
     # --- statistics --------------------------------------------------------------------------
 
-    def stats(self) -> list[SourceStats]:
-        """Per-label read statistics for the collector."""
-        with self.lock:
-            merged: dict[tuple[str, ...], SourceStats] = {}
-            for source in self.by_path.values():
-                add_stats(merged.setdefault(source.labels, SourceStats(source.labels)), source)
-            return list(merged.values())
-
     def busy(self) -> int:
         """Sources that wait for a traceback or for a quiet file's records to close (0: all caught up)."""
         with self.lock:
@@ -283,7 +275,7 @@ class SourceSet:
 
 
 def add_stats(s: SourceStats, source: LogSource) -> None:
-    """Add one source's statistics into `s` (SourceSet.stats() sums them; the loop publishes them per file)."""
+    """Add one source's read statistics into `s` (the loop publishes them per file, daemon/publish.py)."""
     stats = source.pipeline.stats()
     s.files += 1 if source.tailer is not None else 0
     s.lines_read += stats.lines_read
