@@ -12,7 +12,9 @@ that *its* pipeline, which has seen everything since its own start, is quiet at 
 unclosed CRI span or a traceback running across the cut), or range k has no quiet point, it reads through
 range k as well and tries the next cut: the parent then skips the worker of range k. Reads inside a worker
 follow the serial scan's CHUNK grid, so lines split across reads (and the over-long-line count) are the
-same. Line numbers in a worker count from its cut; the parent shifts them to file line numbers.
+same. Line numbers in a worker count from its cut; the parent shifts them to file line numbers. A worker
+remembers the joins it found (`Joins`): pool tasks come in runs of neighbouring ranges, which ask for the same
+cuts, so each is found once per worker instead of once per range that reads past it.
 """
 
 from __future__ import annotations
@@ -66,6 +68,7 @@ def _no_resolve(_base: Report, _reports: Sequence[Report]) -> tuple[str, str | N
 
 # A fresh pipeline whose first byte is at the given offset and first line is line 1, collecting its reports.
 NewPipeline = Callable[[int], tuple[Pipeline, Collector]]
+Join = tuple[int, Pipeline, Collector]  # a quiet point, and the fresh pipeline that reached it
 
 
 def quiet(pipe: Pipeline) -> bool:
@@ -83,7 +86,7 @@ def quiet(pipe: Pipeline) -> bool:
     )
 
 
-def find_join(path: str, start: int, stop: int, new: NewPipeline) -> tuple[int, Pipeline, Collector] | None:
+def find_join(path: str, start: int, stop: int, new: NewPipeline) -> Join | None:
     """The first quiet point of a fresh pipeline fed line by line from the cut `start`, before `stop`."""
     pipe, collector = new(start)
     with open(path, "rb") as fh:
@@ -114,14 +117,59 @@ def feed_range(pipe: Pipeline, fd: int, pos: int, end: int, chunk: int) -> None:
         pos += n
 
 
-def scan_range(path: str, index: int, cuts: tuple[int, ...], new: NewPipeline, chunk: int) -> Segment:
+class Joins:
+    """One worker's memo of the joins of the file it is cutting: find_join is a pure function of the bytes
+    from a cut, and neighbouring ranges (which pool tasks hand one worker in runs) ask for the same cuts.
+    The range before cut k needs only the join's position; range k starts from the join's pipeline, which
+    the range before only read, so the last few pipelines are kept too."""
+
+    KEEP = 64  # pipelines kept (a fresh one that reached a quiet point holds little): more than a run reads past
+
+    def __init__(self) -> None:
+        self._file: tuple[str, tuple[int, ...]] | None = None
+        self._at: dict[int, int | None] = {}  # cut index -> its join's position (None: no quiet point)
+        self._pipes: dict[int, Join] = {}
+
+    def at(self, path: str, cuts: tuple[int, ...], k: int, new: NewPipeline) -> int | None:
+        """The position of the join at cut k."""
+        self._for(path, cuts)
+        if k not in self._at:
+            self._find(path, cuts, k, new)
+        return self._at[k]
+
+    def take(self, path: str, cuts: tuple[int, ...], k: int, new: NewPipeline) -> Join | None:
+        """The join at cut k with its pipeline, for the range that starts there to go on feeding."""
+        self._for(path, cuts)
+        if k in self._at and self._at[k] is None:
+            return None
+        found = self._pipes.pop(k, None)
+        return found if found is not None else self._find(path, cuts, k, new, keep=False)
+
+    def _for(self, path: str, cuts: tuple[int, ...]) -> None:
+        if self._file != (path, cuts):
+            self._file, self._at, self._pipes = (path, cuts), {}, {}
+
+    def _find(self, path: str, cuts: tuple[int, ...], k: int, new: NewPipeline, keep: bool = True) -> Join | None:
+        found = find_join(path, cuts[k], cuts[k + 1], new)
+        self._at[k] = None if found is None else found[0]
+        if found is not None and keep:
+            self._pipes[k] = found
+            while len(self._pipes) > self.KEEP:
+                del self._pipes[next(iter(self._pipes))]
+        return found
+
+
+def scan_range(
+    path: str, index: int, cuts: tuple[int, ...], new: NewPipeline, chunk: int, joins: Joins | None = None
+) -> Segment:
     """Scan range `index` of a cut file from its quiet point to the next quiet point its pipeline shares."""
+    joins = Joins() if joins is None else joins
     size = cuts[-1]
     if index == 0:
         start = 0
         pipe, collector = new(0)
     else:
-        found = find_join(path, cuts[index], cuts[index + 1], new)
+        found = joins.take(path, cuts, index, new)
         if found is None:
             return Segment(index, None)
         start, pipe, collector = found
@@ -135,10 +183,10 @@ def scan_range(path: str, index: int, cuts: tuple[int, ...], new: NewPipeline, c
                 feed_range(pipe, fd, pos, size, chunk)
                 pos = size
                 break
-            join = find_join(path, cuts[k], cuts[k + 1], new)
+            join = joins.at(path, cuts, k, new)
             if join is not None:
-                feed_range(pipe, fd, pos, join[0], chunk)
-                pos = join[0]
+                feed_range(pipe, fd, pos, join, chunk)
+                pos = join
                 if quiet(pipe):
                     break
             k += 1  # no exact join at cut k: read through range k too

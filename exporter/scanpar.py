@@ -10,6 +10,7 @@ scanjoin.py says how a cut stays exact.
 
 from __future__ import annotations
 
+import functools
 import multiprocessing
 import os
 import threading
@@ -21,7 +22,7 @@ from .catalog.loader import Catalog
 from .detect.match import Matcher
 from .detect.model import OomEvent
 from .detect.pipeline import Pipeline, PipelineStats
-from .scanjoin import Collector, Joiner, Segment, cut_points, drop, scan_range
+from .scanjoin import Collector, Joiner, Joins, Segment, cut_points, drop, scan_range
 from .sources.fileid import GZIP_MAGIC
 
 MIN_RANGE = 32 * 1024 * 1024  # a file is cut only into ranges at least this big: below, one task per file
@@ -53,6 +54,7 @@ def _init(catalog: Catalog, options: ScanOptions) -> None:
     _WORKER["catalog"] = catalog
     _WORKER["matcher"] = Matcher(catalog)
     _WORKER["options"] = options
+    _WORKER["joins"] = Joins()
 
 
 def _pipeline(name: str, offset: int) -> tuple[Pipeline, Collector]:
@@ -97,7 +99,8 @@ def _whole_task(path: str) -> _Whole:
 
 def _range_task(path: str, index: int, cuts: tuple[int, ...]) -> Segment:
     """Scan range `index` of a cut file (scanjoin.py) with this worker's pipelines."""
-    return scan_range(path, index, cuts, lambda offset: _pipeline(path, offset), _WORKER["options"].chunk)
+    new = functools.partial(_pipeline, path)
+    return scan_range(path, index, cuts, new, _WORKER["options"].chunk, _WORKER["joins"])
 
 
 def _run(task: tuple[str, Any]) -> Segment | _Whole:

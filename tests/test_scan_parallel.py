@@ -49,6 +49,12 @@ def _generated(tmp_path, lines: int, every: int, seed: int) -> str:
     return path
 
 
+# (read size, range size) per finder: all four pairs of the two read sizes (lines split across reads, or
+# never) and the two range sizes (a cut on nearly every line, or every few lines) are covered, and each finder
+# meets both of each; the full product costs twice as much and reaches no pair these do not.
+CUT_PAIRS = {"hyperscan": ((61, 97), (4 * 1024 * 1024, 700)), "bytes.find": ((61, 700), (4 * 1024 * 1024, 97))}
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("finder", FINDERS)
@@ -56,13 +62,20 @@ def test_every_golden_log_cut_everywhere_gives_the_serial_json(finder):
     finder = _finder(finder)
     joined = 0
     for path in CASES:
-        for chunk in (61, 4 * 1024 * 1024):
+        for chunk, range_size in CUT_PAIRS[finder]:
             serial = _json([path], finder=finder, chunk=chunk)
-            for range_size in (97, 700):
-                got = _json([path], finder=finder, chunk=chunk, jobs=2, range_size=range_size)
-                assert got == serial, (os.path.basename(path), chunk, range_size)
-                joined += 1
-    assert joined == 4 * len(CASES)
+            got = _json([path], finder=finder, chunk=chunk, jobs=2, range_size=range_size)
+            assert got == serial, (os.path.basename(path), chunk, range_size)
+            joined += 1
+    assert joined == 2 * len(CASES)
+
+
+def test_the_cut_pairs_cover_every_read_and_range_size_pair():
+    pairs = [p for finder in FINDERS for p in CUT_PAIRS[finder]]
+    assert sorted(pairs) == sorted({(c, r) for c, _ in pairs for _, r in pairs})
+    for finder in FINDERS:
+        chunks, ranges = zip(*CUT_PAIRS[finder], strict=True)
+        assert len(set(chunks)) == len(set(ranges)) == 2
 
 
 @pytest.mark.slow
@@ -92,6 +105,33 @@ def test_generated_scheduler_log_cut_every_few_kilobytes(tmp_path, finder, monke
     # range before them), so the comparison above really went through joins.
     assert chained[0] > 1000
     assert chained[1] > 50
+
+
+def test_a_worker_finds_each_join_once_for_a_run_of_neighbouring_ranges(tmp_path, monkeypatch):
+    from sglang_oom_exporter import scanpar
+
+    path = _generated(tmp_path, 400, 40, 5)
+    cuts = scanjoin.cut_points(path, os.path.getsize(path), 120)
+    starts: list[int] = []
+    find = scanjoin.find_join
+
+    def counted(path_, start, stop, new):
+        starts.append(start)
+        return find(path_, start, stop, new)
+
+    monkeypatch.setattr(scanjoin, "find_join", counted)
+    scanpar._init(CATALOG, scanpar.ScanOptions())
+    joiner = scanjoin.Joiner(path, cuts[-1], scanpar._WORKER["matcher"])
+    for i in range(len(cuts) - 1):  # one worker taking every range in order
+        joiner.add(scanpar._range_task(path, i, cuts))
+    events, _ = joiner.finish()
+    serial = json.loads(_json([path]))["events"]
+    truth = json.loads(open(path + ".truth.json").read())
+    assert len(serial) == truth["prefill"] + truth["decode"] == 9
+    assert [(e.kind, e.message) for e in events] == [(e["kind"], e["message"]) for e in serial]
+    assert len(cuts) - 1 == 120
+    assert sorted(starts) == sorted(set(starts))  # never the same cut twice
+    assert len(starts) == 119  # and every cut but the first once
 
 
 @pytest.mark.timeout(60)
