@@ -7,6 +7,7 @@ fresh, so these tests read the committed file. promtool's unit tests live in tes
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import subprocess
@@ -175,8 +176,34 @@ def test_promtool_lints_the_rules_clean():
 @pytest.mark.needs_promtool
 @needs_promtool
 @pytest.mark.timeout(60)
-def test_promtool_unit_tests_pass():
-    proc = _run("promtool", "test", "rules", *(p.name for p in RULE_TESTS), cwd=ROOT / "tests" / "rules")
+def _isolate(tmp_path: Path, test_file: Path, mutate: Callable[[dict], None] | None = None) -> tuple[str, dict]:
+    """Write test_file's promtool test against a copy of the pack holding only the alerts it checks.
+
+    promtool evaluates every rule of its rule files at every step, and an alert test looks at its own
+    alertname only; the pack's rules read no recording rule, so a rule on its own fires exactly as in the
+    pack. One copy per test file cuts a promtool run from about 8 s to 2.5 s. `mutate` may change the copied
+    rules. Returns the new test file's name and its test document."""
+    test = yaml.safe_load(test_file.read_text())
+    assert test["rule_files"] == [os.path.relpath(RULES, test_file.parent)]  # the shipped file, as users run it
+    checked = {t["alertname"] for case in test["tests"] for t in case.get("alert_rule_test", [])}
+    data = yaml.safe_load(RULES.read_text())
+    assert not [r for g in data["groups"] for r in g["rules"] if "record" in r]
+    for group in data["groups"]:
+        group["rules"] = [r for r in group["rules"] if r["alert"] in checked]
+    data["groups"] = [g for g in data["groups"] if g["rules"]]
+    assert sorted(r["alert"] for g in data["groups"] for r in g["rules"]) == sorted(checked)
+    if mutate is not None:
+        mutate(data)
+    stem = test_file.name.removesuffix(".test.yaml")
+    (tmp_path / f"{stem}.rules.yaml").write_text(yaml.safe_dump(data, sort_keys=False))
+    test["rule_files"] = [f"{stem}.rules.yaml"]
+    (tmp_path / test_file.name).write_text(yaml.safe_dump(test, sort_keys=False))
+    return test_file.name, test
+
+
+def test_promtool_unit_tests_pass(tmp_path):
+    names = [_isolate(tmp_path, p)[0] for p in RULE_TESTS]
+    proc = _run("promtool", "test", "rules", *names, cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert proc.stdout.count("SUCCESS") == len(RULE_TESTS) == len(SPECS)
 
@@ -185,16 +212,15 @@ def _unit_test_mutated(
     tmp_path: Path, alert: str, mutate: Callable[[str], str]
 ) -> tuple[subprocess.CompletedProcess[str], set[str]]:
     """Run the alert's promtool tests against the rules with its expression mutated; the result and test names."""
-    data = yaml.safe_load(RULES.read_text())
-    rule = next(r for g in data["groups"] for r in g["rules"] if r["alert"] == alert)
-    mutated = mutate(rule["expr"])
-    assert mutated != rule["expr"]
-    rule["expr"] = mutated
-    (tmp_path / "rules.yaml").write_text(yaml.safe_dump(data, sort_keys=False))
-    test = yaml.safe_load((ROOT / "tests" / "rules" / f"{alert.lower()}.test.yaml").read_text())
-    test["rule_files"] = ["rules.yaml"]
-    (tmp_path / "t.test.yaml").write_text(yaml.safe_dump(test, sort_keys=False))
-    proc = _run("promtool", "test", "rules", "t.test.yaml", cwd=tmp_path)
+
+    def change(data: dict) -> None:
+        rule = next(r for g in data["groups"] for r in g["rules"] if r["alert"] == alert)
+        mutated = mutate(rule["expr"])
+        assert mutated != rule["expr"]
+        rule["expr"] = mutated
+
+    name, test = _isolate(tmp_path, ROOT / "tests" / "rules" / f"{alert.lower()}.test.yaml", change)
+    proc = _run("promtool", "test", "rules", name, cwd=tmp_path)
     return proc, {t["name"] for t in test["tests"]}
 
 
