@@ -63,10 +63,10 @@ def test_five_events_then_delete_with_the_daemon_running(tmp_path, daemon_factor
 def _passes(d: Daemon, n: int) -> None:
     """Wait until the daemon's loop has completed n more passes (each looks at every changed directory)."""
     key = ("sglang_oom_exporter_loop_timestamp_seconds", ())
-    seen = [d.metrics()[key]]
+    seen = [d.metrics(key[0])[key]]
 
     def moved() -> bool:
-        stamp = d.metrics()[key]
+        stamp = d.metrics(key[0])[key]
         if stamp > seen[-1]:
             seen.append(stamp)
         return len(seen) > n
