@@ -1,5 +1,5 @@
 """Shared fixtures and suite-wide settings: a per-test log directory, an autouse guard that fails tests leaking
-threads, bytecode kept between runs, and the long tests scheduled first.
+threads, a directory the xdist workers share, bytecode kept between runs, and the long tests scheduled first.
 """
 
 from __future__ import annotations
@@ -36,6 +36,15 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         return (item.get_closest_marker("slow") is None, -float(timeout.args[0] if timeout and timeout.args else 0))
 
     items.sort(key=key)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _shared_dir(tmp_path_factory):
+    """Give helpers.once_per_run the directory the xdist workers of this run share (their basetemps' parent)."""
+    from tests import helpers
+
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        helpers.SHARED_DIR = tmp_path_factory.getbasetemp().parent / "shared"
 
 
 @pytest.fixture

@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import fcntl
 import io
+import json
+import os
 import shutil
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -16,6 +21,25 @@ from sglang_oom_exporter.scan import scan_stream
 
 CATALOG = load_catalog()
 MATCHER = Matcher(CATALOG)
+# A directory every xdist worker of this run shares (set by conftest.py); None outside xdist.
+SHARED_DIR: Path | None = None
+
+
+def once_per_run(name: str, compute: Callable[[], Any]) -> Any:
+    """compute() once per test run, however many xdist workers ask: the first computes under a file lock and
+    stores the JSON, the rest read it. The value always comes back through JSON, so every worker sees the
+    same types. For results of external tools that cost seconds (kubernetes-validate, helm template)."""
+    if SHARED_DIR is None:
+        return json.loads(json.dumps(compute()))
+    SHARED_DIR.mkdir(parents=True, exist_ok=True)
+    path = SHARED_DIR / f"{name}.json"
+    with open(SHARED_DIR / f"{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not path.exists():
+            tmp = path.with_suffix(".tmp")
+            tmp.write_text(json.dumps(compute()))
+            os.replace(tmp, path)
+        return json.loads(path.read_text())
 
 
 class Clock:

@@ -27,6 +27,7 @@ import yaml
 
 from sglang_oom_exporter import __version__
 from sglang_oom_exporter.config import load_config
+from tests.helpers import once_per_run
 
 ROOT = Path(__file__).resolve().parent.parent
 CHART = ROOT / "helm" / "sglang-oom-exporter"
@@ -69,11 +70,21 @@ _LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 @functools.cache
 def _template_once(ci: tuple[str, ...], values_json: str | None) -> tuple[int, str, tuple[dict, ...]]:
-    """One `helm template` per distinct input in this process: (returncode, stderr, documents)."""
-    values = None if values_json is None else json.loads(values_json)
-    proc = _helm_with_values([_helm(), "template", "t", str(CHART), "-n", "monitoring"], ci, values)
-    docs = tuple(d for d in yaml.load_all(proc.stdout, Loader=_LOADER) if d) if proc.returncode == 0 else ()
-    return proc.returncode, proc.stderr, docs
+    """One `helm template` per distinct input in this process: (returncode, stderr, documents).
+
+    The ci files' renders, which most tests and kubernetes-validate read, are rendered once per run."""
+
+    def render() -> tuple[int, str, list[dict]]:
+        values = None if values_json is None else json.loads(values_json)
+        proc = _helm_with_values([_helm(), "template", "t", str(CHART), "-n", "monitoring"], ci, values)
+        docs = [d for d in yaml.load_all(proc.stdout, Loader=_LOADER) if d] if proc.returncode == 0 else []
+        return proc.returncode, proc.stderr, docs
+
+    if values_json is None and len(ci) == 1 and ci[0] in CI_FILES:
+        returncode, stderr, docs = once_per_run(f"helm-template-{ci[0]}", render)
+    else:
+        returncode, stderr, docs = render()
+    return returncode, stderr, tuple(docs)
 
 
 def template(*ci: str, values: dict | None = None, ok: bool = True):
@@ -197,6 +208,12 @@ def needs_kubernetes_validate():
 
 @functools.cache
 def _kubernetes_validate(k8s: str) -> tuple[int, dict[str | None, list[str]]]:
+    """_validate_all once per run: every xdist worker that meets a case of this version reads the one result."""
+    returncode, cases = once_per_run(f"kubernetes-validate-{k8s}", lambda: _validate_all(k8s))
+    return returncode, {None if name == "" else name: lines for name, lines in cases}
+
+
+def _validate_all(k8s: str) -> tuple[int, list[tuple[str, list[str]]]]:
     """kubernetes-validate --strict on every ci render and the misspelt one in ONE process: its code, lines by case.
 
     One process per case cost 0.5-1 s of CPU each (start-up, then the 1-2 MB definitions reloaded per object),
@@ -223,7 +240,7 @@ def _kubernetes_validate(k8s: str) -> tuple[int, dict[str | None, list[str]]]:
         words = line.split(maxsplit=2)
         for name in paths.get(words[1], [None]) if len(words) > 1 else [None]:
             lines[name].append(line)
-    return proc.returncode, lines
+    return proc.returncode, [("" if name is None else name, found) for name, found in lines.items()]
 
 
 @pytest.mark.slow
