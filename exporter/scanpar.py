@@ -11,6 +11,7 @@ scanjoin.py says how a cut stays exact.
 from __future__ import annotations
 
 import functools
+import itertools
 import multiprocessing
 import os
 import threading
@@ -46,66 +47,89 @@ class _Whole:
     stats: PipelineStats
 
 
-_WORKER: dict[str, Any] = {}
+class _Worker:
+    """What one process scanning tasks holds: the catalog and matcher once, for every task it runs, and the
+    joins it found (scanjoin.Joins)."""
+
+    def __init__(self, catalog: Catalog, options: ScanOptions, matcher: Matcher | None = None) -> None:
+        self.catalog = catalog
+        self.matcher = Matcher(catalog) if matcher is None else matcher
+        self.options = options
+        self.joins = Joins()
+
+    def pipeline(self, name: str, offset: int) -> tuple[Pipeline, Collector]:
+        """A fresh pipeline whose first byte is at `offset` and first line is line 1, collecting its reports."""
+        options = self.options
+        pipe = Pipeline(
+            self.catalog,
+            self.matcher,
+            source=name,
+            location=name,
+            sink=drop,
+            prefilter=options.prefilter,
+            finder=options.finder,
+            extra_prefixes=options.extra_prefixes,
+        )
+        collector = Collector()
+        pipe._deduper = collector  # reports leave the worker undeduplicated
+        if offset:
+            pipe.start_generation("", offset, 1)
+        return pipe, collector
+
+    def run(self, task: tuple[str, Any]) -> Segment | _Whole:
+        """One task: a range of a cut file, or a whole input."""
+        kind, arg = task
+        return self.range(*arg) if kind == "range" else self.whole(arg)
+
+    def range(self, path: str, index: int, cuts: tuple[int, ...]) -> Segment:
+        """Scan range `index` of a cut file (scanjoin.py) with this worker's pipelines."""
+        new = functools.partial(self.pipeline, path)
+        return scan_range(path, index, cuts, new, self.options.chunk, self.joins)
+
+    def whole(self, path: str) -> _Whole:
+        """Scan one whole input with the ordinary serial code."""
+        from .scan import open_input, scan_stream
+
+        options = self.options
+        name, fh = open_input(path)
+        with fh:
+            events, stats = scan_stream(
+                self.catalog,
+                self.matcher,
+                name,
+                fh,
+                prefilter=options.prefilter,
+                extra_prefixes=options.extra_prefixes,
+                finder=options.finder,
+                chunk=options.chunk,
+            )
+        return _Whole(events, stats)
+
+
+_WORKER: _Worker | None = None  # in a pool's worker process
 
 
 def _init(catalog: Catalog, options: ScanOptions) -> None:
-    """Per worker process: the catalog and matcher once, for every task it runs."""
-    _WORKER["catalog"] = catalog
-    _WORKER["matcher"] = Matcher(catalog)
-    _WORKER["options"] = options
-    _WORKER["joins"] = Joins()
-
-
-def _pipeline(name: str, offset: int) -> tuple[Pipeline, Collector]:
-    """A fresh pipeline whose first byte is at `offset` and first line is line 1, collecting its reports."""
-    options: ScanOptions = _WORKER["options"]
-    pipe = Pipeline(
-        _WORKER["catalog"],
-        _WORKER["matcher"],
-        source=name,
-        location=name,
-        sink=drop,
-        prefilter=options.prefilter,
-        finder=options.finder,
-        extra_prefixes=options.extra_prefixes,
-    )
-    collector = Collector()
-    pipe._deduper = collector  # reports leave the worker undeduplicated
-    if offset:
-        pipe.start_generation("", offset, 1)
-    return pipe, collector
-
-
-def _whole_task(path: str) -> _Whole:
-    """Scan one whole input with the ordinary serial code."""
-    from .scan import open_input, scan_stream
-
-    options: ScanOptions = _WORKER["options"]
-    name, fh = open_input(path)
-    with fh:
-        events, stats = scan_stream(
-            _WORKER["catalog"],
-            _WORKER["matcher"],
-            name,
-            fh,
-            prefilter=options.prefilter,
-            extra_prefixes=options.extra_prefixes,
-            finder=options.finder,
-            chunk=options.chunk,
-        )
-    return _Whole(events, stats)
-
-
-def _range_task(path: str, index: int, cuts: tuple[int, ...]) -> Segment:
-    """Scan range `index` of a cut file (scanjoin.py) with this worker's pipelines."""
-    new = functools.partial(_pipeline, path)
-    return scan_range(path, index, cuts, new, _WORKER["options"].chunk, _WORKER["joins"])
+    """Per worker process: its _Worker."""
+    global _WORKER
+    _WORKER = _Worker(catalog, options)
 
 
 def _run(task: tuple[str, Any]) -> Segment | _Whole:
-    kind, arg = task
-    return _range_task(*arg) if kind == "range" else _whole_task(arg)
+    if _WORKER is None:
+        raise RuntimeError("a pool task ran before its process's _init")
+    return _WORKER.run(task)
+
+
+def _parent_share(sizes: list[int], jobs: int) -> int:
+    """Where the calling process's share of the tasks starts: the last tasks, about 1/jobs of the bytes.
+
+    The caller would otherwise only wait for the pool; doing a share itself saves a worker process."""
+    share, at = sum(sizes) // jobs, len(sizes)
+    while at > 1 and share > 0:
+        at -= 1
+        share -= sizes[at]
+    return at
 
 
 def _is_gzip(path: str) -> bool:
@@ -141,6 +165,7 @@ def scan_parallel(
 
     plan: list[tuple[str, int]] = []  # (path, number of tasks); 0 tasks: stdin
     tasks: list[tuple[str, Any]] = []
+    sizes: list[int] = []  # the bytes of each task
     for path in paths:
         if path == "-":
             plan.append((path, 0))
@@ -153,22 +178,29 @@ def scan_parallel(
             cuts = cut_points(path, size, ranges)
             plan.append((path, len(cuts) - 1))
             tasks.extend(("range", (path, i, cuts)) for i in range(len(cuts) - 1))
+            sizes.extend(b - a for a, b in itertools.pairwise(cuts))
         else:
             plan.append((path, 1))
             tasks.append(("whole", path))
+            sizes.append(size)
     if len(tasks) < 2:
         return None  # one input, too small to cut: a worker would only add its start-up
     ctx = multiprocessing.get_context(start_method) if start_method else _context()
-    workers = min(jobs, len(tasks))
     out: list[tuple[str, list[OomEvent], PipelineStats] | None] = [None] * len(plan)
     owner: list[tuple[int, Joiner | None]] = []  # per task: its input's place in plan, and the joiner if cut
     for place, (path, n) in enumerate(plan):
         joiner = Joiner(path, os.stat(path).st_size, matcher) if n > 1 else None
         owner.extend((place, joiner) for _ in range(n))
+    # jobs - 1 worker processes take the first tasks; this process takes the last ones while they run.
+    mine = _parent_share(sizes, jobs)
+    workers = min(jobs - 1, mine)
     with ctx.Pool(workers, initializer=_init, initargs=(catalog, options)) as pool:
-        # In order, as they finish: the parent dedupes the first ranges of a file while workers read on.
-        chunksize = max(1, len(tasks) // (workers * 8))
-        for (place, joiner), result in zip(owner, pool.imap(_run, tasks, chunksize), strict=True):
+        chunksize = max(1, mine // (workers * 8))
+        theirs = pool.imap(_run, tasks[:mine], chunksize)
+        local = _Worker(catalog, options, matcher)
+        ours = [local.run(task) for task in tasks[mine:]]
+        # In task order: the chain of a cut file's ranges is joined as its segments come in.
+        for (place, joiner), result in zip(owner, itertools.chain(theirs, ours), strict=True):
             if isinstance(result, _Whole):
                 out[place] = (plan[place][0], result.events, result.stats)
             elif joiner is not None:

@@ -120,10 +120,10 @@ def test_a_worker_finds_each_join_once_for_a_run_of_neighbouring_ranges(tmp_path
         return find(path_, start, stop, new)
 
     monkeypatch.setattr(scanjoin, "find_join", counted)
-    scanpar._init(CATALOG, scanpar.ScanOptions())
-    joiner = scanjoin.Joiner(path, cuts[-1], scanpar._WORKER["matcher"])
+    worker = scanpar._Worker(CATALOG, scanpar.ScanOptions())
+    joiner = scanjoin.Joiner(path, cuts[-1], worker.matcher)
     for i in range(len(cuts) - 1):  # one worker taking every range in order
-        joiner.add(scanpar._range_task(path, i, cuts))
+        joiner.add(worker.range(path, i, cuts))
     events, _ = joiner.finish()
     serial = json.loads(_json([path]))["events"]
     truth = json.loads(open(path + ".truth.json").read())
