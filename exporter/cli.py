@@ -220,7 +220,7 @@ def _fail(message: str) -> int:
 
 
 def _render(args: argparse.Namespace) -> int:
-    from .render import DEFAULT_RUNBOOK_BASE_URL, RenderOptions, render_all, stale_files, write_files
+    from .render import DEFAULT_RUNBOOK_BASE_URL, RenderOptions, checkout_files, render_all, stale_files, write_files
 
     try:
         catalog = load_catalog(args.catalog)
@@ -230,7 +230,7 @@ def _render(args: argparse.Namespace) -> int:
         runbook_base_url=(args.runbook_base_url or DEFAULT_RUNBOOK_BASE_URL).rstrip("/"),
         grafana_url=args.grafana_url.rstrip("/"),
     )
-    files = render_all(catalog, options)
+    files = render_all(catalog, options) | checkout_files(catalog, args.out_dir)
     if args.check:
         stale = stale_files(files, args.out_dir)
         for rel in stale:

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .. import __version__
-from ..catalog import Catalog
+from ..catalog import Catalog, default_catalog_path
 
 # The project's home. Runbook links default to the runbooks at the released tag, not main, so an installed
 # rule pack links to the text that matches it.
@@ -71,6 +71,21 @@ def render_all(catalog: Catalog, options: RenderOptions | None = None) -> Files:
                 raise ValueError(f"two renderers write {path}")
             files[path] = text
     return files
+
+
+def checkout_files(catalog: Catalog, out_dir: str | Path) -> Files:
+    """The package's own generated file when out_dir is the checkout this catalog is the built-in one of:
+    its pre-parsed tree (catalog/pretree.py). A render into any other folder does not get it."""
+    from ..catalog import pretree, yamltree
+
+    ours = Path(out_dir) / "exporter" / "catalog" / "catalog.yaml"
+    try:
+        if not ours.samefile(catalog.path) or catalog.path != default_catalog_path():
+            return {}
+    except OSError:
+        return {}
+    text = ours.read_text(encoding="utf-8")
+    return {pretree.REPO_PATH: pretree.render_text(text, yamltree.parse(text, catalog.path))}
 
 
 def write_files(files: Mapping[str, str], out_dir: str | Path) -> list[str]:
