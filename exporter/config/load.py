@@ -14,7 +14,6 @@ from ..errors import ProblemsError
 from .keys import ENV_PREFIX, SCALAR_KEYS, Builder
 from .model import Config, KubernetesConfig
 from .values import URL
-from .yamlfile import read_file
 
 
 class ConfigError(ProblemsError):
@@ -33,6 +32,8 @@ def load_config(
     builder = Builder()
     path = flags.get("config") or env.get(ENV_PREFIX + "CONFIG") or path
     if path:
+        from .yamlfile import read_file  # here, not at the top: PyYAML costs about 25 ms of start-up without a file
+
         read_file(builder, path)
     _from_env(builder, env)
     _from_flags(builder, flags)

@@ -32,7 +32,6 @@ from types import MappingProxyType
 from typing import Any
 
 import bcrypt
-import yaml
 
 from ..errors import ProblemsError
 
@@ -106,6 +105,8 @@ def load_web_config(path: str | Path) -> WebConfig:
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise WebConfigError([f"{path}: cannot read: {getattr(exc, 'strerror', None) or exc}"]) from exc
+    import yaml  # only with --web-config: PyYAML costs about 25 ms of start-up
+
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
