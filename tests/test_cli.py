@@ -1,8 +1,13 @@
-"""The command line as a user runs it: exit codes, stdin, --sample, JSON shape, --help."""
+"""The command line as a user runs it: exit codes, stdin, --sample, JSON shape, --help.
+
+Most tests call cli.main() in this process (a subprocess costs about 0.3 s of CPU to start); those about the
+process itself (a stdin pipe, the exit status a shell sees) run `python -m sglang_oom_exporter`.
+"""
 
 from __future__ import annotations
 
 import gzip
+import io
 import json
 import os
 import subprocess
@@ -18,14 +23,28 @@ OOM = "[2026-03-14 22:07:33 TP0] Prefill out of memory. Try to lower your batch 
 RETRACT = "[2026-03-14 22:01:05 TP0] KV cache pool is full. Retract requests. #retracted_reqs: 3, #new_token_ratio: 0.4 -> 0.5\n"
 
 
-def _cli(*args: str, stdin: bytes | None = None) -> subprocess.CompletedProcess[bytes]:
+def _process(*args: str, stdin: bytes | None = None) -> subprocess.CompletedProcess[bytes]:
     return subprocess.run(
         [sys.executable, "-m", "sglang_oom_exporter", *args], input=stdin, capture_output=True, timeout=60, check=False
     )
 
 
-def test_sample_shows_every_fatal_kind_in_text():
-    proc = _cli("scan", "--sample")
+@pytest.fixture
+def cli(capsysbinary, monkeypatch):
+    """Run cli.main() in this process like the command: stdin from bytes, the exit code and the output back."""
+
+    def run(*args: str, stdin: bytes = b"") -> subprocess.CompletedProcess[bytes]:
+        capsysbinary.readouterr()  # only this run's output
+        monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(stdin)))
+        code = main(list(args))
+        out, err = capsysbinary.readouterr()
+        return subprocess.CompletedProcess(list(args), code, out, err)
+
+    return run
+
+
+def test_sample_shows_every_fatal_kind_in_text(cli):
+    proc = cli("scan", "--sample")
     assert proc.returncode == 0
     out = proc.stdout.decode()
     assert "fix: Lower --chunked-prefill-size" in out
@@ -33,8 +52,8 @@ def test_sample_shows_every_fatal_kind_in_text():
     assert "total: 12 events (8 fatal), 3 retraction events retracting 6 requests, 125 lines read" in out
 
 
-def test_sample_json_has_the_documented_shape():
-    proc = _cli("scan", "--sample", "--format", "json")
+def test_sample_json_has_the_documented_shape(cli):
+    proc = cli("scan", "--sample", "--format", "json")
     data = json.loads(proc.stdout)
     assert list(data["counts"]) == list(CATALOG.ids)
     assert data["counts"] == {
@@ -49,25 +68,28 @@ def test_sample_json_has_the_documented_shape():
     assert decode["remediation"]["steps"][0]["flag"] == "--max-running-requests"
 
 
-def test_fail_on_oom_exits_1_only_for_fatal_events(tmp_path):
+def test_fail_on_oom_exits_1_only_for_fatal_events(cli, tmp_path):
     fatal, benign = tmp_path / "fatal.log", tmp_path / "benign.log"
     fatal.write_text(OOM)
     benign.write_text(RETRACT)
-    assert _cli("scan", "--fail-on-oom", str(fatal)).returncode == 1
-    assert _cli("scan", "--fail-on-oom", str(benign)).returncode == 0
-    assert _cli("scan", str(fatal)).returncode == 0
+    # A process: --fail-on-oom is for shells and CI, which see the real exit status.
+    assert _process("scan", "--fail-on-oom", str(fatal)).returncode == 1
+    assert cli("scan", "--fail-on-oom", str(benign)).returncode == 0
+    assert cli("scan", str(fatal)).returncode == 0
 
 
 def test_stdin_reports_dash_locations():
-    proc = _cli("scan", "--format", "json", "-", stdin=(RETRACT + OOM).encode())
+    # A process: '-' reads the real stdin pipe and the report goes to the real stdout.
+    proc = _process("scan", "--format", "json", "-", stdin=(RETRACT + OOM).encode())
+    assert proc.returncode == 0
     data = json.loads(proc.stdout)
     assert [e["source"] for e in data["events"]] == ["-:1", "-:2"]
 
 
-def test_gz_input(tmp_path):
+def test_gz_input(cli, tmp_path):
     path = tmp_path / "old.log.gz"
     path.write_bytes(gzip.compress(OOM.encode()))
-    data = json.loads(_cli("scan", "--format", "json", str(path)).stdout)
+    data = json.loads(cli("scan", "--format", "json", str(path)).stdout)
     assert data["counts"]["prefill"] == 1
 
 
@@ -80,30 +102,30 @@ def test_gz_input(tmp_path):
         ((), "usage"),
     ],
 )
-def test_usage_errors_exit_2_with_one_reason(args, reason):
-    proc = _cli(*args, stdin=b"")
+def test_usage_errors_exit_2_with_one_reason(cli, args, reason):
+    proc = cli(*args, stdin=b"")
     assert proc.returncode == 2
     assert reason in proc.stderr.decode()
 
 
-def test_a_directory_is_unreadable_input(tmp_path):
-    proc = _cli("scan", str(tmp_path))
+def test_a_directory_is_unreadable_input(cli, tmp_path):
+    proc = cli("scan", str(tmp_path))
     assert proc.returncode == 2
     assert proc.stderr.decode().startswith("sglang-oom-exporter: cannot read")
 
 
-def test_truncated_gzip_keeps_going_to_a_clear_error(tmp_path):
+def test_truncated_gzip_keeps_going_to_a_clear_error(cli, tmp_path):
     path = tmp_path / "cut.log.gz"
     path.write_bytes(gzip.compress((OOM * 50).encode())[:200])
-    proc = _cli("scan", str(path))
+    proc = cli("scan", str(path))
     assert proc.returncode == 2
     assert "error reading" in proc.stderr.decode()
 
 
-def test_bad_catalog_exits_2_with_file_and_line(tmp_path):
+def test_bad_catalog_exits_2_with_file_and_line(cli, tmp_path):
     bad = tmp_path / "catalog.yaml"
     bad.write_text("version: 1\nkinds:\n  - id: Bad-Id\n")
-    proc = _cli("scan", "--catalog", str(bad), "-", stdin=b"")
+    proc = cli("scan", "--catalog", str(bad), "-", stdin=b"")
     assert proc.returncode == 2
     assert f"{bad}:3: kinds[0].id" in proc.stderr.decode()
 
@@ -116,11 +138,11 @@ def test_help_names_every_option(capsys):
         assert option in out
 
 
-def test_server_args_turn_the_fix_into_numbers(tmp_path):
+def test_server_args_turn_the_fix_into_numbers(cli, tmp_path):
     log, info = tmp_path / "a.log", tmp_path / "server_info.json"
     log.write_text(OOM)
     info.write_text(json.dumps({"chunked_prefill_size": 16384, "max_running_requests": 512, "version": "0.5.6"}))
-    data = json.loads(_cli("scan", "--format", "json", "--server-args", str(info), str(log)).stdout)
+    data = json.loads(cli("scan", "--format", "json", "--server-args", str(info), str(log)).stdout)
     (event,) = data["events"]
     assert event["context"]["server_args"]["chunked_prefill_size"] == 16384
     assert event["suggestions"][0] == {
@@ -128,19 +150,19 @@ def test_server_args_turn_the_fix_into_numbers(tmp_path):
         "rule": "the largest power of two that fits the 6100 available tokens (the prefill asked for 16384), "
                 "never below 512",
     }  # fmt: skip
-    text = _cli("scan", "--server-args", str(info), str(log)).stdout.decode()
+    text = cli("scan", "--server-args", str(info), str(log)).stdout.decode()
     assert "suggest: --chunked-prefill-size 16384 -> 4096" in text
 
 
-def test_server_args_that_are_not_json_exit_2(tmp_path):
+def test_server_args_that_are_not_json_exit_2(cli, tmp_path):
     info = tmp_path / "server_info.json"
     info.write_text("<html>nope</html>")
-    proc = _cli("scan", "--server-args", str(info), "-", stdin=b"")
+    proc = cli("scan", "--server-args", str(info), "-", stdin=b"")
     assert proc.returncode == 2
     assert "not server-info JSON" in proc.stderr.decode()
 
 
-def test_catalog_without_the_fallback_kind_exits_2_with_a_clear_error(tmp_path):
+def test_catalog_without_the_fallback_kind_exits_2_with_a_clear_error(cli, tmp_path):
     # It used to pass the loader and die later with a cut-short traceback: KeyError: 'unknown'.
     import yaml
 
@@ -155,7 +177,7 @@ def test_catalog_without_the_fallback_kind_exits_2_with_a_clear_error(tmp_path):
         "Traceback (most recent call last):\n"
         + '  File "/sglang/srt/mem_cache/allocator.py", line 9, in alloc_token_slots\n'
     )
-    proc = _cli("scan", "--catalog", str(path), "-", stdin=cut.encode())
+    proc = cli("scan", "--catalog", str(path), "-", stdin=cut.encode())
     assert proc.returncode == 2
     err = proc.stderr.decode()
     assert f"{path}:1: fallback_kind: names unknown kind 'unknown'" in err
