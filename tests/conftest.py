@@ -26,6 +26,7 @@ if sys.dont_write_bytecode and not sys.pycache_prefix:
     os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
 
 
+@pytest.hookimpl(optionalhook=True)  # xdist's hook: `-p no:xdist` must still run the suite
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
     """`-n auto`: two workers per CPU. About half of the suite's time is spent waiting on the processes it
     drives (daemons, Prometheus, helm), so one worker per CPU left the CPUs idle for half the run."""
