@@ -18,12 +18,11 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import replace
-from typing import BinaryIO
+from typing import TYPE_CHECKING, BinaryIO
 
 from ..catalog.loader import Catalog
 from ..config import Config
 from ..metrics import EventCounts, ExporterCollector, fatal_kinds, label_names_for
-from ..sources.kubeapi import node_targets
 from ..sources.stdin import StdinPump
 from .loop import Loop, Service
 from .sink import EventSink
@@ -31,6 +30,9 @@ from .sourceset import SourceSet
 from .state import StateKeeper, StateStore
 from .store import EventStore
 from .targets import TargetSet
+
+if TYPE_CHECKING:
+    from ..sources.nodetargets import NodeTargets
 
 log = logging.getLogger(__name__)
 
@@ -59,7 +61,7 @@ class App:
                                   fatal_kinds=fatal_kinds(catalog))  # fmt: skip
         self.store = EventStore(config.recent_events)
         self.sink = EventSink(catalog, counts=self.counts, store=self.store, wall=wall)
-        self.targets = TargetSet(config, wall=wall, discovery=node_targets(config, self._followed_pods))
+        self.targets = TargetSet(config, wall=wall, discovery=self._node_targets(config))
         self.sources = SourceSet(config, catalog, self.counts, self.sink, self.targets.context_for, clock=clock)
         store = StateStore(config.state_dir) if config.state_dir else None
         self.keeper = StateKeeper(store, self.counts, self.sources, interval=config.state_interval, clock=clock)
@@ -69,6 +71,14 @@ class App:
         self.loop = Loop(config, self.sources, self.keeper, stdin=self.stdin, clock=clock, wall=wall)
         self.reloads = dict.fromkeys(RELOAD_RESULTS, 0)
         self.catalog_listeners: list[Callable[[Catalog], None]] = []  # e.g. the HTTP edge's event titles
+
+    def _node_targets(self, config: Config) -> NodeTargets | None:
+        """Node discovery, when the config turns it on."""
+        if config.kubernetes is None or config.kubernetes.discover_targets is None:
+            return None  # the Kubernetes API client is imported only when discovery is on
+        from ..sources.kubeapi import node_targets
+
+        return node_targets(config, self._followed_pods)
 
     def _followed_pods(self) -> set[tuple[str, str]]:
         """(namespace, pod) of every followed Kubernetes log: the pods node discovery looks up."""

@@ -17,7 +17,6 @@ from ..catalog.loader import Catalog, CatalogError, load_catalog
 from ..config import Config, ConfigError, load_config, parse_listen, unknown_env
 from ..metrics import PageRegistry
 from ..sources.handles import raise_open_file_limit
-from ..sources.kubeapi import DiscoveryCollector
 from ..sources.watch import Waker
 from ..web.server import ExporterServer
 from ..web.webconfig import WebConfig, WebConfigError, load_web_config
@@ -82,6 +81,8 @@ def serve(args: argparse.Namespace) -> int:
     registry = PageRegistry()  # /metrics answers from the collector's cached page
     registry.register(app.collector())
     if app.targets.discovery is not None:
+        from ..sources.kubeapi import DiscoveryCollector
+
         registry.register(DiscoveryCollector(app.targets.discovery))
     server = ExporterServer(address, registry=registry, catalog=catalog, events=app.store, health=app.loop.health,
                             web_config=web)  # fmt: skip

@@ -12,11 +12,14 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING
 
 from ..config import Config
-from ..sources.kubeapi import NodeTargets
 from ..sources.scrape import ScrapeLoop, TargetScraper
 from .sink import Context
+
+if TYPE_CHECKING:  # node discovery (sources/kubeapi.py) is imported only when the config turns it on
+    from ..sources.nodetargets import NodeTargets
 
 
 class TargetSet:

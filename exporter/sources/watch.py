@@ -27,7 +27,6 @@ from watchdog.events import (
     FileSystemEventHandler,
 )
 from watchdog.observers import Observer
-from watchdog.observers.polling import PollingObserver
 
 log = logging.getLogger(__name__)
 
@@ -89,6 +88,8 @@ class Waker:
             return
         # Built here, not in __init__: the inotify observer starts a reader thread when constructed.
         if self.force_polling:
+            from watchdog.observers.polling import PollingObserver  # only with force_polling
+
             self._observer = PollingObserver(timeout=self.polling_interval)
         else:
             self._observer = Observer()
