@@ -1,0 +1,75 @@
+"""`serve`'s start-up costs: what a plain start imports by the time /healthz answers.
+
+The daemon is started about 45 times by the suite and on every pod start or crash-loop restart, so code that
+only some configurations use is imported when they ask for it. This runs the real daemon with Python's import
+log (-X importtime) and pins the mechanism: a change that brings such an import back to every start fails here.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+
+import pytest
+
+# Imported only when a setting asks for them; a plain `serve PATH` asks for none.
+ON_DEMAND = {
+    "yaml": "a --config or --web-config file",
+    "sglang_oom_exporter.config.yamlfile": "a --config file",
+    "sglang_oom_exporter.sources.kubeapi": "kubernetes.discover_targets",
+    "sglang_oom_exporter.sources.kubeclient": "kubernetes.discover_targets",
+    "sglang_oom_exporter.sources.nodetargets": "kubernetes.discover_targets",
+    "watchdog.observers.polling": "--force-polling",
+}
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _answers(port: int, proc: subprocess.Popen[bytes]) -> bool:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=2):
+            return True
+    except urllib.error.HTTPError:
+        return True  # "starting" (503) is an answer too: the edge is up
+    except OSError:
+        assert proc.poll() is None, "the daemon exited before /healthz answered"
+        return False
+
+
+def _imported(log: str) -> set[str]:
+    """Module names from Python's -X importtime lines ("import time: self | cumulative | name")."""
+    return {line.rsplit("|", 1)[1].strip() for line in log.splitlines() if line.startswith("import time:")}
+
+
+@pytest.mark.timeout(60)
+def test_a_plain_serve_imports_nothing_only_some_settings_need(tmp_path):
+    (tmp_path / "a.log").write_text("")
+    port = _free_port()
+    cmd = [sys.executable, "-X", "importtime", "-m", "sglang_oom_exporter", "serve", str(tmp_path / "*.log"),
+           "--listen", f"127.0.0.1:{port}", "--state-dir", str(tmp_path / "state")]  # fmt: skip
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SGLANG_OOM_EXPORTER_")}
+    with (tmp_path / "stderr").open("wb") as err:
+        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err, env=env)
+        try:
+            deadline = time.monotonic() + 30
+            while not _answers(port, proc):
+                assert time.monotonic() < deadline, "timed out waiting for /healthz"
+                time.sleep(0.05)
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            code = proc.wait(timeout=20)
+    assert code == 0
+    modules = _imported((tmp_path / "stderr").read_text())
+    # The log is read: the command, the HTTP edge and the file watcher it always needs are in it.
+    assert {"sglang_oom_exporter.daemon.serve", "sglang_oom_exporter.web.server", "watchdog.observers"} <= modules
+    assert {name: why for name, why in ON_DEMAND.items() if name in modules} == {}
