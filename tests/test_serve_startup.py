@@ -26,6 +26,8 @@ ON_DEMAND = {
     "sglang_oom_exporter.sources.kubeclient": "kubernetes.discover_targets",
     "sglang_oom_exporter.sources.nodetargets": "kubernetes.discover_targets",
     "watchdog.observers.polling": "--force-polling",
+    "sglang_oom_exporter.sources.sglang_metrics": "an SGLang target to scrape",
+    "prometheus_client.parser": "an SGLang target to scrape",
 }
 
 

@@ -19,10 +19,12 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .http import REASONS, ScrapeError, fetch
-from .sglang_metrics import INFO_PATHS, KvSnapshot, ServerInfo, parse_metrics, parse_server_info
+
+if TYPE_CHECKING:  # the parsers are imported by the first scrape: a serve without targets never needs them
+    from .sglang_metrics import KvSnapshot, ServerInfo
 
 log = logging.getLogger(__name__)
 
@@ -62,6 +64,8 @@ class TargetScraper:
 
     def scrape_once(self, stop: threading.Event | None = None) -> None:
         """Fetch and parse /metrics once, and the server info when due; never raises."""
+        from .sglang_metrics import parse_metrics
+
         started = time.perf_counter()
         try:
             body = self._fetch(f"{self.url}/metrics", timeout=self.timeout, max_bytes=self.max_bytes)
@@ -95,6 +99,8 @@ class TargetScraper:
             log.warning("target down target=%s reason=%s detail=%s", self.target, reason, detail)
 
     def _refresh_info(self) -> None:
+        from .sglang_metrics import INFO_PATHS, parse_server_info
+
         self._next_info = self._clock() + self._info_every  # failures wait for the next turn too
         paths = (self._info_path,) if self._info_path else INFO_PATHS
         for path in paths:
