@@ -9,11 +9,13 @@ against a real Prometheus is test_dashboards_e2e.py.
 from __future__ import annotations
 
 import copy
+import functools
 import json
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import replace
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 import jsonschema
@@ -51,9 +53,22 @@ def dash() -> dict[str, Any]:
     return _load(ROOT / OVERVIEW_PATH)
 
 
+@functools.cache
+def _exclusions() -> dict[str, Any]:
+    """dashboards/.lint, read once for the twenty-odd lints below (each gets its own copy)."""
+    return load_exclusions(LINT_FILE)
+
+
+@functools.cache
+def _rendered() -> Mapping[str, str]:
+    """Every generated file of the built-in catalog with the default options, rendered once per process
+    (read-only, as the tests share it)."""
+    return MappingProxyType(render_all(load_catalog()))
+
+
 def _lint(d: dict[str, Any]) -> tuple[list[Any], list[Any]]:
     problems = lint(d, filter_variables=DASHBOARD_URL_VARIABLES, range_total_panels=[FATAL_PANEL])
-    return apply_exclusions(problems, load_exclusions(LINT_FILE))
+    return apply_exclusions(problems, copy.deepcopy(_exclusions()))
 
 
 def _panel(d: dict[str, Any], title: str) -> dict[str, Any]:
@@ -83,7 +98,7 @@ def _walk_json(node: Any, key: str = "") -> Iterator[tuple[str, Any]]:
 
 
 def test_the_overview_is_the_only_dashboard_and_it_is_current():
-    files = {k: v for k, v in render_all(load_catalog()).items() if k.startswith("dashboards/")}
+    files = {k: v for k, v in _rendered().items() if k.startswith("dashboards/")}
     assert list(files) == [OVERVIEW_PATH]
     assert [p.relative_to(ROOT).as_posix() for p in DASHBOARD_FILES] == [OVERVIEW_PATH]
     assert (ROOT / OVERVIEW_PATH).read_text(encoding="utf-8") == files[OVERVIEW_PATH], "run: render"
@@ -373,7 +388,7 @@ def test_no_kind_id_is_written_in_the_renderer():
 
 
 def test_every_runbook_link_lands_on_an_anchor_of_the_rendered_runbook_index(dash):
-    index = render_all(load_catalog())["docs/runbooks/README.md"]
+    index = _rendered()["docs/runbooks/README.md"]
     anchors = {
         re.sub(r"[^\w\- ]", "", h.strip().lower()).replace(" ", "-") for h in re.findall(r"^#+ (.+)$", index, re.M)
     }

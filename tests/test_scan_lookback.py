@@ -12,11 +12,11 @@ import json
 import os
 
 import pytest
-import yaml
 
 from sglang_oom_exporter.detect import reader
 from sglang_oom_exporter.scan import scan_paths
 from tests.helpers import CATALOG
+from tests.test_golden import load_expected
 
 HERE = os.path.dirname(__file__)
 CASES = sorted(glob.glob(os.path.join(HERE, "data", "logs", "*.log")))
@@ -24,11 +24,6 @@ CASES = sorted(glob.glob(os.path.join(HERE, "data", "logs", "*.log")))
 
 def _json(paths: list[str], **kw) -> str:
     return json.dumps(scan_paths(CATALOG, paths, **kw).to_json())
-
-
-def _expected(path: str) -> dict:
-    with open(path[: -len(".log")] + ".expected.yaml") as fh:
-        return yaml.safe_load(fh)
 
 
 def _look_back(monkeypatch: pytest.MonkeyPatch, lines: int) -> None:
@@ -57,7 +52,7 @@ def test_every_golden_log_gives_the_same_json_with_four_look_back_lines_and_with
         assert none == unfiltered, os.path.basename(path)
         events += len(json.loads(none)["events"])
     # The comparison covered every event the golden files expect, not empty results.
-    assert events == sum(len(_expected(path)["events"]) for path in CASES)
+    assert events == sum(len(load_expected(path)["events"]) for path in CASES)
 
 
 @pytest.mark.timeout(120)
