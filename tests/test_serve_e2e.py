@@ -9,6 +9,7 @@ daemon is paused with SIGSTOP and resumed with SIGCONT. The only sleeps are the 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -56,10 +57,13 @@ def _free_port() -> int:
 class Daemon:
     """A running `sglang-oom-exporter serve` process."""
 
-    def __init__(self, args: list[str], state_dir: str, env: dict[str, str] | None = None) -> None:
+    def __init__(self, args: list[str], state_dir: str, env: dict[str, str] | None = None, nice: int = 0) -> None:
         self.args = args
         self.state_dir = state_dir
         self.env = env or {}  # extra environment variables, e.g. SGLANG_OOM_EXPORTER_STATE_INTERVAL
+        # A negative nice for a test of a rate: the suite runs two workers per CPU, and a daemon that waits
+        # 100 ms for a CPU under that load is the suite's artifact, not the daemon's (where allowed: root).
+        self.nice = nice
         self.port = _free_port()
         self.proc: subprocess.Popen[bytes] | None = None
 
@@ -72,9 +76,14 @@ class Daemon:
 
     def start(self) -> Daemon:
         env = {**os.environ, **self.env} if self.env else None
-        self.proc = subprocess.Popen(self.command(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+        self.proc = subprocess.Popen(self.command(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
+                                     preexec_fn=self._renice if self.nice else None)  # fmt: skip
         wait_for(self.started, what="the daemon to answer /healthz with its starting positions saved")
         return self
+
+    def _renice(self) -> None:
+        with contextlib.suppress(PermissionError):  # not root: the default priority
+            os.nice(self.nice)
 
     def started(self) -> bool:
         """/healthz answers, and no longer with `starting` (the positions every file is read from are saved)."""
@@ -196,8 +205,8 @@ def settle(daemon: Daemon, expected: float, kind: str = "prefill") -> None:
 def daemon_factory(tmp_path) -> Iterator[Callable[..., Daemon]]:
     started: list[Daemon] = []
 
-    def make(*args: str, env: dict[str, str] | None = None) -> Daemon:
-        d = Daemon(list(args), str(tmp_path / "state"), env)
+    def make(*args: str, env: dict[str, str] | None = None, nice: int = 0) -> Daemon:
+        d = Daemon(list(args), str(tmp_path / "state"), env, nice)
         started.append(d)
         return d.start()
 
