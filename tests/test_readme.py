@@ -20,7 +20,7 @@ def test_ci_runs_exactly_the_readme_test_command():
          " | sed -n '/^```sh$/,/^```$/p' | sed '1d;$d'"],
         cwd=ROOT, capture_output=True, text=True, check=True,
     ).stdout.strip()  # fmt: skip
-    assert extracted == command == "pip install -e '.[dev]' && python -m pytest -q -n auto"
+    assert extracted == command == "pip install -e '.[dev]' && python -m pytest -q -n auto --dist worksteal"
     assert "README.md" in open(os.path.join(ROOT, ".ci", "run")).read()
 
 
