@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import shutil
 import signal
+import tempfile
 import time
 
 import pytest
@@ -252,15 +253,28 @@ def test_copytruncate_drains_the_unread_end_from_the_copy(tmp_path):
 
 @pytest.mark.timeout(90)
 def test_rename_rotation_at_ten_per_second_is_exact(tmp_path, daemon_factory):
-    """RELIABILITY.md: exact while each generation lives 20 ms or more (measured up to 50/s); 10/s keeps a margin."""
-    log = tmp_path / "r.log"
-    log.write_text("[2026-03-14 22:00:00 TP0] started\n")
-    d = daemon_factory(str(tmp_path / "*.log"), nice=-10)  # the rate is the point, not the suite's own load
-    settle(d, 0)
-    n = 30
-    for i in range(n):
-        _append(log, oom_block())
-        time.sleep(0.1)  # the scenario's rate: one rotation every 100 ms, each generation with one event
-        os.rename(log, f"{log}.{i}")
-        log.write_text("")
-    settle(d, n)
+    """RELIABILITY.md: exact while each generation lives 20 ms or more (measured up to 50/s); 10/s keeps a margin.
+
+    The rate is the point, not the suite's own load: the daemon runs at a higher priority where allowed, and
+    the logs and the state live on tmpfs where there is one. Under the suite's disk writeback (Prometheus,
+    pip, other daemons' saves) a stat or open on the disk stalled the loop for longer than a generation lives,
+    and one generation in 30 was never seen (RELIABILITY.md states that limit)."""
+    shm = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
+    root = tempfile.mkdtemp(prefix="sglang-oom-test-rotation-", dir=shm or str(tmp_path))
+    try:
+        logs = os.path.join(root, "logs")
+        os.mkdir(logs)
+        log = os.path.join(logs, "r.log")
+        _append(log, "[2026-03-14 22:00:00 TP0] started\n")
+        d = daemon_factory(os.path.join(logs, "*.log"), nice=-10, state_dir=os.path.join(root, "state"))
+        settle(d, 0)
+        n = 30
+        for i in range(n):
+            _append(log, oom_block())
+            time.sleep(0.1)  # the scenario's rate: one rotation every 100 ms, each generation with one event
+            os.rename(log, f"{log}.{i}")
+            _append(log, "")
+        settle(d, n)
+        assert d.stop() == 0
+    finally:
+        shutil.rmtree(root)

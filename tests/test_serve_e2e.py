@@ -205,8 +205,8 @@ def settle(daemon: Daemon, expected: float, kind: str = "prefill") -> None:
 def daemon_factory(tmp_path) -> Iterator[Callable[..., Daemon]]:
     started: list[Daemon] = []
 
-    def make(*args: str, env: dict[str, str] | None = None, nice: int = 0) -> Daemon:
-        d = Daemon(list(args), str(tmp_path / "state"), env, nice)
+    def make(*args: str, env: dict[str, str] | None = None, nice: int = 0, state_dir: str | None = None) -> Daemon:
+        d = Daemon(list(args), state_dir or str(tmp_path / "state"), env, nice)
         started.append(d)
         return d.start()
 
