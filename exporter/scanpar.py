@@ -115,18 +115,19 @@ def _init(catalog: Catalog, options: ScanOptions) -> None:
     _WORKER = _Worker(catalog, options)
 
 
-def _run(task: tuple[str, Any]) -> Segment | _Whole:
+def _run_many(tasks: list[tuple[str, Any]]) -> list[Segment | _Whole]:
+    """A chunk of tasks in a pool process (chunked here: Pool.imap's own chunks hide its timeout API)."""
     if _WORKER is None:
         raise RuntimeError("a pool task ran before its process's _init")
-    return _WORKER.run(task)
+    return [_WORKER.run(task) for task in tasks]
 
 
 def _parent_share(sizes: list[int], jobs: int) -> int:
     """Where the calling process's share of the tasks starts: the last tasks, about 1/jobs of the bytes.
 
     The caller would otherwise only wait for the pool; doing a share itself saves a worker process."""
-    share, at = sum(sizes) // jobs, len(sizes)
-    while at > 1 and share > 0:
+    share, at = sum(sizes) / jobs, len(sizes)
+    while at > 1 and share >= sizes[at - 1] / 2:  # to the nearest task: a fifth range of eight is a 25% overshoot
         at -= 1
         share -= sizes[at]
     return at
@@ -194,19 +195,37 @@ def scan_parallel(
     # jobs - 1 worker processes take the first tasks; this process takes the last ones while they run.
     mine = _parent_share(sizes, jobs)
     workers = min(jobs - 1, mine)
+    merged = 0  # results taken in, in task order: a cut file's chain is joined as its segments come in
+
+    def take(result: Segment | _Whole) -> None:
+        nonlocal merged
+        place, joiner = owner[merged]
+        merged += 1
+        if isinstance(result, _Whole):
+            out[place] = (plan[place][0], result.events, result.stats)
+        elif joiner is not None:
+            joiner.add(result)
+            if result.index == plan[place][1] - 1:
+                out[place] = (plan[place][0], *joiner.finish())
+
     with ctx.Pool(workers, initializer=_init, initargs=(catalog, options)) as pool:
-        chunksize = max(1, mine // (workers * 8))
-        theirs = pool.imap(_run, tasks[:mine], chunksize)
+        size = max(1, mine // (workers * 8))
+        theirs = pool.imap(_run_many, [tasks[i : min(i + size, mine)] for i in range(0, mine, size)])
         local = _Worker(catalog, options, matcher)
-        ours = [local.run(task) for task in tasks[mine:]]
-        # In task order: the chain of a cut file's ranges is joined as its segments come in.
-        for (place, joiner), result in zip(owner, itertools.chain(theirs, ours), strict=True):
-            if isinstance(result, _Whole):
-                out[place] = (plan[place][0], result.events, result.stats)
-            elif joiner is not None:
-                joiner.add(result)
-                if result.index == plan[place][1] - 1:
-                    out[place] = (plan[place][0], *joiner.finish())
+        ours = []
+        for task in tasks[mine:]:
+            ours.append(local.run(task))
+            while merged < mine:  # between its own tasks, take in what the workers finished (in order)
+                try:
+                    chunk = theirs.next(timeout=0)
+                except multiprocessing.TimeoutError:
+                    break
+                for result in chunk:
+                    take(result)
+        for result in itertools.chain(itertools.chain.from_iterable(theirs), ours):
+            take(result)
+    if merged != len(owner):
+        raise RuntimeError(f"parallel scan: {merged} results for {len(owner)} tasks")
     for place, (path, n) in enumerate(plan):
         if n == 0:
             import sys

@@ -253,3 +253,15 @@ def test_cli_jobs_with_stdin_between_files_keeps_input_order():
     assert outs[0] == outs[1]
     assert [i["path"] for i in outs[1]["inputs"]] == [CASES[0], "-", CASES[2]]
     assert outs[1]["inputs"][1]["lines_read"] == data.count(b"\n") + (not data.endswith(b"\n"))
+
+
+def test_the_calling_process_takes_the_last_tasks_nearest_to_its_share_of_the_bytes():
+    from sglang_oom_exporter.scanpar import _parent_share
+
+    assert _parent_share([100] * 8, 2) == 4  # half of eight equal ranges
+    # Ranges cut at line starts differ by a few bytes: still four, not a fifth (a 25% overshoot it once took).
+    assert _parent_share([100, 100, 100, 100, 101, 100, 100, 99], 2) == 4
+    assert _parent_share([1] * 1000, 2) == 500
+    assert _parent_share([3] * 9, 3) == 6  # a third
+    assert _parent_share([5, 1], 2) == 1  # the small last task; the pool always keeps the first
+    assert _parent_share([1, 100], 2) == 1
