@@ -55,6 +55,7 @@ class Matcher:
 
     def __init__(self, catalog: Catalog) -> None:
         self.catalog = catalog
+        self.anchors = catalog.anchors()  # computed once per run: every pipeline's reader and assembler ask
         self._kinds = catalog.kinds
         self._phase_frames = [
             (g, _frame_specs(catalog.phase_frames.get(g, ()))) for g in ("spec_verify", "decode", "prefill")

@@ -64,7 +64,7 @@ class Pipeline:
         extra_prefixes: Sequence[str] = (),
         wait_seconds: float = 2.5,
     ) -> None:
-        anchors = catalog.anchors()
+        anchors = matcher.anchors if matcher.catalog is catalog else catalog.anchors()
         self._reader = LineReader(
             (*anchors, *FRAME_LITERALS, *CRI_PARTIAL_LITERALS),
             openers=TRACEBACK_OPENERS,
