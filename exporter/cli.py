@@ -71,10 +71,10 @@ def build_parser(only_scan: bool = False) -> argparse.ArgumentParser:
         type=_jobs,
         default=_cpus(),
         metavar="N",
-        help="worker processes (default: the number of CPUs). Files go to different workers and a big plain "
-        "file is cut into ranges, with the same result as --jobs 1, which reads in this process, as does any "
-        "N when the files hold under 16 MiB in all. gzip files are each read whole by one worker; stdin is read "
-        "in this process",
+        help="processes to scan in (default: the number of CPUs): N-1 workers and this one, which takes the "
+        "last 1/N of the bytes. Files go to different processes and a big plain file is cut into ranges, with "
+        "the same result as --jobs 1, which reads in this process, as does any N when the files hold under "
+        "16 MiB in all. gzip files are each read whole by one process; stdin is read in this process",
     )
     scan.add_argument("--server-args", metavar="FILE",
                       help="JSON from SGLang's /server_info (or /get_server_info): suggestions then start from the "
