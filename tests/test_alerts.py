@@ -7,8 +7,6 @@ fresh, so these tests read the committed file. promtool's unit tests live in tes
 
 from __future__ import annotations
 
-import copy
-import functools
 import os
 import re
 import shutil
@@ -16,7 +14,6 @@ import subprocess
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
 
 import pytest
 import yaml
@@ -35,6 +32,7 @@ from sglang_oom_exporter.render.alerts import (
     retraction_kind,
     rules_file,
 )
+from tests.helpers import dump_yaml, load_yaml
 
 ROOT = Path(__file__).resolve().parent.parent
 RULES = ROOT / RULES_PATH
@@ -53,26 +51,8 @@ needs_amtool = pytest.mark.skipif(shutil.which("amtool") is None, reason="amtool
                                   "prometheus-alertmanager) is not installed; .ci/run installs it")  # fmt: skip
 
 
-_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml: a tenth of the pure-Python time
-_DUMPER = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
-
-
-@functools.cache
-def _parsed(path: Path) -> object:
-    return yaml.load(path.read_text(), Loader=_LOADER)  # noqa: S506 - a SafeLoader
-
-
-def _load(path: Path) -> Any:
-    """A YAML file parsed once per process, handed out as a copy (tests edit what they get)."""
-    return copy.deepcopy(_parsed(path))
-
-
-def _dump(data: object) -> str:
-    return yaml.dump(data, Dumper=_DUMPER, sort_keys=False)
-
-
 def _rules() -> list[dict]:
-    data = _load(RULES)
+    data = load_yaml(RULES)
     return [r for g in data["groups"] for r in g["rules"]]
 
 
@@ -204,10 +184,10 @@ def _isolate(tmp_path: Path, test_file: Path, mutate: Callable[[dict], None] | N
     alertname only; the pack's rules read no recording rule, so a rule on its own fires exactly as in the
     pack. One copy per test file cuts a promtool run from about 8 s to 2.5 s. `mutate` may change the copied
     rules. Returns the new test file's name and its test document."""
-    test = _load(test_file)
+    test = load_yaml(test_file)
     assert test["rule_files"] == [os.path.relpath(RULES, test_file.parent)]  # the shipped file, as users run it
     checked = {t["alertname"] for case in test["tests"] for t in case.get("alert_rule_test", [])}
-    data = _load(RULES)
+    data = load_yaml(RULES)
     assert not [r for g in data["groups"] for r in g["rules"] if "record" in r]
     for group in data["groups"]:
         group["rules"] = [r for r in group["rules"] if r["alert"] in checked]
@@ -216,9 +196,9 @@ def _isolate(tmp_path: Path, test_file: Path, mutate: Callable[[dict], None] | N
     if mutate is not None:
         mutate(data)
     stem = test_file.name.removesuffix(".test.yaml")
-    (tmp_path / f"{stem}.rules.yaml").write_text(_dump(data))
+    (tmp_path / f"{stem}.rules.yaml").write_text(dump_yaml(data))
     test["rule_files"] = [f"{stem}.rules.yaml"]
-    (tmp_path / test_file.name).write_text(_dump(test))
+    (tmp_path / test_file.name).write_text(dump_yaml(test))
     return test_file.name, test
 
 
@@ -316,7 +296,7 @@ def test_every_alert_has_a_promtool_test_that_fires_it_and_one_that_keeps_it_qui
     fired: dict[str, set[str]] = {}
     quiet: dict[str, set[str]] = {}
     for path in RULE_TESTS:
-        data = _load(path)
+        data = load_yaml(path)
         assert data["rule_files"] == ["../../alerts/sglang-oom.rules.yaml"], path
         assert data["evaluation_interval"] == "1m", path
         for test in data["tests"]:
@@ -461,11 +441,11 @@ BAD_ALERT_FIELDS = [
 
 @pytest.mark.parametrize(("mutate", "problem"), BAD_ALERT_FIELDS)
 def test_the_loader_names_each_bad_alert_field(tmp_path, mutate, problem):
-    data = _load(Path(CATALOG.path))
+    data = load_yaml(Path(CATALOG.path))
     assert [k["id"] for k in data["kinds"][:5]] == ["prefill", "decode", "req_slots", "unknown", "retract"]
     mutate(data)
     path = tmp_path / "catalog.yaml"
-    path.write_text(_dump(data))
+    path.write_text(dump_yaml(data))
     with pytest.raises(CatalogError) as err:
         load_catalog(str(path))
     assert [p.split(": ", 1)[1] for p in err.value.problems] == [problem]

@@ -8,41 +8,29 @@ select the same lines.
 
 from __future__ import annotations
 
-import copy
-import functools
 import glob
 import os
 from typing import Any
 
 import pytest
-import yaml
 
 from sglang_oom_exporter.catalog.loader import EVENT_FIELDS
 from sglang_oom_exporter.detect import finder as finders
 from sglang_oom_exporter.detect import reader
 from sglang_oom_exporter.scan import scan_paths
-from tests.helpers import CATALOG, scan_bytes
+from tests.helpers import CATALOG, load_yaml, scan_bytes
 
 HERE = os.path.dirname(__file__)
 CASES = sorted(glob.glob(os.path.join(HERE, "data", "logs", "*.log")))
 FINDERS = ("hyperscan", "bytes.find")
 # Numbers the matcher derives rather than extracts: a golden may assert them too.
 DERIVED_NUMBERS = frozenset({"shortfall_tokens", "shortfall_note", "limiting_pool"})
-# libyaml parses the goldens (with PyYAML's same safe constructor) about eight times faster than pure Python.
-_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
-
-
-@functools.cache
-def _parsed_expected(path: str) -> dict[str, Any]:
-    """Parsed once per process: each golden is read by both finders' cases, the core-fields check and
-    test_scan_lookback."""
-    with open(path[: -len(".log")] + ".expected.yaml") as fh:
-        return dict(yaml.load(fh, Loader=_LOADER))  # noqa: S506 - _LOADER is a SafeLoader
 
 
 def load_expected(path: str) -> dict[str, Any]:
-    """The parsed <case>.expected.yaml of a log: a copy each call, so no test sees another's edits."""
-    return copy.deepcopy(_parsed_expected(path))
+    """The parsed <case>.expected.yaml of a log (parsed once per process, through libyaml: both finders'
+    cases, the core-fields check and test_scan_lookback read it), a copy each call."""
+    return dict(load_yaml(path[: -len(".log")] + ".expected.yaml"))
 
 
 @pytest.fixture(params=FINDERS)
