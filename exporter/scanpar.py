@@ -209,8 +209,9 @@ def scan_parallel(
                 out[place] = (plan[place][0], *joiner.finish())
 
     with ctx.Pool(workers, initializer=_init, initargs=(catalog, options)) as pool:
-        size = max(1, mine // (workers * 8))
-        theirs = pool.imap(_run_many, [tasks[i : min(i + size, mine)] for i in range(0, mine, size)])
+        per_chunk = max(1, mine // (workers * 8))
+        chunks = [tasks[i : min(i + per_chunk, mine)] for i in range(0, mine, per_chunk)]
+        theirs = pool.imap(_run_many, chunks)
         local = _Worker(catalog, options, matcher)
         ours = []
         for task in tasks[mine:]:
