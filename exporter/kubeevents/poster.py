@@ -38,7 +38,7 @@ log = logging.getLogger(__name__)
 
 COMPONENT = "sglang-oom-exporter"  # source.component and reportingComponent: who wrote the Event
 RESULTS = (
-    "created", "updated", "owner", "rate_limited", "pod_gone", "no_pod", "queue_full", "shutdown",
+    "created", "updated", "owner", "rate_limited", "replayed", "pod_gone", "no_pod", "queue_full", "shutdown",
     "unauthorized", "forbidden", "conflict", "invalid", "http_error", "timeout", "unreachable", "tls", "no_token",
     "error",
 )  # fmt: skip
@@ -183,15 +183,14 @@ class EventPoster:
             log.exception("k8s events: cannot post the Event of %s", item.event.location)
             result = "error"
             self._note(result, f"{type(exc).__name__}: {exc}", item)
-        if result is not None:
-            self._count(result)
+        self._count(result)
 
-    def _handle(self, item: _Item) -> str | None:
-        """One OOM -> its Event; the result to count (None: an OOM posted before a restart, nothing to do)."""
+    def _handle(self, item: _Item) -> str:
+        """One OOM -> its Event (or none); the result to count."""
         key = event_key(item.event)
         if key in self.ledger:
-            log.debug("k8s events: %s was posted before a restart; not again", item.event.location)
-            return None
+            log.debug("k8s events: %s was taken before a restart; no second Event", item.event.location)
+            return "replayed"  # counted again after a restart (a crash before the state was saved)
         self.ledger.take(key)  # before any call: at most once, whatever happens next
         catalog = self._catalog
         reason = reason_for(catalog, item.event)
@@ -205,7 +204,6 @@ class EventPoster:
         if decision.action == "skip":
             return "rate_limited"
         stamp = _timestamp(item.wall)
-        result = None
         if decision.action == "patch":
             patch = {"count": decision.count, "lastTimestamp": stamp, "message": message}
             result = self._call(item, "PATCH", _events_path(target.namespace, decision.name), patch,
