@@ -92,6 +92,8 @@ class App:
         poster = event_poster(config, catalog)
         if poster is not None:
             self.catalog_listeners.append(poster.set_catalog)
+            log.info("kubernetes events on: api=%s:%d node=%s ledger=%s", poster.client.host, poster.client.port,
+                     poster.node, poster.ledger.path)  # fmt: skip
         return poster
 
     def _followed_pods(self) -> set[tuple[str, str]]:

@@ -49,7 +49,7 @@ class PodEndpoint:
 
 
 class ApiClient:
-    """Lists the pods of one node through the API server, as the pod's service account.
+    """Calls the API server as the pod's service account: node discovery's pod list, the Events poster's writes.
 
     timeout bounds each socket operation (connect, TLS handshake, each read), not the whole call: the caller is
     the discovery thread, so a slow API server delays only the next list.
