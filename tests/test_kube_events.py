@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
-from sglang_oom_exporter.config import ConfigError, EventsConfig, load_config
+from sglang_oom_exporter.config import Config, ConfigError, EventsConfig, KubernetesConfig, load_config
+from sglang_oom_exporter.daemon.app import App
 from sglang_oom_exporter.daemon.sink import Context, EventSink
 from sglang_oom_exporter.detect.model import OomEvent
 from sglang_oom_exporter.kubeevents import RESULTS, EventPoster, EventsCollector, event_poster
@@ -425,3 +426,29 @@ def test_config_events_problems(tmp_path, block, problem):
     with pytest.raises(ConfigError) as info:
         _config(tmp_path, f"kubernetes:\n  logs_root: /var/log/pods\n  events: {block}\n")
     assert problem in str(info.value)
+
+
+# ---------------------------------------------------------------------------------------------- the daemon's wiring
+
+
+def test_the_app_offers_live_events_and_a_reload_keeps_the_events_setting(tmp_path, api, tls, monkeypatch):
+    cert, _, token = tls
+    sa = tmp_path / "sa"
+    sa.mkdir()
+    (sa / "token").write_text(token.read_text())
+    (sa / "ca.crt").write_bytes(cert.read_bytes())
+    monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "127.0.0.1")
+    monkeypatch.setenv("KUBERNETES_SERVICE_PORT", str(api.port))
+    k = KubernetesConfig(str(tmp_path / "pods"), events=EventsConfig(service_account_dir=str(sa)))
+    app = App(Config(kubernetes=k, state_dir=str(tmp_path / "state")), CATALOG)
+    assert app.events_poster is not None
+    assert app.events_poster in app.services()
+    event = fatal(f"{tmp_path / 'pods'}/llm_llama-0_{UID}/sglang/0.log")
+    app.sink.record(event, ("llm", "llama-0", "sglang"), {"namespace": "llm", "pod": "llama-0", "container": "sglang"})
+    app.sink.record(replace(event, offset=1), ("llm", "llama-0", "sglang"), {}, live=False)  # history: no Event
+    assert app.events_poster.run_pending() == 1
+    assert nonzero(app.events_poster) == {"created": 1}
+    assert app.events_poster.ledger.path == str(tmp_path / "state" / "k8s-events.json")
+    off = Config(kubernetes=replace(k, events=None), state_dir=str(tmp_path / "state"))
+    assert app.reload(off, CATALOG) == "partial"
+    assert app.config.kubernetes.events == k.events
