@@ -452,3 +452,15 @@ def test_the_app_offers_live_events_and_a_reload_keeps_the_events_setting(tmp_pa
     off = Config(kubernetes=replace(k, events=None), state_dir=str(tmp_path / "state"))
     assert app.reload(off, CATALOG) == "partial"
     assert app.config.kubernetes.events == k.events
+
+
+def test_every_subpackage_is_packaged():
+    """pyproject lists packages by name: one missing from the list is missing from the wheel and the image."""
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+
+    root = Path(__file__).resolve().parent.parent
+    listed = set(tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    found = {"sglang_oom_exporter"} | {
+        f"sglang_oom_exporter.{d.name}" for d in (root / "exporter").iterdir() if (d / "__init__.py").is_file()
+    }
+    assert found == listed
