@@ -1,25 +1,39 @@
-"""A fake Kubernetes API server for node-discovery tests: HTTPS on 127.0.0.1, one pod list, bad modes.
+"""A fake Kubernetes API server for node-discovery and Events tests: HTTPS on 127.0.0.1, pods, events, bad modes.
 
     api = FakeKubeApi(cert, key, pods=[pod("llm", "llama-0", "10.0.0.5")]).start()
     ... ApiClient("127.0.0.1", api.port, token_file=..., ca_file=cert) ...
     api.stop()
 
-It records every request (path, Authorization header) and answers /api/v1/pods with a PodList of `pods`,
-filtered by the `spec.nodeName=<node>` field selector as the real server does (each pod dict may carry
-spec.nodeName). Modes: ok, unauthorized (401 Status), garbage (200 with a non-JSON body), not_a_list (200 with
-JSON that is no PodList), hang (accept, never answer, until stop()).
+It records every GET (path, Authorization header) in `requests` and every call in `calls`, and answers
+- GET /api/v1/pods with a PodList of `pods`, filtered by the `spec.nodeName=<node>` field selector as the real
+  server does (each pod dict may carry spec.nodeName); GET /api/v1/namespaces/<ns>/pods/<name> with that pod;
+- POST /api/v1/namespaces/<ns>/events (201; 409 when the name exists; 422 for what the real server's legacy
+  Event validation refuses: a namespace other than the involved object's, no name, no reason) and PATCH
+  .../events/<name> (200 with the merged Event; 404 when there is none), kept in `events` by (namespace, name).
+Modes: ok, unauthorized (401 Status), forbidden (403 for writes), conflict (409 for writes), invalid (422 for
+writes), garbage (200 with a non-JSON body), not_a_list (200 with JSON that is no PodList), hang (accept, never
+answer, until stop()).
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+import re
 import ssl
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
+
+_ONE_POD = re.compile(r"/api/v1/namespaces/([^/]+)/pods/([^/]+)")
+_EVENTS = re.compile(r"/api/v1/namespaces/([^/]+)/events(?:/([^/]+))?")
+
+
+def _status(code: int, reason: str, message: str) -> dict[str, Any]:
+    return {"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": reason, "message": message,
+            "code": code}  # fmt: skip
 
 
 def pod(
@@ -30,16 +44,19 @@ def pod(
     node: str = "gpu-node-1",
     annotations: dict[str, str] | None = None,
     phase: str = "Running",
+    uid: str = "",
+    owner: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """A Pod object as the API returns it, reduced to the fields discovery reads."""
+    """A Pod object as the API returns it, reduced to the fields discovery and the Events poster read."""
     status: dict[str, Any] = {"phase": phase}
     if ip is not None:
         status["podIP"] = ip
-    return {
-        "metadata": {"namespace": namespace, "name": name, "annotations": annotations or {}},
-        "spec": {"nodeName": node},
-        "status": status,
-    }
+    meta: dict[str, Any] = {"namespace": namespace, "name": name, "annotations": annotations or {}}
+    if uid:
+        meta["uid"] = uid
+    if owner is not None:
+        meta["ownerReferences"] = [{**owner, "controller": True}]
+    return {"metadata": meta, "spec": {"nodeName": node}, "status": status}
 
 
 class FakeKubeApi:
@@ -48,7 +65,10 @@ class FakeKubeApi:
     def __init__(self, cert: Path, key: Path, pods: list[dict[str, Any]] | None = None) -> None:
         self.pods = pods or []
         self.mode = "ok"
-        self.requests: list[tuple[str, str]] = []  # (raw path, Authorization header)
+        self.requests: list[tuple[str, str]] = []  # GETs: (raw path, Authorization header)
+        self.calls: list[tuple[str, str, str, dict[str, Any] | None]] = []  # (method, path, Authorization, body)
+        self.events: dict[tuple[str, str], dict[str, Any]] = {}  # (namespace, name) -> the stored Event
+        self.lock = threading.Lock()
         self._release = threading.Event()
         self._server = _Server(("127.0.0.1", 0), _Handler)
         self._server.fake = self
@@ -100,6 +120,8 @@ class _Handler(BaseHTTPRequestHandler):
     def do_GET(self) -> None:
         fake = self.server.fake
         fake.requests.append((self.path, self.headers.get("Authorization", "")))
+        with fake.lock:
+            fake.calls.append(("GET", self.path, self.headers.get("Authorization", ""), None))
         if fake.mode == "hang":
             fake._release.wait(30)
             return
@@ -114,6 +136,14 @@ class _Handler(BaseHTTPRequestHandler):
             self._send(200, {"kind": "Status", "items": "nope"})
             return
         parts = urlsplit(self.path)
+        one = _ONE_POD.fullmatch(parts.path)
+        if one is not None:
+            found = [p for p in fake.pods if (p["metadata"]["namespace"], p["metadata"]["name"]) == one.groups()]
+            if found:
+                self._send(200, {"kind": "Pod", "apiVersion": "v1", **found[0]})
+            else:
+                self._send(404, _status(404, "NotFound", f'pods "{one.group(2)}" not found'))
+            return
         if parts.path != "/api/v1/pods":
             self._send(404, {"kind": "Status", "code": 404})
             return
@@ -121,6 +151,68 @@ class _Handler(BaseHTTPRequestHandler):
         node = selector.removeprefix("spec.nodeName=") if selector.startswith("spec.nodeName=") else None
         items = [p for p in fake.pods if node is None or p["spec"]["nodeName"] == node]
         self._send(200, {"kind": "PodList", "apiVersion": "v1", "metadata": {}, "items": items})
+
+    def do_POST(self) -> None:
+        self._write("POST")
+
+    def do_PATCH(self) -> None:
+        self._write("PATCH")
+
+    def _write(self, method: str) -> None:
+        fake = self.server.fake
+        length = int(self.headers.get("Content-Length", "0"))
+        raw = self.rfile.read(length)
+        try:
+            body = json.loads(raw)
+        except ValueError:
+            body = None
+        with fake.lock:
+            fake.calls.append((method, self.path, self.headers.get("Authorization", ""), body))
+        if fake.mode == "hang":
+            fake._release.wait(30)
+            return
+        refusal = {"unauthorized": (401, "Unauthorized"), "forbidden": (403, "Forbidden"),
+                   "conflict": (409, "AlreadyExists"), "invalid": (422, "Invalid")}.get(fake.mode)  # fmt: skip
+        if refusal is not None:
+            self._send(refusal[0], _status(refusal[0], refusal[1], f"{fake.mode} (fake)"))
+            return
+        match = _EVENTS.fullmatch(urlsplit(self.path).path)
+        if match is None or not isinstance(body, dict):
+            self._send(404 if match is None else 400, _status(404 if match is None else 400, "BadRequest", "no"))
+            return
+        namespace, name = match.group(1), match.group(2)
+        with fake.lock:
+            if method == "POST" and name is None:
+                self._create(fake, namespace, body)
+            elif method == "PATCH" and name is not None:
+                stored = fake.events.get((namespace, name))
+                if stored is None:
+                    self._send(404, _status(404, "NotFound", f'events "{name}" not found'))
+                    return
+                stored.update(body)
+                stored["metadata"]["resourceVersion"] = str(int(stored["metadata"]["resourceVersion"]) + 1)
+                self._send(200, stored)
+            else:
+                self._send(405, _status(405, "MethodNotAllowed", method))
+
+    def _create(self, fake: FakeKubeApi, namespace: str, body: dict[str, Any]) -> None:
+        meta, involved = body.get("metadata") or {}, body.get("involvedObject") or {}
+        problems = []
+        if meta.get("namespace") not in (None, namespace) or involved.get("namespace") != namespace:
+            problems.append("involvedObject.namespace: does not match event.namespace")
+        if not meta.get("name"):
+            problems.append("metadata.name: Required value")
+        if not body.get("reason"):
+            problems.append("reason: Required value")
+        if problems:
+            self._send(422, _status(422, "Invalid", "; ".join(problems)))
+            return
+        if (namespace, meta["name"]) in fake.events:
+            self._send(409, _status(409, "AlreadyExists", f'events "{meta["name"]}" already exists'))
+            return
+        stored = {**body, "metadata": {**meta, "namespace": namespace, "resourceVersion": "1"}}
+        fake.events[(namespace, meta["name"])] = stored
+        self._send(201, stored)
 
     def _send(self, status: int, doc: dict[str, Any]) -> None:
         self._send_raw(status, json.dumps(doc).encode())

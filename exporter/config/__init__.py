@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from .keys import ENV_PREFIX, bounded_duration, unknown_env
 from .load import ConfigError, load_config
-from .model import DEFAULT_LISTEN, DEFAULT_PORT, Config, DiscoverTargetsConfig, KubernetesConfig
+from .model import DEFAULT_LISTEN, DEFAULT_PORT, Config, DiscoverTargetsConfig, EventsConfig, KubernetesConfig
 from .values import parse_duration, parse_listen
 
 __all__ = [
@@ -24,6 +24,7 @@ __all__ = [
     "Config",
     "ConfigError",
     "DiscoverTargetsConfig",
+    "EventsConfig",
     "KubernetesConfig",
     "bounded_duration",
     "load_config",

@@ -25,6 +25,15 @@ class DiscoverTargetsConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class EventsConfig:
+    """kubernetes.events: one Warning Event on the SGLang pod per counted OOM (docs/kubernetes-events.md)."""
+
+    service_account_dir: str = "/var/run/secrets/kubernetes.io/serviceaccount"
+    nonfatal: bool = False  # also for non-fatal events (retractions, aborted requests): off, they are routine
+    runbook_base_url: str = ""  # empty: the runbooks at this release's tag (as the rendered alerts link them)
+
+
+@dataclass(frozen=True, slots=True)
 class KubernetesConfig:
     """Kubernetes node mode: follow /var/log/pods/<ns>_<pod>_<uid>/<container>/<n>.log."""
 
@@ -33,6 +42,7 @@ class KubernetesConfig:
     pod: str = DEFAULT_POD_FILTER
     container: str = DEFAULT_CONTAINER_FILTER
     discover_targets: DiscoverTargetsConfig | None = None  # None: off (the default)
+    events: EventsConfig | None = None  # None: off (the default)
 
 
 @dataclass(frozen=True, slots=True)

@@ -9,11 +9,12 @@ from typing import Any
 import yaml
 
 from .keys import FILE_KEYS, SCALAR_KEYS, Builder, bounded_duration
-from .model import DiscoverTargetsConfig, KubernetesConfig
+from .model import DiscoverTargetsConfig, EventsConfig, KubernetesConfig
 from .values import URL, parse_bool
 
 _K8S_KEYS = frozenset({"logs_root", "namespace", "pod", "container"})
 _DISCOVER_KEYS = frozenset({"enabled", "port", "port_annotation", "interval", "service_account_dir"})
+_EVENTS_KEYS = frozenset({"enabled", "service_account_dir", "nonfatal", "runbook_base_url"})
 
 
 def read_file(builder: Builder, path: str) -> None:
@@ -111,14 +112,15 @@ def _kubernetes(builder: Builder, where: str, raw: Any) -> None:
     if not isinstance(raw, dict) or not isinstance(raw.get("logs_root"), str):
         builder.problems.append(f"{where}: needs logs_root (e.g. /var/log/pods)")
         return
-    for key in sorted(set(raw) - _K8S_KEYS - {"discover_targets"}):
+    for key in sorted(set(raw) - _K8S_KEYS - {"discover_targets", "events"}):
         builder.problems.append(f"{where}.{key}: unknown key")
     for key in ("namespace", "pod", "container"):
         if key in raw:
             builder.check_regex(f"{where}.{key}", str(raw[key]))
     discover = _discover_targets(builder, f"{where}.discover_targets", raw.get("discover_targets"))
+    events = _events(builder, f"{where}.events", raw.get("events"))
     builder.values["kubernetes"] = KubernetesConfig(
-        **{k: str(v) for k, v in raw.items() if k in _K8S_KEYS}, discover_targets=discover
+        **{k: str(v) for k, v in raw.items() if k in _K8S_KEYS}, discover_targets=discover, events=events
     )
 
 
@@ -150,3 +152,30 @@ def _discover_targets(builder: Builder, where: str, raw: Any) -> DiscoverTargets
         builder.problems.append(f"{where}: {exc}")
         return None
     return DiscoverTargetsConfig(**values) if enabled else None
+
+
+def _events(builder: Builder, where: str, raw: Any) -> EventsConfig | None:
+    """kubernetes.events: {enabled, service_account_dir, nonfatal, runbook_base_url}; None when off."""
+    if raw is None:
+        return None
+    if not isinstance(raw, dict):
+        builder.problems.append(f"{where}: must be a mapping with enabled, service_account_dir, nonfatal")
+        return None
+    for key in sorted(set(raw) - _EVENTS_KEYS):
+        builder.problems.append(f"{where}.{key}: unknown key")
+    values: dict[str, Any] = {}
+    try:
+        enabled = parse_bool(raw.get("enabled", True))
+        if "nonfatal" in raw:
+            values["nonfatal"] = parse_bool(raw["nonfatal"])
+        if raw.get("service_account_dir") is not None:
+            values["service_account_dir"] = str(raw["service_account_dir"])
+        url = raw.get("runbook_base_url")
+        if url:
+            if not URL.match(str(url)):
+                raise ValueError(f"runbook_base_url {url!r} is not an http(s) URL")
+            values["runbook_base_url"] = str(url).rstrip("/")
+    except ValueError as exc:
+        builder.problems.append(f"{where}: {exc}")
+        return None
+    return EventsConfig(**values) if enabled else None

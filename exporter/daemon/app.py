@@ -32,6 +32,7 @@ from .store import EventStore
 from .targets import TargetSet
 
 if TYPE_CHECKING:
+    from ..kubeevents import EventPoster
     from ..sources.nodetargets import NodeTargets
 
 log = logging.getLogger(__name__)
@@ -57,10 +58,13 @@ class App:
         wall: Callable[[], float] = time.time,
     ) -> None:
         self.config, self.catalog = config, catalog
+        self.catalog_listeners: list[Callable[[Catalog], None]] = []  # e.g. the HTTP edge's event titles
         self.counts = EventCounts(catalog.ids, label_names_for(config.kubernetes is not None), catalog.retraction_kind,
                                   fatal_kinds=fatal_kinds(catalog))  # fmt: skip
         self.store = EventStore(config.recent_events)
-        self.sink = EventSink(catalog, counts=self.counts, store=self.store, wall=wall)
+        self.events_poster = self._event_poster(config, catalog)
+        self.sink = EventSink(catalog, counts=self.counts, store=self.store, wall=wall,
+                              on_live=self.events_poster.offer if self.events_poster is not None else None)  # fmt: skip
         self.targets = TargetSet(config, wall=wall, discovery=self._node_targets(config))
         self.sources = SourceSet(config, catalog, self.counts, self.sink, self.targets.context_for, clock=clock)
         store = StateStore(config.state_dir) if config.state_dir else None
@@ -70,7 +74,6 @@ class App:
             self.sources.add_stdin()
         self.loop = Loop(config, self.sources, self.keeper, stdin=self.stdin, clock=clock, wall=wall)
         self.reloads = dict.fromkeys(RELOAD_RESULTS, 0)
-        self.catalog_listeners: list[Callable[[Catalog], None]] = []  # e.g. the HTTP edge's event titles
 
     def _node_targets(self, config: Config) -> NodeTargets | None:
         """Node discovery, when the config turns it on."""
@@ -79,6 +82,19 @@ class App:
         from ..sources.kubeapi import node_targets
 
         return node_targets(config, self._followed_pods)
+
+    def _event_poster(self, config: Config, catalog: Catalog) -> EventPoster | None:
+        """The Kubernetes Events poster, when the config turns it on."""
+        if config.kubernetes is None or config.kubernetes.events is None:
+            return None  # imported only when the setting is on
+        from ..kubeevents import event_poster
+
+        poster = event_poster(config, catalog)
+        if poster is not None:
+            self.catalog_listeners.append(poster.set_catalog)
+            log.info("kubernetes events on: api=%s:%d node=%s ledger=%s", poster.client.host, poster.client.port,
+                     poster.node, poster.ledger.path)  # fmt: skip
+        return poster
 
     def _followed_pods(self) -> set[tuple[str, str]]:
         """(namespace, pod) of every followed Kubernetes log: the pods node discovery looks up."""
@@ -89,6 +105,8 @@ class App:
     def services(self) -> list[Service]:
         """The app's own threads (scrapers, stdin), for Loop.run to start and stop."""
         services: list[Service] = [self.targets]
+        if self.events_poster is not None:
+            services.append(self.events_poster)
         if self.stdin is not None:
             services.append(self.stdin)
         return services
@@ -130,6 +148,11 @@ class App:
             # Node discovery is built once, with its API client and service-account token.
             refused.append("kubernetes.discover_targets")
             config = replace(config, kubernetes=replace(new_k, discover_targets=old_k.discover_targets))
+        new_k, old_k = config.kubernetes, self.config.kubernetes
+        if new_k is not None and old_k is not None and new_k.events != old_k.events:
+            # The Events poster is built once, with its API client, thread and ledger.
+            refused.append("kubernetes.events")
+            config = replace(config, kubernetes=replace(new_k, events=old_k.events))
         with self.sources.lock:
             self.config, self.catalog = config, catalog
             self.counts.set_kinds(catalog.ids, catalog.retraction_kind, fatal_kinds(catalog))

@@ -84,6 +84,10 @@ def serve(args: argparse.Namespace) -> int:
         from ..sources.kubeapi import DiscoveryCollector
 
         registry.register(DiscoveryCollector(app.targets.discovery))
+    if app.events_poster is not None:
+        from ..kubeevents import EventsCollector
+
+        registry.register(EventsCollector(app.events_poster))
     server = ExporterServer(address, registry=registry, catalog=catalog, events=app.store, health=app.loop.health,
                             web_config=web)  # fmt: skip
     app.catalog_listeners.append(server.set_catalog)

@@ -4,7 +4,8 @@
                                                              \\--> event_json(): scan JSON and /events
 
 `scan` enriches with the server args it was given and keeps the events; `serve` enriches with the
-scraped endpoint's last snapshot, counts and stores. A failure here is counted, never raised into the loop.
+scraped endpoint's last snapshot, counts and stores, and hands each live event (not one read from history)
+to the Kubernetes Events poster when that is on. A failure here is counted, never raised into the loop.
 """
 
 from __future__ import annotations
@@ -48,11 +49,13 @@ class EventSink:
         counts: EventCounts | None = None,
         store: EventStore | None = None,
         wall: Callable[[], float] = time.time,
+        on_live: Callable[[OomEvent, Mapping[str, str]], None] | None = None,
     ) -> None:
         self.catalog = catalog
         self.counts = counts
         self.store = store
         self._wall = wall
+        self._on_live = on_live  # after counting: e.g. the Kubernetes Events poster's offer (never blocks)
         self.errors = 0
 
     def enrich(self, event: OomEvent, context: Context = NO_CONTEXT) -> OomEvent:
@@ -61,15 +64,27 @@ class EventSink:
         return with_suggestions(event, rule, context.args, context.kv, context.target)
 
     def record(
-        self, event: OomEvent, labels: tuple[str, ...], label_map: Mapping[str, str], context: Context = NO_CONTEXT
+        self,
+        event: OomEvent,
+        labels: tuple[str, ...],
+        label_map: Mapping[str, str],
+        context: Context = NO_CONTEXT,
+        *,
+        live: bool = True,
     ) -> OomEvent | None:
-        """Enrich, count and store one event; None (and errors += 1) when that failed."""
+        """Enrich, count and store one event; None (and errors += 1) when that failed.
+
+        live is False for an event read from history (existing files read from their start on a first run):
+        counted like any other, but no Kubernetes Event.
+        """
         try:
             event = self.enrich(event, context)
             if self.counts is not None:
                 self.counts.record(labels, event, self._wall())
             if self.store is not None:
                 self.store.add(event, label_map)
+            if live and self._on_live is not None:
+                self._on_live(event, label_map)
         except Exception:  # a sink failure must never kill the loop or lose the rest
             self.errors += 1
             log.exception("cannot record event kind=%s source=%s", event.kind, event.location)

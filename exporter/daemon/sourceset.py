@@ -220,9 +220,13 @@ class SourceSet:
         label_map = label_map or dict(zip(self.counts.label_names, labels, strict=False))
         self.counts.ensure(labels)
         context = self._context_for
+        history_end = self._history_end(path)
 
         def record(event: OomEvent) -> None:
-            self.sink.record(event, labels, label_map, context(label_map))
+            # An event in the bytes that were there at a first start read from the beginning is history: counted,
+            # but not live (no Kubernetes Event). After a rotation or truncation, low offsets are new bytes.
+            live = history_end is None or event.offset >= history_end or bool(source.resets)
+            self.sink.record(event, labels, label_map, context(label_map), live=live)
 
         # A file's pipeline is built on its first byte (most followed files stay quiet); stdin's at once.
         pipeline = (Pipeline if path == STDIN else LazyPipeline)(
@@ -242,6 +246,15 @@ class SourceSet:
                 path, start_at_end=start_at_end and position is None, position=position, budget=self.handles
             )
         return source
+
+    def _history_end(self, path: str) -> int | None:
+        """The size of a file read from its start on a first run (from_beginning): its bytes up to there are history."""
+        if path == STDIN or self.had_state or not self.config.from_beginning or self._discovered_once:
+            return None
+        try:
+            return os.stat(path).st_size
+        except OSError:
+            return None
 
     def _resume(self, source: LogSource, saved: dict[str, Any] | None) -> TailPosition | None:
         """Where a restarted (or rebuilt) source goes on: the saved position, line number, epoch, dedupe."""

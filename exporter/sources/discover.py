@@ -127,6 +127,19 @@ def _split_pod_dir(name: str) -> tuple[str, str, str] | None:
     return parts[0], "_".join(parts[1:-1]), parts[-1]
 
 
+def pod_log_ref(root: str, path: str) -> PodLogRef | None:
+    """The pod, container and restart of one file under the pod log root (None when it is not a pod log)."""
+    rel = os.path.relpath(os.path.abspath(path), os.path.abspath(root))
+    parts = rel.split(os.sep)
+    if len(parts) != 3 or rel.startswith(".."):
+        return None
+    pod = _split_pod_dir(parts[0])
+    match = _POD_LOG_NAME.fullmatch(parts[2])
+    if pod is None or match is None:
+        return None
+    return PodLogRef(pod[0], pod[1], pod[2], parts[1], int(match.group(1)), path)
+
+
 def discover_pods(root: str, pod_filter: KubernetesFilter | None = None) -> list[PodLogRef]:
     """Every <n>.log under root whose namespace, pod and container pass the filter, sorted."""
     flt = pod_filter if pod_filter is not None else KubernetesFilter()

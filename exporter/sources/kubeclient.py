@@ -1,5 +1,6 @@
-"""Node discovery, the API call: list the pods of one node through the Kubernetes API server as the pod's
-service account, and turn the PodList into each pod's SGLang endpoint. stdlib only (ssl, http.client).
+"""The Kubernetes API call, stdlib only (ssl, http.client): one request as the pod's service account (token,
+CA-verified TLS). Node discovery lists the pods of one node and turns the PodList into each pod's SGLang
+endpoint; the Kubernetes Events poster (kubeevents/) writes Events through the same request().
 
 Every failure is a DiscoveryError with a reason from REASONS (a metric label); nodetargets.py counts them.
 """
@@ -48,7 +49,7 @@ class PodEndpoint:
 
 
 class ApiClient:
-    """Lists the pods of one node through the API server, as the pod's service account.
+    """Calls the API server as the pod's service account: node discovery's pod list, the Events poster's writes.
 
     timeout bounds each socket operation (connect, TLS handshake, each read), not the whole call: the caller is
     the discovery thread, so a slow API server delays only the next list.
@@ -89,6 +90,28 @@ class ApiClient:
 
     def list_pods(self, node: str) -> dict[str, Any]:
         """The PodList of the pods scheduled on node; DiscoveryError on any failure."""
+        # resourceVersion=0: served from the API server's watch cache, not etcd; a thousand nodes listing every
+        # interval stay cheap (what client-go's informers do for their lists).
+        path = "/api/v1/pods?fieldSelector=" + quote(f"spec.nodeName={node}", safe="") + "&resourceVersion=0"
+        status, body = self.request("GET", path)
+        if status != 200:
+            raise DiscoveryError("http_status", f"HTTP {status}: {body[:200].decode('utf-8', 'replace')}")
+        try:
+            doc = json.loads(body)
+        except ValueError as exc:
+            raise DiscoveryError("bad_json", f"pod list is not JSON: {exc}") from exc
+        if not isinstance(doc, dict) or not isinstance(doc.get("items"), list):
+            raise DiscoveryError("bad_json", "pod list has no items list")
+        return doc
+
+    def request(
+        self, method: str, path: str, body: bytes | None = None, content_type: str = "application/json"
+    ) -> tuple[int, bytes]:
+        """One call as the service account: (HTTP status, body); DiscoveryError when there is no answer.
+
+        Any status is an answer (the caller decides what a 404 means); no token, TLS, refused, timeout and a
+        body over max_bytes are not. The token is read on every call: kubelet rotates projected tokens.
+        """
         if not self.host:
             raise DiscoveryError("error", "KUBERNETES_SERVICE_HOST is not set (not running in a pod?)")
         token = self._token()
@@ -96,14 +119,14 @@ class ApiClient:
             context = ssl.create_default_context(cafile=self.ca_file)
         except (OSError, ssl.SSLError) as exc:
             raise DiscoveryError("tls", f"cannot load the CA {self.ca_file}: {exc}") from exc
-        # resourceVersion=0: served from the API server's watch cache, not etcd; a thousand nodes listing every
-        # interval stay cheap (what client-go's informers do for their lists).
-        path = "/api/v1/pods?fieldSelector=" + quote(f"spec.nodeName={node}", safe="") + "&resourceVersion=0"
+        headers = {"Authorization": f"Bearer {token}", "Accept": "application/json"}
+        if body is not None:
+            headers["Content-Type"] = content_type
         conn = http.client.HTTPSConnection(self.host, self.port, timeout=self.timeout, context=context)
         try:
-            conn.request("GET", path, headers={"Authorization": f"Bearer {token}", "Accept": "application/json"})
+            conn.request(method, path, body=body, headers=headers)
             response = conn.getresponse()
-            body = response.read(self.max_bytes + 1)
+            answer = response.read(self.max_bytes + 1)
         except ssl.SSLError as exc:
             raise DiscoveryError("tls", f"TLS with {self.host}:{self.port} failed: {exc}") from exc
         except ConnectionRefusedError as exc:
@@ -114,17 +137,9 @@ class ApiClient:
             raise DiscoveryError("error", f"{type(exc).__name__}: {exc}") from exc
         finally:
             conn.close()
-        if response.status != 200:
-            raise DiscoveryError("http_status", f"HTTP {response.status}: {body[:200].decode('utf-8', 'replace')}")
-        if len(body) > self.max_bytes:
-            raise DiscoveryError("too_large", f"pod list over {self.max_bytes} bytes")
-        try:
-            doc = json.loads(body)
-        except ValueError as exc:
-            raise DiscoveryError("bad_json", f"pod list is not JSON: {exc}") from exc
-        if not isinstance(doc, dict) or not isinstance(doc.get("items"), list):
-            raise DiscoveryError("bad_json", "pod list has no items list")
-        return doc
+        if len(answer) > self.max_bytes:
+            raise DiscoveryError("too_large", f"answer over {self.max_bytes} bytes")
+        return response.status, answer
 
     def _token(self) -> str:
         try:

@@ -73,6 +73,16 @@ metrics
 {{- if and (eq .Values.mode "daemonset") ((.Values.discovery | default dict).enabled) }}true{{ end }}
 {{- end }}
 
+{{/* Kubernetes Events need the pod of each log, which only the daemonset's /var/log/pods paths name. */}}
+{{- define "sglang-oom-exporter.eventsOn" -}}
+{{- if and (eq .Values.mode "daemonset") ((.Values.events | default dict).enabled) }}true{{ end }}
+{{- end }}
+
+{{/* Whether the exporter talks to the Kubernetes API at all: a ServiceAccount, its token and NODE_NAME. */}}
+{{- define "sglang-oom-exporter.apiAccess" -}}
+{{- if or (include "sglang-oom-exporter.discoveryOn" .) (include "sglang-oom-exporter.eventsOn" .) }}true{{ end }}
+{{- end }}
+
 {{/* Cluster-scoped names carry the namespace: two releases of the same name in two namespaces must not clash. */}}
 {{- define "sglang-oom-exporter.clusterRoleName" -}}
 {{- printf "%s-%s" .Release.Namespace (include "sglang-oom-exporter.fullname" .) | trunc 63 | trimSuffix "-" }}

@@ -3,7 +3,7 @@
 {{- $mode := .Values.mode }}
 {{- $ds := .Values.daemonset | default dict }}
 {{- $dep := .Values.deployment | default dict }}
-{{- $discovery := include "sglang-oom-exporter.discoveryOn" . }}
+{{- $api := include "sglang-oom-exporter.apiAccess" . }}
 {{- $podSC := dict "seccompProfile" (dict "type" "RuntimeDefault") }}
 {{- if eq $mode "daemonset" }}
 {{- /* uid 0: kubelet's pod logs are root-owned and not world-readable; every capability is dropped below. */}}
@@ -31,7 +31,7 @@ metadata:
     {{- toYaml . | nindent 4 }}
     {{- end }}
 spec:
-  {{- if $discovery }}
+  {{- if $api }}
   serviceAccountName: {{ include "sglang-oom-exporter.serviceAccountName" . }}
   automountServiceAccountToken: true
   {{- else }}
@@ -57,10 +57,10 @@ spec:
         {{- with .Values.extraArgs }}
         {{- toYaml . | nindent 8 }}
         {{- end }}
-      {{- if or $discovery .Values.extraEnv }}
+      {{- if or $api .Values.extraEnv }}
       env:
-        {{- if $discovery }}
-        # Node discovery lists the pods on this node only.
+        {{- if $api }}
+        # Node discovery lists the pods on this node only; Kubernetes Events name it as their reportingInstance.
         - name: NODE_NAME
           valueFrom:
             fieldRef:
