@@ -88,7 +88,7 @@ class Outcome:
     """What the check found for one mutant."""
 
     mutant: Mutant
-    status: str  # killed, killed-by-structure, survived, equivalent, invalid
+    status: str  # killed, killed-by-structure, survived, equivalent, invalid, unjudged (its control failed)
     reason: str = ""
 
 
@@ -415,11 +415,13 @@ def check(
             else:
                 outcome.status, outcome.reason = "invalid", "promtool check rules rejects it"
         passed = _in_batches(["promtool", "test", "rules"], [*controls, *runnable], out, jobs, "Unit Testing:")
-        for name, alert in controls.items():
-            if name not in passed:
-                problems.append(f"{alert}: its tests fail on the unmutated rule as the parser prints it (control)")
+        failed_controls = {alert for name, alert in controls.items() if name not in passed}
+        for alert in sorted(failed_controls):
+            problems.append(f"{alert}: its tests fail on the unmutated rule as the parser prints it (control)")
         for name in runnable:
-            if name in passed:
+            if pending[name].mutant.alert in failed_controls:
+                pending[name].status, pending[name].reason = "unjudged", "the control failed"
+            elif name in passed:
                 pending[name].status = "survived"
     listed = load_equivalents(equivalents_path)
     surviving = set()
@@ -458,13 +460,14 @@ def suggestions(report: Report) -> str:
 
 def summary(report: Report) -> str:
     """The per-alert table, the survivors by alert and operator, and the totals."""
-    columns = ("killed", "killed-by-structure", "equivalent", "survived", "invalid")
-    lines = [f"{'alert':34} {'mutants':>7} " + " ".join(f"{c:>19}" for c in columns)]
+    columns = ("killed", "killed-by-structure", "equivalent", "survived", "invalid", "unjudged")
+    heads = ("killed", "by structure", "equivalent", "survived", "invalid", "unjudged")
+    lines = [f"{'alert':30} {'mutants':>7} " + " ".join(f"{h:>12}" for h in heads)]
     table = report.by_alert()
     for alert, row in table.items():
-        lines.append(f"{alert:34} {sum(row.values()):>7} " + " ".join(f"{row.get(c, 0):>19}" for c in columns))
+        lines.append(f"{alert:30} {sum(row.values()):>7} " + " ".join(f"{row.get(c, 0):>12}" for c in columns))
     total = {c: sum(row.get(c, 0) for row in table.values()) for c in columns}
-    lines.append(f"{'all':34} {sum(total.values()):>7} " + " ".join(f"{total[c]:>19}" for c in columns))
+    lines.append(f"{'all':30} {sum(total.values()):>7} " + " ".join(f"{total[c]:>12}" for c in columns))
     survivors = [o for o in report.outcomes if o.status in ("survived", "equivalent")]
     if survivors:
         lines.append("survivors (alert | operator | site | change):")
