@@ -228,7 +228,8 @@ def test_the_unit_tests_catch_a_rule_without_its_born_at_one_branch(tmp_path):
         # Without the waiting branch, a missing file goes unseen while another file is read.
         (lambda e: e[: e.rindex("or\n(")],
          {"a configured file missing for an hour warns although the other files are read",
-          "an exporter restart does not restart the hour of waiting"}),
+          "an exporter restart does not restart the hour of waiting",
+          "a file missing from 11m on warns an hour and 15 minutes later"}),
     ],
     ids=["no-whole-window-guard", "no-waiting-branch"],
 )  # fmt: skip
