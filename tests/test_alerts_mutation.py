@@ -5,6 +5,7 @@ of them fails here, and the check counts their mutants as killed by this test.
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 from collections import Counter
@@ -133,3 +134,19 @@ def test_the_mutation_check_of_the_pack_passes(tmp_path: Path):
     assert {o.mutant.alert for o in report.outcomes} == {s.name for s in SPECS}
     members = len([s for s in SPECS if s.role == "fatal"]) - 1
     assert statuses["killed-by-structure"] == 29 * members
+
+
+@pytest.mark.needs_promtool
+@needs_promtool
+@pytest.mark.timeout(60)
+def test_the_command_line_prints_the_table_and_writes_every_outcome(tmp_path, capsys):
+    out = tmp_path / "outcomes.json"
+    assert mutate_alerts.main(["--alert", "SGLangOOMTargetDown", "--json", str(out)]) == 0
+    printed = capsys.readouterr().out.splitlines()
+    assert re.fullmatch(r"SGLangOOMTargetDown +4 +4( +0){5}", printed[1])
+    assert printed[-1].startswith("killed 100.0 % of 4 valid mutants (promtool: 4/4 run; structure: 0)")
+    rows = json.loads(out.read_text())
+    assert sorted((r["operator"], r["change"], r["status"]) for r in rows) == [
+        ("comparison", "== → !=", "killed"), ("for", "10m → 20m", "killed"), ("for", "10m → 5m", "killed"),
+        ("number", "0 → 1", "killed"),
+    ]  # fmt: skip
