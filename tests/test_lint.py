@@ -9,7 +9,7 @@ import sys
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-PATHS = ["exporter", "tests", "bench"]
+PATHS = ["exporter", "tests", "bench", "tools"]
 
 pytestmark = pytest.mark.slow
 

@@ -1,0 +1,152 @@
+"""The mutation check of the alert pack (tools/mutate_alerts.py), and the structural test its fatal-kind family
+rests on: every fatal-kind rule is the SGLangPrefillOOM rule with only the kind changed, so a change to any one
+of them fails here, and the check counts their mutants as killed by this test.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+from collections import Counter
+from pathlib import Path
+
+import promql_parser
+import pytest
+import yaml
+
+from sglang_oom_exporter.catalog import load_catalog
+from sglang_oom_exporter.render.alerts import alert_pack
+from tests.helpers import load_yaml
+from tests.promtool_rules import RULES
+from tools import mutate_alerts
+from tools.mutate_alerts import KIND_RE, families, load_equivalents, mutants, shape
+
+CATALOG = load_catalog()
+SPECS = alert_pack(CATALOG)
+KINDS = [k.id for k in CATALOG.kinds]
+REFERENCE = "SGLangPrefillOOM"
+
+needs_promtool = pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool (Debian package prometheus) "
+                                    "is not installed; .ci/run installs it")  # fmt: skip
+
+
+def _rules() -> dict[str, dict]:
+    return {r["alert"]: r for g in load_yaml(RULES)["groups"] for r in g["rules"]}
+
+
+def test_every_fatal_kind_rule_is_the_prefill_rule_with_only_its_kind_changed():
+    rules = _rules()
+    fatal = [s for s in SPECS if s.role == "fatal"]
+    assert [s.name for s in fatal][:1] == [REFERENCE]
+    assert len(fatal) == len([k for k in CATALOG.kinds if k.fatal in ("true", "raised")]) == 9
+    reference = rules[REFERENCE]
+    for spec in fatal:
+        rule = rules[spec.name]
+        assert spec.kind is not None
+        assert set(KIND_RE.findall(rule["expr"])) == {spec.kind.id}, spec.name
+        assert rule["expr"].count(f'kind="{spec.kind.id}"') == reference["expr"].count('kind="prefill"') == 6
+        assert shape(rule) == shape(reference), spec.name
+        assert rule["labels"] == reference["labels"], spec.name
+    # The check's families are exactly these: no other alert shares a shape.
+    assert families(list(rules.values())) == {s.name: REFERENCE for s in fatal[1:]}
+
+
+def test_any_mutant_of_a_fatal_kind_rule_breaks_its_equality_with_the_prefill_rule():
+    # What the check counts as "killed by structure": this test's equality fails for each of them.
+    rules = _rules()
+    decode = mutants(rules["SGLangDecodeOOM"], KINDS)
+    assert len(decode) == 29
+    assert all(shape(m.rule) != shape(rules[REFERENCE]) for m in decode)
+
+
+def test_the_mutants_of_the_fatal_shape_by_operator():
+    rule = _rules()[REFERENCE]
+    found = mutants(rule, KINDS)
+    # 4 numbers (three `> 0` and `< 300`), 3 ranges, 2 offsets, 4 comparisons, a 3-branch `or` chain, an `and`
+    # and an `unless` (2 branches each), 6 kind matchers, for: 0m (doubled only), keep_firing_for (both ways).
+    assert Counter(m.operator for m in found) == {
+        "number": 4, "range": 3, "offset": 2, "comparison": 4, "drop": 7, "kind": 6, "for": 1,
+        "keep_firing_for": 2,
+    }  # fmt: skip
+    assert len({m.key for m in found}) == len(found)
+    for m in found:
+        text = m.rule["expr"]
+        promql_parser.parse(text)
+        assert m.rule != rule, m.key
+    assert {m.change for m in found if m.operator == "kind"} == {"prefill → decode"}
+    assert {m.change for m in found if m.operator == "range"} == {"[5m] → [15m]", "[1h] → [3h]"}
+    assert {m.change for m in found if m.operator == "keep_firing_for"} == {"10m → 20m", "10m → 5m"}
+    assert ("number", "(time() - sglang_oom_last_event_timestamp_seconds) < 300", "300 → 600") in {
+        (m.operator, m.site, m.change) for m in found
+    }
+
+
+def test_a_mutant_is_named_by_what_it_changes_not_by_where_the_line_is():
+    rule = _rules()["SGLangOOMCrashLoop"]
+    moved = {**rule, "expr": "\n\n" + re.sub(r"\n", "\n    ", rule["expr"]) + "\n"}
+    assert [m.key for m in mutants(moved, KINDS)] == [m.key for m in mutants(rule, KINDS)]
+
+
+def test_every_listed_equivalent_names_a_mutant_of_the_current_rules_with_a_reason():
+    rules = _rules()
+    listed = load_equivalents()
+    assert len(listed) == 3
+    for key, reason in listed.items():
+        alert = key[0]
+        assert key in {m.key for m in mutants(rules[alert], KINDS)}, key
+        assert len(reason) > 80, key
+
+
+@pytest.mark.needs_promtool
+@needs_promtool
+@pytest.mark.timeout(60)
+def test_the_check_fails_on_a_new_survivor_and_on_a_stale_entry(tmp_path):
+    listed = yaml.safe_load(mutate_alerts.EQUIVALENTS.read_text(encoding="utf-8"))
+    crash = [e for e in listed["equivalents"] if e["alert"] == "SGLangOOMCrashLoop"]
+    assert len(crash) == 2
+    stale = {**crash[0], "change": "> → <"}
+    (tmp_path / "equivalents.yaml").write_text(yaml.safe_dump({"equivalents": [crash[0], stale]}, allow_unicode=True))
+    report = mutate_alerts.check(["SGLangOOMCrashLoop"], equivalents_path=tmp_path / "equivalents.yaml")
+    site = "sglang_oom_fatal_events_total > 0"
+    assert report.problems == [
+        f"new survivor: SGLangOOMCrashLoop | comparison | {site} | > → >=",
+        "stale entry in equivalents.yaml (no such surviving mutant): SGLangOOMCrashLoop | comparison | "
+        f"{crash[0]['site']} | > → <",
+    ]
+    assert Counter(o.status for o in report.outcomes) == {"killed": 23, "equivalent": 1, "survived": 1}
+
+
+@pytest.mark.slow
+@pytest.mark.needs_promtool
+@needs_promtool
+@pytest.mark.timeout(170)
+def test_the_mutation_check_of_the_pack_passes(tmp_path: Path):
+    """The whole check, as CI runs it: at least 90 % killed, every survivor listed as equivalent."""
+    report = mutate_alerts.check(work_dir=tmp_path)
+    summary = mutate_alerts.summary(report)
+    assert report.problems == [], summary
+    assert report.killed_percent() >= 90.0, summary
+    statuses = Counter(o.status for o in report.outcomes)
+    assert statuses["survived"] == statuses["invalid"] == statuses["unjudged"] == 0, summary
+    assert statuses["equivalent"] == len(load_equivalents())
+    # Every alert of the pack was mutated, and every family member counted through the structural test.
+    assert {o.mutant.alert for o in report.outcomes} == {s.name for s in SPECS}
+    members = len([s for s in SPECS if s.role == "fatal"]) - 1
+    assert statuses["killed-by-structure"] == 29 * members
+
+
+@pytest.mark.needs_promtool
+@needs_promtool
+@pytest.mark.timeout(60)
+def test_the_command_line_prints_the_table_and_writes_every_outcome(tmp_path, capsys):
+    out = tmp_path / "outcomes.json"
+    assert mutate_alerts.main(["--alert", "SGLangOOMTargetDown", "--json", str(out)]) == 0
+    printed = capsys.readouterr().out.splitlines()
+    assert re.fullmatch(r"SGLangOOMTargetDown +4 +4( +0){5}", printed[1])
+    assert printed[-1].startswith("killed 100.0 % of 4 valid mutants (promtool: 4/4 run; structure: 0)")
+    rows = json.loads(out.read_text())
+    assert sorted((r["operator"], r["change"], r["status"]) for r in rows) == [
+        ("comparison", "== → !=", "killed"), ("for", "10m → 20m", "killed"), ("for", "10m → 5m", "killed"),
+        ("number", "0 → 1", "killed"),
+    ]  # fmt: skip
