@@ -24,6 +24,7 @@ from pathlib import Path
 import pytest
 
 from sglang_oom_exporter import __version__
+from sglang_oom_exporter.project import PROJECT_URL
 
 ROOT = Path(__file__).resolve().parent.parent
 STATE_DIR = "/var/lib/sglang-oom-exporter"
@@ -92,7 +93,7 @@ def test_oci_labels():
     assert labels == {
         "org.opencontainers.image.title": "sglang-oom-exporter",
         "org.opencontainers.image.description": "SGLang KV-cache OOM events from logs as Prometheus metrics, with the fix for each.",
-        "org.opencontainers.image.source": "https://github.com/sglang-oom-exporter/sglang-oom-exporter",
+        "org.opencontainers.image.source": PROJECT_URL,  # pyproject.toml [project.urls] (tests/test_links.py)
         "org.opencontainers.image.licenses": "Apache-2.0",
         "org.opencontainers.image.version": "${VERSION}",
     }

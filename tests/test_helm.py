@@ -570,8 +570,8 @@ def test_runbook_and_grafana_url_swaps():
     base = _alerts(one(template(values={"prometheusRule": {"enabled": True}}), "PrometheusRule"))
     assert all("dashboard_url" not in r["annotations"] for r in base.values())
     pr = one(
-        template(values={"prometheusRule": {"enabled": True, "runbookBaseUrl": "https://rb.example/x/",
-                                             "grafanaUrl": "https://g.example/"}}),
+        template(values={"runbookBaseUrl": "https://rb.example/x/",
+                         "prometheusRule": {"enabled": True, "grafanaUrl": "https://g.example/"}}),
         "PrometheusRule",
     )  # fmt: skip
     alerts = _alerts(pr)
@@ -617,6 +617,32 @@ def test_dashboards_are_configmaps_with_the_sidecar_label_and_untouched_json():
         assert cm["data"] == {path.name: path.read_text().rstrip("\n")}
         assert len(path.read_bytes()) < 256 * 1024
     assert not [d for d in by_kind(template(), "ConfigMap") if "grafana_dashboard" in d["metadata"]["labels"]]
+
+
+def test_runbook_base_url_moves_every_link_of_the_rules_and_the_dashboards():
+    needs_rules()
+    needs_dashboards()
+    old_base = yaml.safe_load(DEFAULTS_FILE.read_text())["runbookBaseUrl"]
+    on = {"prometheusRule": {"enabled": True}, "grafanaDashboards": {"enabled": True}}
+    default_text = yaml.safe_dump(template(values=on))
+    moved_docs = template(values={**on, "runbookBaseUrl": "https://rb.example/x/"})
+    moved_text = yaml.safe_dump(moved_docs)
+    links = default_text.count(old_base)
+    # 17 alerts' runbook_url and 27 dashboard links (the overview's runbook index, tiles, table rows, panels).
+    assert links == 17 + 27
+    assert old_base not in moved_text
+    assert moved_text.count("https://rb.example/x/") == links  # each moved to the new base, none doubled
+    assert "https://rb.example/x//" not in moved_text
+    for cm in by_kind(moved_docs, "ConfigMap"):
+        for name, text in cm["data"].items():
+            if name.endswith(".json"):
+                json.loads(text)  # still valid JSON
+
+
+def test_runbook_base_url_is_refused_when_it_would_break_the_dashboard_json():
+    for bad in ('https://rb.example/"x', "https://rb.example/a b", "https://rb.example/a\\b"):
+        result = template(values={"runbookBaseUrl": bad}, ok=False)
+        assert "runbookBaseUrl" in result, bad
 
 
 def test_test_pod_fetches_metrics_with_a_restricted_security_context():
