@@ -1,8 +1,8 @@
 """The alert pack: static checks over the rendered rules, promtool (lint and unit tests), amtool on the example.
 
 The rules file is rendered from the catalog (render/alerts.py) and committed; test_render.py proves it is
-fresh, so these tests read the committed file. promtool's unit tests live in tests/rules/<alert>.test.yaml
-(CONVENTIONS (c)); this module runs them, proves they can fail, and checks that every alert has one.
+fresh, so these tests read the committed file. promtool's unit tests live in tests/rules/<alert>.test.yaml;
+this module runs them, proves they can fail, and checks that every alert has one.
 """
 
 from __future__ import annotations

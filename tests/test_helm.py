@@ -432,7 +432,7 @@ def test_rbac_and_node_name_only_with_discovery():
     assert "env" not in workload(off)["spec"]["template"]["spec"]["containers"][0]
     on = template(values={"discovery": {"enabled": True}})
     role = one(on, "ClusterRole")
-    assert role["rules"] == [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]}]
+    assert role["rules"] == [{"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]}]
     binding = one(on, "ClusterRoleBinding")
     account = one(on, "ServiceAccount")
     assert binding["roleRef"] == {
@@ -755,7 +755,7 @@ def test_readme_install_command_renders_what_a_kube_prometheus_stack_user_needs(
     docs = [d for d in yaml.load_all(proc.stdout, Loader=YAML_LOADER) if d]
     assert one(docs, "ServiceMonitor")["metadata"]["labels"]["release"] == "kube-prometheus-stack"
     assert one(docs, "PrometheusRule")["metadata"]["labels"]["release"] == "kube-prometheus-stack"
-    assert one(docs, "ClusterRole")["rules"][0]["verbs"] == ["get", "list", "watch"]
+    assert one(docs, "ClusterRole")["rules"][0]["verbs"] == ["list"]
     assert [d for d in by_kind(docs, "ConfigMap") if d["metadata"]["labels"].get("grafana_dashboard") == "1"]
     ds = one(docs, "DaemonSet")
     assert ds["metadata"]["namespace"] == "monitoring"
