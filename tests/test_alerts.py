@@ -416,9 +416,9 @@ def test_the_example_inhibits_a_sources_warnings_while_its_oom_pages():
     assert no_logs["equal"] == ["instance"]
 
 
-def test_readme_get_paged_names_every_alert_and_the_job():
-    readme = (ROOT / "README.md").read_text()
-    section = readme.split("\n## Get paged\n", 1)[1].split("\n## ", 1)[0]
+def test_the_alerts_page_names_every_alert_and_the_job():
+    page = (ROOT / "docs" / "alerts.md").read_text()
+    section = page.split("\n## Get paged\n", 1)[1].split("\n## ", 1)[0]
     for spec in SPECS:
         assert f"`{spec.name}`" in section, spec.name
     assert f"job_name: {JOB}" in section

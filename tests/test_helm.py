@@ -36,6 +36,7 @@ CI_FILES = sorted(p.name for p in (CHART / "ci").glob("*-values.yaml"))
 RULES_FILE = CHART / "files" / "sglang-oom.rules.yaml"
 DEFAULTS_FILE = CHART / "files" / "render-defaults.yaml"
 MONITORING_KINDS = {"ServiceMonitor", "PodMonitor", "PrometheusRule"}
+OCI_CHART = "oci://ghcr.io/sglang-oom-exporter/charts/sglang-oom-exporter"  # where the release workflow pushes it
 
 
 def _helm() -> str:
@@ -748,8 +749,12 @@ def test_readme_install_command_renders_what_a_kube_prometheus_stack_user_needs(
     block = readme.split("<!-- helm-install -->", 1)[1].split("<!-- /helm-install -->", 1)[0]
     (command,) = re.findall(r"```sh\n(.*?)\n```", block, re.S)
     argv = shlex.split(command.replace("\\\n", " "))
-    assert argv[:2] == ["helm", "install"]
-    proc = subprocess.run([_helm(), "template", *argv[2:]], cwd=ROOT, capture_output=True, text=True, timeout=60,
+    assert argv[:4] == ["helm", "install", "sglang-oom-exporter", OCI_CHART]
+    # The published chart is this one at this version: render the local copy instead of pulling it.
+    at = argv.index("--version")
+    assert argv[at + 1] == __version__
+    local = [*argv[2:3], str(CHART), *argv[4:at], *argv[at + 2 :]]
+    proc = subprocess.run([_helm(), "template", *local], cwd=ROOT, capture_output=True, text=True, timeout=60,
                           check=False)  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     docs = [d for d in yaml.load_all(proc.stdout, Loader=YAML_LOADER) if d]
@@ -758,10 +763,13 @@ def test_readme_install_command_renders_what_a_kube_prometheus_stack_user_needs(
     assert one(docs, "ClusterRole")["rules"][0]["verbs"] == ["list"]
     assert [d for d in by_kind(docs, "ConfigMap") if d["metadata"]["labels"].get("grafana_dashboard") == "1"]
     ds = one(docs, "DaemonSet")
-    assert ds["metadata"]["namespace"] == "monitoring"
-    assert ds["spec"]["template"]["spec"]["containers"][0]["image"] == (
-        f"registry.example.com/sglang-oom-exporter:{__version__}"
-    )
+    namespace = argv[argv.index("-n") + 1]
+    assert ds["metadata"]["namespace"] == namespace == "sglang-oom-exporter"
+    # The namespace README creates first is labelled for the DaemonSet's uid 0 and hostPaths.
+    assert f"kubectl label namespace {namespace} pod-security.kubernetes.io/enforce=privileged" in readme
+    repository = yaml.safe_load((CHART / "values.yaml").read_text())["image"]["repository"]
+    assert ds["spec"]["template"]["spec"]["containers"][0]["image"] == f"{repository}:{__version__}"
+    assert "ghcr.io/sglang-oom-exporter/sglang-oom-exporter" in readme
 
 
 @pytest.mark.parametrize(

@@ -28,6 +28,7 @@ from tests.helpers import CATALOG
 
 ROOT = Path(__file__).resolve().parent.parent
 CHART = ROOT / "helm" / "sglang-oom-exporter"
+RULES = ROOT / "alerts" / "sglang-oom.rules.yaml"
 BLOB = f"{PROJECT_URL}/blob/{DOCS_REF}/"
 TREE = f"{PROJECT_URL}/tree/{DOCS_REF}/"
 # Hand-written markdown whose links must resolve (generated runbooks are checked as generated links).
@@ -62,8 +63,10 @@ def _anchors(path: Path) -> set[str]:
     return anchors
 
 
-def _resolve(target: str, base_dir: Path) -> str | None:
-    """Why a link does not resolve, or None when it does: a repository file (a folder for /tree/) and anchor."""
+def _resolve(target: str, origin: Path) -> str | None:
+    """Why a link in the file origin does not resolve, or None when it does: a repository file (a folder for
+    /tree/) and anchor; a relative link is relative to origin's folder, a bare #anchor is in origin itself."""
+    base_dir = origin.parent
     if target == PROJECT_URL:
         return None
     if target.startswith(BLOB):
@@ -79,7 +82,7 @@ def _resolve(target: str, base_dir: Path) -> str | None:
     else:
         rel, want_dir = target, False
     path_part, _, anchor = rel.partition("#")
-    path = (base_dir / path_part).resolve() if path_part else None
+    path = (base_dir / path_part).resolve() if path_part else origin
     if path is not None:
         if not path.is_relative_to(ROOT):
             return "outside the repository"
@@ -88,11 +91,10 @@ def _resolve(target: str, base_dir: Path) -> str | None:
         if want_dir and not path.is_dir():
             return f"{path.relative_to(ROOT)} is not a folder"
     if anchor:
-        file = path or None
-        if file is None or file.suffix != ".md":
+        if path.suffix != ".md":
             return f"an anchor #{anchor} outside a markdown file"
-        if anchor not in _anchors(file):
-            return f"no heading #{anchor} in {file.relative_to(ROOT)}"
+        if anchor not in _anchors(path):
+            return f"no heading #{anchor} in {path.relative_to(ROOT)}"
     return None
 
 
@@ -105,11 +107,11 @@ def _expand(url: str) -> list[str]:
 
 def _check(links: list[tuple[str, str, Path]]) -> list[str]:
     broken = []
-    for origin, url, base_dir in links:
+    for name, url, origin in links:
         for target in _expand(url):
-            why = _resolve(target, base_dir)
+            why = _resolve(target, origin)
             if why:
-                broken.append(f"{origin}: {target}: {why}")
+                broken.append(f"{name}: {target}: {why}")
     return broken
 
 
@@ -153,24 +155,24 @@ def test_the_image_label_is_the_project_url():
 
 
 def _generated_links() -> dict[str, list[tuple[str, str, Path]]]:
-    """{where: [(origin, link, folder a relative link is relative to)]} of every file render writes."""
+    """{where: [(name, link, the file it is in)]} of every file render writes."""
     out: dict[str, list[tuple[str, str, Path]]] = {}
-    rules = yaml.safe_load((ROOT / "alerts" / "sglang-oom.rules.yaml").read_text())
+    rules = yaml.safe_load(RULES.read_text())
     out["rules"] = [
-        (f"rules {r['alert']}", r["annotations"]["runbook_url"], ROOT)
+        (f"rules {r['alert']}", r["annotations"]["runbook_url"], RULES)
         for g in rules["groups"] for r in g["rules"] if "alert" in r
     ]  # fmt: skip
     out["dashboards"] = [
-        (f"dashboards/{p.name}", url, ROOT)
+        (f"dashboards/{p.name}", url, p)
         for p in sorted((ROOT / "dashboards").glob("*.json")) for url in _project_urls(p.read_text())
     ]  # fmt: skip
     out["runbooks"] = [
-        (f"docs/runbooks/{p.name}", url, p.parent)
+        (f"docs/runbooks/{p.name}", url, p)
         for p in sorted((ROOT / "docs" / "runbooks").glob("*.md")) for url in _markdown_links(p) + _project_urls(p.read_text())
     ]  # fmt: skip
     chart_files = [CHART / "Chart.yaml", *sorted((CHART / "files").rglob("*.*"))]
     out["chart files"] = [
-        (str(p.relative_to(ROOT)), url, ROOT) for p in chart_files for url in _project_urls(p.read_text())
+        (str(p.relative_to(ROOT)), url, p) for p in chart_files for url in _project_urls(p.read_text())
     ]
     return out
 
@@ -186,14 +188,17 @@ def test_every_generated_link_resolves_to_a_file_and_heading_of_the_repository()
 
 def test_the_link_check_catches_a_missing_file_a_missing_heading_and_another_ref():
     bad = [
-        ("x", f"{BLOB}docs/runbooks/nope.md", ROOT),
-        ("x", f"{BLOB}docs/runbooks/README.md#no_such_kind", ROOT),
-        ("x", f"{PROJECT_URL}/blob/v0.1.0/docs/runbooks/README.md", ROOT),
-        ("x", "../../../etc/passwd", ROOT),
-        ("x", "CHANGELOG.md#nope", ROOT),
+        ("x", f"{BLOB}docs/runbooks/nope.md", RULES),
+        ("x", f"{BLOB}docs/runbooks/README.md#no_such_kind", RULES),
+        ("x", f"{PROJECT_URL}/blob/v0.1.0/docs/runbooks/README.md", RULES),
+        ("x", "../../../etc/passwd", ROOT / "README.md"),
+        ("x", "CHANGELOG.md#nope", ROOT / "README.md"),
+        ("x", "#nope", ROOT / "README.md"),
+        ("x", "#nope", RULES),
     ]
     assert len(_check(bad)) == len(bad)
-    assert _check([("x", f"{BLOB}docs/runbooks/README.md#${{__field.labels.kind}}", ROOT)]) == []
+    assert _check([("x", f"{BLOB}docs/runbooks/README.md#${{__field.labels.kind}}", RULES)]) == []
+    assert _check([("x", "#more-documentation", ROOT / "README.md")]) == []
 
 
 def _helm() -> str:
@@ -221,7 +226,7 @@ def test_the_chart_as_rendered_links_only_what_exists_and_one_setting_moves_ever
     ours = _project_urls(text)
     if base is None:
         assert len(ours) == 17 + 27
-        assert _check([("helm template", url, ROOT) for url in ours]) == []
+        assert _check([("helm template", url, CHART / "Chart.yaml") for url in ours]) == []
     else:
         assert ours == []  # not one link left at the project
         assert len(re.findall(re.escape(base) + r"/(?:README\.md|sglang[a-z]+\.md)", text)) == 17 + 27
@@ -231,7 +236,7 @@ def test_the_chart_as_rendered_links_only_what_exists_and_one_setting_moves_ever
 
 
 def test_every_link_of_the_hand_written_docs_resolves():
-    links = [(str(p.relative_to(ROOT)), url, p.parent) for p in DOCS for url in _markdown_links(p)]
-    links += [(str(p.relative_to(ROOT)), url, p.parent) for p in DOCS for url in _project_urls(p.read_text())]
-    assert len(links) >= 10
+    links = [(str(p.relative_to(ROOT)), url, p) for p in DOCS for url in _markdown_links(p)]
+    links += [(str(p.relative_to(ROOT)), url, p) for p in DOCS for url in _project_urls(p.read_text())]
+    assert len(links) >= 60  # README alone has 28
     assert _check(links) == []
