@@ -6,7 +6,7 @@
 # Extra arguments go to pytest (e.g. tools/test.sh tests/test_render.py).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-python=${PYTHON:-python}
+python=${PYTHON:-$(command -v python || command -v python3)}
 
 "$python" -m pip install --disable-pip-version-check -q -e '.[dev]'
 
