@@ -4,7 +4,7 @@ Usage::
 
     python bench/bench_latency.py [--trials 50] [--block-trials 20] [--poll 0.02] [--check-target]
 
-The targets (issue 13 item 1): an OOM whose logged block names its kind is counted once the rank window
+The targets: an OOM whose logged block names its kind is counted once the rank window
 closed, not after the traceback wait. A prefill block with no traceback (0.3.x-0.4.3 have none) shows on
 /metrics within 0.5 s (p99 over the trials); block plus traceback within 1.0 s (p99).
 
@@ -257,7 +257,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--hanging-target",
         action="store_true",
-        help="give ours an SGLang endpoint on loopback that accepts and never answers (issue 4: tailing "
+        help="give ours an SGLang endpoint on loopback that accepts and never answers (tailing "
         "latency must not change while a target hangs)",
     )
     ap.add_argument("--keep-tmp", action="store_true", help="keep the temp dir (logs of both daemons)")

@@ -4,7 +4,7 @@ Usage::
 
     python bench/bench_scale.py [--files 10000] [--content empty|small] [--settle 10] [--events 5]
 
-Issue 13's row: with 10,000 followed files, /metrics answers within 10 s of the start, RSS stays at or under
+The target: with 10,000 followed files, /metrics answers within 10 s of the start, RSS stays at or under
 256 MiB, and a new event is counted with normal latency (about 1 s). The script writes --files log files into
 one directory (`empty`: zero bytes, a node whose pods have not logged yet; `small`: about 4 KB of scheduler
 lines each, no OOM), then, one after the other on the same files:

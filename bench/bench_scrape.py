@@ -4,7 +4,7 @@ Usage::
 
     python bench/bench_scrape.py [--files 1000,10000] [--scrapes 50] [--load-seconds 10] [--check-target]
 
-The issue's rows (issue 13), each measured here:
+The targets, each measured here:
 
 - one /metrics scrape with 1,000 idle files: p50 <= 50 ms, p99 <= 100 ms;
 - one /metrics scrape with 10,000 idle files: <= 250 ms (p99 here);

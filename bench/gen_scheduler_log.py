@@ -7,7 +7,7 @@ Usage::
 Writes OUT (exactly ``--lines`` lines) and ``OUT.truth.json`` with the exact number of prefill and
 decode OOM events and retraction lines written.
 
-The log mimics a TP=1 0.5.x server with rank token ``TP0`` (§4 of SGLANG-FACTS.md): decode and prefill
+The log mimics a TP=1 0.5.x server with rank token ``TP0`` (docs/sglang-facts.md section 4): decode and prefill
 usage lines, uvicorn access lines, occasional long request-log lines, occasional retraction warnings
 (0.5.8+ text), and, about every ``--oom-every`` lines, alternating, a paged prefill or paged decode OOM
 (logged block + blank line, then ``Scheduler hit an exception`` with the traceback whose exception line

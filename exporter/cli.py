@@ -102,7 +102,7 @@ def _render_parser(sub: Any) -> None:
     render.add_argument("--check", action="store_true", help="exit 1 if any generated file is stale; write nothing")
     render.add_argument("--catalog", metavar="FILE", help="use this catalog instead of the built-in one")
     render.add_argument("--runbook-base-url", metavar="URL",
-                        help="where the runbook pages live (default: the runbooks at this release's tag)")  # fmt: skip
+                        help="where the runbook pages live (default: docs/runbooks on the main branch)")  # fmt: skip
     render.add_argument("--grafana-url", metavar="URL", default="",
                         help="Grafana base URL: alerts then carry a dashboard_url (default: none)")  # fmt: skip
 
@@ -220,15 +220,28 @@ def _fail(message: str) -> int:
 
 
 def _render(args: argparse.Namespace) -> int:
-    from .render import DEFAULT_RUNBOOK_BASE_URL, RenderOptions, checkout_files, render_all, stale_files, write_files
+    from .project import PROJECT_URL
+    from .render import (
+        RenderOptions,
+        checkout_files,
+        is_checkout,
+        render_all,
+        runbook_base_for,
+        stale_files,
+        write_files,
+    )
+    from .render.projecturl import checkout_project_url
 
     try:
         catalog = load_catalog(args.catalog)
     except CatalogError as exc:
         return _fail("bad catalog:\n" + str(exc))
+    # In the checkout, pyproject.toml's URL wins over the installed copy (render rewrites that copy too).
+    project_url = (is_checkout(catalog, args.out_dir) and checkout_project_url(args.out_dir)) or PROJECT_URL
     options = RenderOptions(
-        runbook_base_url=(args.runbook_base_url or DEFAULT_RUNBOOK_BASE_URL).rstrip("/"),
+        runbook_base_url=(args.runbook_base_url or runbook_base_for(project_url)).rstrip("/"),
         grafana_url=args.grafana_url.rstrip("/"),
+        project_url=project_url,
     )
     files = render_all(catalog, options) | checkout_files(catalog, args.out_dir)
     if args.check:

@@ -1,4 +1,4 @@
-"""A Python re-implementation of grafana/dashboard-linter's rules (CONVENTIONS.md section d), for the tests.
+"""A Python re-implementation of grafana/dashboard-linter's rules, for the tests.
 
 The Go linter cannot be installed here, so this module checks what its code checks, with the rule ids it
 uses, parametrised for our filter variables (namespace, pod, source, kind instead of job/instance):
@@ -226,7 +226,7 @@ def _panel_rules(dashboard: Mapping[str, Any], title: str) -> list[Problem]:
         kind, name = p.get("type"), p.get("title")
         if kind == "row":
             continue
-        # CONVENTIONS (d) asks a title and a description of every non-row panel, text panels included.
+        # Our rule on top of the linter's: a title and a description on every non-row panel, text panels included.
         if not p.get("title") or not p.get("description"):
             out.append(Problem("panel-title-description-rule", "missing title or description", title, name))
         if kind in DATASOURCE_PANELS:

@@ -1,8 +1,8 @@
 """The alert pack: static checks over the rendered rules, promtool (lint and unit tests), amtool on the example.
 
 The rules file is rendered from the catalog (render/alerts.py) and committed; test_render.py proves it is
-fresh, so these tests read the committed file. promtool's unit tests live in tests/rules/<alert>.test.yaml
-(CONVENTIONS (c)); this module runs them, proves they can fail, and checks that every alert has one.
+fresh, so these tests read the committed file. promtool's unit tests live in tests/rules/<alert>.test.yaml;
+this module runs them, proves they can fail, and checks that every alert has one.
 """
 
 from __future__ import annotations
@@ -392,9 +392,9 @@ def test_the_example_inhibits_a_sources_warnings_while_its_oom_pages():
     assert no_logs["equal"] == ["instance"]
 
 
-def test_readme_get_paged_names_every_alert_and_the_job():
-    readme = (ROOT / "README.md").read_text()
-    section = readme.split("\n## Get paged\n", 1)[1].split("\n## ", 1)[0]
+def test_the_alerts_page_names_every_alert_and_the_job():
+    page = (ROOT / "docs" / "alerts.md").read_text()
+    section = page.split("\n## Get paged\n", 1)[1].split("\n## ", 1)[0]
     for spec in SPECS:
         assert f"`{spec.name}`" in section, spec.name
     assert f"job_name: {JOB}" in section

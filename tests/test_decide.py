@@ -1,4 +1,4 @@
-"""When an event is counted (issue 13 items 1-2): as soon as it is decidable, by an injected clock or by position.
+"""When an event is counted: as soon as it is decidable, by an injected clock or by position.
 
 - A block whose own text names its kind counts once the rank window closed, not after the traceback wait.
 - A block and its traceback written together count within the rank window, with the traceback's fields
@@ -198,7 +198,7 @@ def test_in_a_backlog_a_block_far_behind_the_reader_is_final_at_once(text, lines
 
 
 def test_the_window_and_the_replay_keys_stay_small_on_a_long_live_run():
-    # Issue 10: a followed file kept 256 groups and 1,024 keys whatever their age.
+    # Before: a followed file kept 256 groups and 1,024 keys whatever their age.
     events: list[OomEvent] = []
     pipe = _pipeline(events)
     for i in range(400):

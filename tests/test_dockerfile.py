@@ -24,6 +24,7 @@ from pathlib import Path
 import pytest
 
 from sglang_oom_exporter import __version__
+from sglang_oom_exporter.project import PROJECT_URL
 
 ROOT = Path(__file__).resolve().parent.parent
 STATE_DIR = "/var/lib/sglang-oom-exporter"
@@ -92,7 +93,7 @@ def test_oci_labels():
     assert labels == {
         "org.opencontainers.image.title": "sglang-oom-exporter",
         "org.opencontainers.image.description": "SGLang KV-cache OOM events from logs as Prometheus metrics, with the fix for each.",
-        "org.opencontainers.image.source": "https://github.com/sglang-oom-exporter/sglang-oom-exporter",
+        "org.opencontainers.image.source": PROJECT_URL,  # pyproject.toml [project.urls] (tests/test_links.py)
         "org.opencontainers.image.licenses": "Apache-2.0",
         "org.opencontainers.image.version": "${VERSION}",
     }
@@ -156,8 +157,17 @@ def test_pip_install_into_a_fresh_venv_gives_a_working_console_script(tmp_path):
     env_dir = tmp_path / "venv"
     # No pip inside the venv (ensurepip alone took 6 s of CPU): this interpreter's pip installs into it with
     # --python, which runs the install under the venv's interpreter, into its site-packages and bin/.
-    venv.EnvBuilder(with_pip=False, system_site_packages=True).create(env_dir)
+    # The runtime dependencies are wherever this interpreter finds them: its own venv's site-packages, or
+    # the base interpreter's when that venv was made with --system-site-packages. `system_site_packages`
+    # would give only the base interpreter's (a fresh venv's dependencies would be missing), so the new
+    # venv gets a .pth naming each of this interpreter's site directories instead: a .pth line only adds a
+    # path, it does not run that directory's own .pth files, so the editable install of this checkout
+    # stays invisible and the venv imports the wheel it installs.
+    venv.EnvBuilder(with_pip=False, system_site_packages=False).create(env_dir)
     py = env_dir / "bin" / "python"
+    (own_site,) = (env_dir / "lib").glob("python3*/site-packages")
+    dirs = [p for p in sys.path if p.rstrip("/").endswith(("site-packages", "dist-packages")) and os.path.isdir(p)]
+    (own_site / "zz_outer_site.pth").write_text("".join(f"{p}\n" for p in dirs))
     install = subprocess.run(
         [sys.executable, "-m", "pip", "--python", str(py), "install", "--no-deps", "--no-cache-dir",
          "--disable-pip-version-check", "--quiet", str(wheel)],

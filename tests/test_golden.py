@@ -1,7 +1,7 @@
 """Golden fixtures: each tests/data/logs/<case>.log scanned by the real CLI code path, compared with
 <case>.expected.yaml (exact counts per kind, retraction totals, and every field each listed event gives).
 
-The expected files were written from SGLANG-FACTS.md, independently of the parser. Every case runs with
+The expected files were written from docs/sglang-facts.md, independently of the parser. Every case runs with
 both literal finders of the prefiltering reader (Hyperscan and the portable bytes.find), which must
 select the same lines.
 """

@@ -36,6 +36,7 @@ CI_FILES = sorted(p.name for p in (CHART / "ci").glob("*-values.yaml"))
 RULES_FILE = CHART / "files" / "sglang-oom.rules.yaml"
 DEFAULTS_FILE = CHART / "files" / "render-defaults.yaml"
 MONITORING_KINDS = {"ServiceMonitor", "PodMonitor", "PrometheusRule"}
+OCI_CHART = "oci://ghcr.io/sglang-oom-exporter/charts/sglang-oom-exporter"  # where the release workflow pushes it
 
 
 def _helm() -> str:
@@ -432,7 +433,7 @@ def test_rbac_and_node_name_only_with_discovery():
     assert "env" not in workload(off)["spec"]["template"]["spec"]["containers"][0]
     on = template(values={"discovery": {"enabled": True}})
     role = one(on, "ClusterRole")
-    assert role["rules"] == [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]}]
+    assert role["rules"] == [{"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]}]
     binding = one(on, "ClusterRoleBinding")
     account = one(on, "ServiceAccount")
     assert binding["roleRef"] == {
@@ -570,8 +571,8 @@ def test_runbook_and_grafana_url_swaps():
     base = _alerts(one(template(values={"prometheusRule": {"enabled": True}}), "PrometheusRule"))
     assert all("dashboard_url" not in r["annotations"] for r in base.values())
     pr = one(
-        template(values={"prometheusRule": {"enabled": True, "runbookBaseUrl": "https://rb.example/x/",
-                                             "grafanaUrl": "https://g.example/"}}),
+        template(values={"runbookBaseUrl": "https://rb.example/x/",
+                         "prometheusRule": {"enabled": True, "grafanaUrl": "https://g.example/"}}),
         "PrometheusRule",
     )  # fmt: skip
     alerts = _alerts(pr)
@@ -617,6 +618,32 @@ def test_dashboards_are_configmaps_with_the_sidecar_label_and_untouched_json():
         assert cm["data"] == {path.name: path.read_text().rstrip("\n")}
         assert len(path.read_bytes()) < 256 * 1024
     assert not [d for d in by_kind(template(), "ConfigMap") if "grafana_dashboard" in d["metadata"]["labels"]]
+
+
+def test_runbook_base_url_moves_every_link_of_the_rules_and_the_dashboards():
+    needs_rules()
+    needs_dashboards()
+    old_base = yaml.safe_load(DEFAULTS_FILE.read_text())["runbookBaseUrl"]
+    on = {"prometheusRule": {"enabled": True}, "grafanaDashboards": {"enabled": True}}
+    default_text = yaml.safe_dump(template(values=on))
+    moved_docs = template(values={**on, "runbookBaseUrl": "https://rb.example/x/"})
+    moved_text = yaml.safe_dump(moved_docs)
+    links = default_text.count(old_base)
+    # 17 alerts' runbook_url and 27 dashboard links (the overview's runbook index, tiles, table rows, panels).
+    assert links == 17 + 27
+    assert old_base not in moved_text
+    assert moved_text.count("https://rb.example/x/") == links  # each moved to the new base, none doubled
+    assert "https://rb.example/x//" not in moved_text
+    for cm in by_kind(moved_docs, "ConfigMap"):
+        for name, text in cm["data"].items():
+            if name.endswith(".json"):
+                json.loads(text)  # still valid JSON
+
+
+def test_runbook_base_url_is_refused_when_it_would_break_the_dashboard_json():
+    for bad in ('https://rb.example/"x', "https://rb.example/a b", "https://rb.example/a\\b"):
+        result = template(values={"runbookBaseUrl": bad}, ok=False)
+        assert "runbookBaseUrl" in result, bad
 
 
 def test_test_pod_fetches_metrics_with_a_restricted_security_context():
@@ -722,20 +749,27 @@ def test_readme_install_command_renders_what_a_kube_prometheus_stack_user_needs(
     block = readme.split("<!-- helm-install -->", 1)[1].split("<!-- /helm-install -->", 1)[0]
     (command,) = re.findall(r"```sh\n(.*?)\n```", block, re.S)
     argv = shlex.split(command.replace("\\\n", " "))
-    assert argv[:2] == ["helm", "install"]
-    proc = subprocess.run([_helm(), "template", *argv[2:]], cwd=ROOT, capture_output=True, text=True, timeout=60,
+    assert argv[:4] == ["helm", "install", "sglang-oom-exporter", OCI_CHART]
+    # The published chart is this one at this version: render the local copy instead of pulling it.
+    at = argv.index("--version")
+    assert argv[at + 1] == __version__
+    local = [*argv[2:3], str(CHART), *argv[4:at], *argv[at + 2 :]]
+    proc = subprocess.run([_helm(), "template", *local], cwd=ROOT, capture_output=True, text=True, timeout=60,
                           check=False)  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     docs = [d for d in yaml.load_all(proc.stdout, Loader=YAML_LOADER) if d]
     assert one(docs, "ServiceMonitor")["metadata"]["labels"]["release"] == "kube-prometheus-stack"
     assert one(docs, "PrometheusRule")["metadata"]["labels"]["release"] == "kube-prometheus-stack"
-    assert one(docs, "ClusterRole")["rules"][0]["verbs"] == ["get", "list", "watch"]
+    assert one(docs, "ClusterRole")["rules"][0]["verbs"] == ["list"]
     assert [d for d in by_kind(docs, "ConfigMap") if d["metadata"]["labels"].get("grafana_dashboard") == "1"]
     ds = one(docs, "DaemonSet")
-    assert ds["metadata"]["namespace"] == "monitoring"
-    assert ds["spec"]["template"]["spec"]["containers"][0]["image"] == (
-        f"registry.example.com/sglang-oom-exporter:{__version__}"
-    )
+    namespace = argv[argv.index("-n") + 1]
+    assert ds["metadata"]["namespace"] == namespace == "sglang-oom-exporter"
+    # The namespace README creates first is labelled for the DaemonSet's uid 0 and hostPaths.
+    assert f"kubectl label namespace {namespace} pod-security.kubernetes.io/enforce=privileged" in readme
+    repository = yaml.safe_load((CHART / "values.yaml").read_text())["image"]["repository"]
+    assert ds["spec"]["template"]["spec"]["containers"][0]["image"] == f"{repository}:{__version__}"
+    assert "ghcr.io/sglang-oom-exporter/sglang-oom-exporter" in readme
 
 
 @pytest.mark.parametrize(

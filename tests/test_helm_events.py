@@ -36,7 +36,7 @@ def test_events_alone_render_an_account_that_may_write_events_and_get_pods():
 
 def test_with_discovery_too_the_role_has_both_and_nothing_twice():
     docs = template("all-on-values.yaml")
-    assert _rules(docs) == [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]}, EVENTS_RULE]
+    assert _rules(docs) == [{"apiGroups": [""], "resources": ["pods"], "verbs": ["list", "get"]}, EVENTS_RULE]
     assert workload(docs)["spec"]["template"]["spec"]["containers"][0]["env"] == [NODE_NAME]
 
 
@@ -63,7 +63,7 @@ def test_the_rendered_events_config_is_accepted_by_the_exporter(tmp_path):
     path = tmp_path / "config.yaml"
     values = {
         "events": {"enabled": True, "nonfatal": True},
-        "prometheusRule": {"runbookBaseUrl": "https://rb.example/x"},
+        "runbookBaseUrl": "https://rb.example/x",
     }
     path.write_text(yaml.safe_dump(rendered_config(template(values=values))))
     config = load_config(str(path), env={})

@@ -1,4 +1,4 @@
-"""Issue 10, files half: deleted and renamed files are drained through the handle already open, rotation is
+"""Reliability, files half: deleted and renamed files are drained through the handle already open, rotation is
 exact up to the rate RELIABILITY.md states, and the open-file limit never makes the daemon deaf.
 
 The real daemon on real files, scraped over loopback; conditions are polled with deadlines. SIGSTOP/SIGCONT

@@ -1,4 +1,4 @@
-"""Issue 10, found by the soak: rotations and deletes around a SIGKILL or a restart lose nothing the daemon could
+"""Found by the soak: rotations and deletes around a SIGKILL or a restart lose nothing the daemon could
 still count. Each case is the daemon's parts driven with the fake clock; "SIGKILL" is closing the files without
 the save on the way out, and the restart is a new App on the same state directory.
 """

@@ -1,4 +1,4 @@
-"""Issue 10, state half: the first seconds are covered by a state file, and a bad state file is handled as
+"""Reliability, state half: the first seconds are covered by a state file, and a bad state file is handled as
 README promises (moved aside when its types are wrong, no NaN or Infinity counters, and one file's rejected
 position never re-reads that file from 0 while the counters that already hold its events are kept).
 """

@@ -1,4 +1,4 @@
-"""Issue 13, the 10,000-files row: an idle followed file costs no pipeline, and what discovery and the open-file
+"""The 10,000-files target: an idle followed file costs no pipeline, and what discovery and the open-file
 bound do per file does not grow with the number of files. Driven with the fake clock (tests/test_app.py).
 """
 

@@ -1,6 +1,6 @@
 """Record -> Report | None: classify a record by the catalog. Pure; built once from a Catalog.
 
-Two steps (STYLE 5): the message picks a candidate kind (catalog order, first match wins), then the
+Two steps: the message picks a candidate kind (catalog order, first match wins), then the
 traceback frames, when there are any, decide the phase, and may move a KV kind to decode (speculative
 verify says "Prefill" but is a decode step) or resolve the generic 0.5.4+ text. A traceback cut short
 before its exception line still counts when its last allocator frame names the failure (R5).

@@ -73,7 +73,7 @@ def reason_for(catalog: Catalog, event: OomEvent) -> str:
 
 
 def runbook_url(base: str, reason: str) -> str:
-    """The runbook page of the alert named reason (base empty: the runbooks at this release's tag)."""
+    """The runbook page of the alert named reason (base empty: the project's default runbook base)."""
     return runbook_page_url(RenderOptions(runbook_base_url=base) if base else RenderOptions(), reason)
 
 

@@ -14,13 +14,22 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from .. import __version__
 from ..catalog import Catalog, default_catalog_path
+from ..project import PROJECT_URL
 
-# The project's home. Runbook links default to the runbooks at the released tag, not main, so an installed
-# rule pack links to the text that matches it.
-PROJECT_URL = "https://github.com/sglang-oom-exporter/sglang-oom-exporter"
-DEFAULT_RUNBOOK_BASE_URL = f"{PROJECT_URL}/blob/v{__version__}/docs/runbooks"
+# Links point at the default branch, the one ref that always exists: a version tag exists only once that
+# release is cut, and a link to a missing tag is a 404 on the page that needed it. Whoever wants the text of
+# one release renders with `--runbook-base-url .../blob/vX.Y.Z/docs/runbooks`, or sets the chart's
+# runbookBaseUrl; every exporter also serves the runbooks of its own version at /runbooks/.
+DOCS_REF = "main"
+
+
+def runbook_base_for(project_url: str) -> str:
+    """The runbook folder of a project URL, at DOCS_REF."""
+    return f"{project_url}/blob/{DOCS_REF}/docs/runbooks"
+
+
+DEFAULT_RUNBOOK_BASE_URL = runbook_base_for(PROJECT_URL)
 # The overview dashboard's uid: alerts' dashboard_url points at it, so it never changes.
 OVERVIEW_DASHBOARD_UID = "sglang-oom-overview"
 # Dashboard variables an alert's dashboard_url may set (var-<name>=<label value>); the dashboard defines them all.
@@ -34,6 +43,7 @@ class RenderOptions:
 
     runbook_base_url: str = DEFAULT_RUNBOOK_BASE_URL
     grafana_url: str = ""  # empty: alerts carry no dashboard_url
+    project_url: str = PROJECT_URL  # the chart's home; the checkout's pyproject.toml when rendering it
 
 
 def runbook_page_url(options: RenderOptions, alert_name: str) -> str:
@@ -73,19 +83,30 @@ def render_all(catalog: Catalog, options: RenderOptions | None = None) -> Files:
     return files
 
 
-def checkout_files(catalog: Catalog, out_dir: str | Path) -> Files:
-    """The package's own generated file when out_dir is the checkout this catalog is the built-in one of:
-    its pre-parsed tree (catalog/pretree.py). A render into any other folder does not get it."""
-    from ..catalog import pretree, yamltree
-
+def is_checkout(catalog: Catalog, out_dir: str | Path) -> bool:
+    """Whether out_dir is the checkout whose built-in catalog this is."""
     ours = Path(out_dir) / "exporter" / "catalog" / "catalog.yaml"
     try:
-        if not ours.samefile(catalog.path) or catalog.path != default_catalog_path():
-            return {}
+        return ours.samefile(catalog.path) and catalog.path == default_catalog_path()
     except OSError:
+        return False
+
+
+def checkout_files(catalog: Catalog, out_dir: str | Path) -> Files:
+    """The package's own generated files when out_dir is the checkout this catalog is the built-in one of:
+    its pre-parsed tree (catalog/pretree.py) and the project URL from pyproject.toml (render/projecturl.py).
+    A render into any other folder does not get them."""
+    from ..catalog import pretree, yamltree
+    from . import projecturl
+
+    if not is_checkout(catalog, out_dir):
         return {}
-    text = ours.read_text(encoding="utf-8")
-    return {pretree.REPO_PATH: pretree.render_text(text, yamltree.parse(text, catalog.path))}
+    text = Path(catalog.path).read_text(encoding="utf-8")
+    files = {pretree.REPO_PATH: pretree.render_text(text, yamltree.parse(text, catalog.path))}
+    url = projecturl.checkout_project_url(out_dir)
+    if url is not None:
+        files[projecturl.REPO_PATH] = projecturl.render_text(url)
+    return files
 
 
 def write_files(files: Mapping[str, str], out_dir: str | Path) -> list[str]:

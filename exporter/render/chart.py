@@ -4,7 +4,7 @@ Helm cannot read outside the chart, so the rendered rules file and dashboards ar
 byte for byte (the PrometheusRule template loads the rules with `.Files.Get | fromYaml`, the dashboard
 ConfigMaps take the JSON as it is). Chart.yaml is rendered so that the chart's version and appVersion
 always equal the package version. files/render-defaults.yaml tells the templates what render assumed: the
-runbook base URL in the rules (which `prometheusRule.runbookBaseUrl` swaps) and, per alert, the
+runbook base URL in the rules (which the top-level `runbookBaseUrl` swaps) and, per alert, the
 dashboard_url path that `prometheusRule.grafanaUrl` is put in front of. The paths come from rendering the
 rules once more with a sentinel Grafana URL, so the chart never re-implements the alert renderer's links.
 Runs last: it reads what the other renderers produced.
@@ -20,7 +20,7 @@ import yaml
 
 from .. import __version__
 from ..catalog import Catalog
-from . import GENERATED_NOTE, PROJECT_URL, Files, RenderOptions
+from . import GENERATED_NOTE, Files, RenderOptions
 
 CHART_DIR = "helm/sglang-oom-exporter"
 RULES_PATH = "alerts/sglang-oom.rules.yaml"
@@ -31,7 +31,7 @@ CHART_DEFAULTS = f"{CHART_DIR}/files/render-defaults.yaml"
 _SENTINEL = "http://grafana.sentinel.invalid"
 
 
-def chart_yaml(version: str) -> str:
+def chart_yaml(version: str, project_url: str) -> str:
     """Chart.yaml for this package version (version and appVersion are the same)."""
     return f"""\
 # {GENERATED_NOTE}
@@ -47,9 +47,9 @@ keywords:
   - prometheus
   - oom
   - kv-cache
-home: {PROJECT_URL}
+home: {project_url}
 sources:
-  - {PROJECT_URL}
+  - {project_url}
 annotations:
   artifacthub.io/license: Apache-2.0
 """
@@ -91,7 +91,7 @@ def render_defaults(options: RenderOptions, paths: Mapping[str, str]) -> str:
 
 def render_chart(catalog: Catalog, options: RenderOptions, files_so_far: Mapping[str, str]) -> Files:
     """Chart.yaml, the rules and dashboards copied into the chart, and the defaults the templates need."""
-    out: Files = {f"{CHART_DIR}/Chart.yaml": chart_yaml(__version__)}
+    out: Files = {f"{CHART_DIR}/Chart.yaml": chart_yaml(__version__, options.project_url)}
     if RULES_PATH in files_so_far:
         out[CHART_RULES] = files_so_far[RULES_PATH]
         sentinel = _rules_with_sentinel(catalog, options)

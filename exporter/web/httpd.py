@@ -24,7 +24,7 @@ from urllib.parse import urlsplit
 
 from .. import __version__
 from ..sources.http import DeadlineReader
-from .routes import ROUTE_PATHS, Response, text_response
+from .routes import Response, is_route, text_response
 from .webconfig import BasicAuth
 
 if TYPE_CHECKING:
@@ -92,7 +92,7 @@ class Handler(BaseHTTPRequestHandler):
             return False
         self.server.head_done()
         if self.command not in ALLOWED_METHODS:
-            known = urlsplit(self.path).path in ROUTE_PATHS
+            known = is_route(urlsplit(self.path).path)
             status, text = (405, "method not allowed\n") if known else (404, "not found\n")
             self._send(text_response(status, text, {"Allow": ", ".join(ALLOWED_METHODS)}), head=False)
             return False

@@ -1,4 +1,6 @@
-"""The HTML page of recent OOM events: readable without Grafana. Pure rendering; server.py serves it.
+"""The HTML page of recent OOM events: readable without Grafana, each event linked to its runbook section at
+/runbooks/ (served by the exporter too, so the link works without internet access). Pure rendering;
+server.py serves it.
 
 Everything that came from a log is escaped: log text is untrusted input.
 """
@@ -33,10 +35,16 @@ def render_page(entries: list[StoredEvent], catalog: Catalog, health: Health, ca
         f'</head><body><h1>SGLang OOM events</h1><p class="{"ok" if health.ok else "unhealthy"}">'
         f"Exporter status: {_e(status)}</p><p>{len(entries)} recent events, newest first (the last {capacity}"
         f' are kept). <a href="metrics">metrics</a> &middot; <a href="events">events as JSON</a> &middot; '
-        f'<a href="healthz">health</a> &middot; sglang-oom-exporter {_e(__version__)}</p>'
+        f'<a href="healthz">health</a> &middot; <a href="runbooks/">runbooks</a> &middot; '
+        f"sglang-oom-exporter {_e(__version__)}</p>"
         "<table><thead><tr><th>Time</th><th>Kind</th><th>Fatal</th><th>Source</th><th>Ranks</th>"
         f"<th>Numbers</th><th>Fix</th></tr></thead><tbody>{rows}</tbody></table></body></html>\n"
     )
+
+
+def runbook_href(kind_id: str) -> str:
+    """The link from the page (served at /) to a kind's section of the exporter's own runbooks (web/runbooks.py)."""
+    return f"runbooks/#{kind_id}"
 
 
 def _event_row(index: int, stored: StoredEvent, catalog: Catalog) -> str:
@@ -50,6 +58,7 @@ def _event_row(index: int, stored: StoredEvent, catalog: Catalog) -> str:
     return (
         f'<tr class="event" id="event-{index}"><td>{_e(e.time or "-")}</td>'
         f"<td><code>{_e(e.kind)}</code><br>{_e(kind.title)}<br><code>{_e(e.message)}</code>"
+        f'<br><a class="runbook" href="{_e(runbook_href(e.kind))}">runbook</a>'
         f"<details><summary>log excerpt</summary><pre>{_e(e.excerpt)}</pre></details></td>"
         f"{fatal}"
         f"<td>{_e(e.source)}<br><code>{_e(e.location)}</code>{labels}</td>"

@@ -1,4 +1,5 @@
-"""The HTTP edge's routes: /metrics, /healthz, /events and the HTML page, as plain request -> Response.
+"""The HTTP edge's routes: /metrics, /healthz, /events, the HTML page and the runbooks (/runbooks/), as plain
+request -> Response.
 
 server.py owns the sockets, threads, TLS and auth; this module only turns a path and headers into bytes.
 """
@@ -24,6 +25,7 @@ from ..daemon.sink import event_json
 from ..daemon.store import EventStore, Health
 from ..metrics.exposition import PageRegistry, join_gzip, join_plain
 from .page import render_page
+from .runbooks import INDEX, RunbookPages
 
 if TYPE_CHECKING:
     from email.message import Message
@@ -65,14 +67,17 @@ class Routes:
         self._error_lock = threading.Lock()
         self._last_error_log = -_ERROR_LOG_INTERVAL
         self._errors_suppressed = 0
+        self._runbooks = RunbookPages()
 
     def respond(self, path: str, headers: Message) -> Response:
         """The response to a GET of path (auth is checked by the caller)."""
         url = urlsplit(path)
         route = _ROUTES.get(url.path)
-        if route is None:
-            return text_response(404, "not found; try /, /metrics, /events or /healthz\n")
+        if route is None and not is_route(url.path):
+            return text_response(404, "not found; try /, /metrics, /events, /healthz or /runbooks/\n")
         try:
+            if route is None:
+                return self._runbook(url.path)
             return route(self, parse_qs(url.query), headers)
         except BadRequestError as exc:
             return text_response(400, f"{exc}\n")
@@ -133,6 +138,19 @@ class Routes:
         page = render_page(self._events.entries(_limit(query)), self.catalog, health, self._events.capacity)
         return Response(200, "text/html; charset=utf-8", page.encode(), {"Content-Security-Policy": _PAGE_CSP})
 
+    def _runbook(self, path: str) -> Response:
+        """/runbooks/ (the index, also as README.md) and /runbooks/<alert>.md, as HTML."""
+        if path == RUNBOOKS:
+            # Relative to /runbooks, "runbooks/" is /runbooks/ also behind a path prefix (kubectl proxy).
+            return text_response(301, "see runbooks/\n", {"Location": "runbooks/"})
+        name = path.removeprefix(RUNBOOKS + "/") or INDEX
+        page = None if "/" in name else self._runbooks.page(self.catalog, name)
+        if page is None:
+            return text_response(404, "no such runbook; the index is /runbooks/\n")
+        return Response(200, "text/html; charset=utf-8", page.encode(), {"Content-Security-Policy": _PAGE_CSP})
+
+
+RUNBOOKS = "/runbooks"  # with everything under it
 
 _ROUTES: dict[str, Callable[[Routes, dict[str, list[str]], Message], Response]] = {
     "/": Routes._page,
@@ -140,7 +158,12 @@ _ROUTES: dict[str, Callable[[Routes, dict[str, list[str]], Message], Response]] 
     "/healthz": Routes._healthz,
     "/events": Routes._events_json,
 }
-ROUTE_PATHS = frozenset(_ROUTES)  # the paths served (GET and HEAD only)
+ROUTE_PATHS = frozenset(_ROUTES)  # the paths served (GET and HEAD only), besides RUNBOOKS and below
+
+
+def is_route(path: str) -> bool:
+    """Whether a path is served (with GET and HEAD only)."""
+    return path in ROUTE_PATHS or path == RUNBOOKS or path.startswith(RUNBOOKS + "/")
 
 
 def text_response(status: int, text: str, headers: Mapping[str, str] = _NO_LABELS) -> Response:

@@ -94,3 +94,21 @@ metrics
 {{- fail "serviceMonitor.enabled and podMonitor.enabled are both true: every exporter would be scraped twice and every OOM counted twice in sums. Enable one." }}
 {{- end }}
 {{- end }}
+
+{{/*
+The runbook base that render wrote into the copied rules and dashboards (files/render-defaults.yaml).
+*/}}
+{{- define "sglang-oom-exporter.renderedRunbookBase" -}}
+{{- $meta := .Files.Get "files/render-defaults.yaml" | fromYaml -}}
+{{- if or (hasKey $meta "Error") (not $meta.runbookBaseUrl) -}}
+{{- fail "files/render-defaults.yaml is missing or broken: run `sglang-oom-exporter render`" -}}
+{{- end -}}
+{{- $meta.runbookBaseUrl -}}
+{{- end -}}
+
+{{/*
+The runbook base every link of the rules and dashboards starts with: runbookBaseUrl, else render's.
+*/}}
+{{- define "sglang-oom-exporter.runbookBase" -}}
+{{- .Values.runbookBaseUrl | default (include "sglang-oom-exporter.renderedRunbookBase" .) | trimSuffix "/" -}}
+{{- end -}}

