@@ -14,7 +14,10 @@ import sys
 
 import pytest
 
-from tests.test_serve_e2e import Daemon, append, cri, daemon_factory, oom_block, settle, wait_for  # noqa: F401
+from tests import test_serve_e2e
+from tests.test_serve_e2e import Daemon, append, cri, oom_block, settle, wait_for
+
+daemon_factory = test_serve_e2e.daemon_factory  # the same fixture: a real `serve` process per call
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(90)]
 
@@ -36,7 +39,9 @@ FRAMED_CUDA_OOM = """\
 torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 1.95 GiB. GPU 0 has a total capacity of 79.19 GiB
 
 """
-FILLER = "".join(f"[2026-03-14 21:00:00] INFO:     10.0.0.1:5000 - \"GET /health HTTP/1.1\" 200 OK {i}\n" for i in range(4000))
+FILLER = "".join(
+    f'[2026-03-14 21:00:00] INFO:     10.0.0.1:5000 - "GET /health HTTP/1.1" 200 OK {i}\n' for i in range(4000)
+)
 UID = "0d7c1f2e"
 
 
@@ -135,6 +140,7 @@ def test_scan_counts_a_cuda_oom_only_with_sglang_evidence(tmp_path):
     late.write_text(BARE_CUDA_OOM + BANNER)  # evidence after the event: it does not reach back
     got = scan_json(str(torch_log), str(sglang_log), str(framed), str(late))
     assert [(e["kind"], e["source"]) for e in got["events"]] == [  # type: ignore[union-attr]
-        ("cuda_oom", f"{sglang_log}:2"), ("cuda_oom", f"{framed}:1")
+        ("cuda_oom", f"{sglang_log}:2"),
+        ("cuda_oom", f"{framed}:1"),
     ]
     assert [i["foreign_events"] for i in got["inputs"]] == [1, 0, 0, 1]  # type: ignore[union-attr, index]

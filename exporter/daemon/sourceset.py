@@ -261,10 +261,9 @@ class SourceSet:
             source.tailer = FileTailer(path, start_at_end=start_at_end, position=position, budget=self.handles)
             judged = isinstance(saved, dict) and "sglang" in saved  # its head was read before the restart
             later = start_at_end or (position is not None and position.offset > 0)
-            if pod and not evidence.identified and later and not judged:
-                # Followed from later on: the start-up banner is behind us. The file's head says what it is.
-                if probe(read_head(path, PROBE_BYTES)):
-                    evidence.mark()
+            # Followed from later on: the start-up banner is behind us. The file's head says what it is.
+            if pod and not evidence.identified and later and not judged and probe(read_head(path, PROBE_BYTES)):
+                evidence.mark()
         return source
 
     def _identified(self, source: LogSource) -> None:

@@ -31,7 +31,9 @@ WEAK = "TP0"
 WEAK_LINES = 3  # lines with a rank-tagged SGLang prefix that identify a source
 OWN_FRAME = "sglang/srt/"
 # SGLang's prefix with a TP0 rank token, anywhere in the line (a CRI or compose wrapper may come first).
-_WEAK_LINE = regex.compile(rb"\[(?:\d{4}-\d\d-\d\d )?\d\d:\d\d:\d\d(?:\.\d{1,6})?(?: [A-Z][A-Z_]*\d+)* TP0(?: [A-Z][A-Z_]*\d+)*\] ")
+_WEAK_LINE = regex.compile(
+    rb"\[(?:\d{4}-\d\d-\d\d )?\d\d:\d\d:\d\d(?:\.\d{1,6})?(?: [A-Z][A-Z_]*\d+)* TP0(?: [A-Z][A-Z_]*\d+)*\] "
+)
 MAX_LINE = 256 * 1024  # the reader's bound: a longer line is judged on its first MAX_LINE bytes
 BEFORE_ALL = (-1, -1)  # the position of evidence that precedes every byte (inherited, restored, probed)
 

@@ -61,8 +61,11 @@ class SourceTable:
         self._by_path: dict[str, SourceStats] = {}
         self._groups: dict[Labels, set[str]] = {}
         self._f_files = page.family(f"{SELF}_files_watched", "gauge", "Log files being followed.")
-        self._f_sglang = page.family(f"{SELF}_sglang_sources", "gauge",
-                                     "Followed sources identified as SGLang (by their content or named by the user).")
+        self._f_sglang = page.family(
+            f"{SELF}_sglang_sources",
+            "gauge",
+            "Followed sources identified as SGLang (by their content or named by the user).",
+        )
         self._sglang_groups: set[Labels] = set()
         self._f_totals = {key: page.family(f"{SELF}_{name}", "counter", doc) for key, (name, doc) in _TOTALS.items()}
         self._f_errors = page.family(f"{SELF}_read_errors", "counter", "Errors opening or reading log files.",
