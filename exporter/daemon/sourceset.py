@@ -333,6 +333,7 @@ def add_stats(s: SourceStats, source: LogSource) -> None:
         t = source.tailer.stats
         s.bytes_read += t.bytes_read
         s.read_errors += t.read_errors
-        s.lag_bytes += source.lag_bytes()
+        if s.sglang:  # only an SGLang source has a lag series: a foreign one costs no stat for it
+            s.lag_bytes += source.lag_bytes()
         if t.last_read_wall_time is not None:
             s.last_read = max(s.last_read or 0.0, t.last_read_wall_time)
