@@ -181,6 +181,8 @@ class SourceSet:
             source.tailer.close()
         del self.by_path[path]
         self._watch_dirs = None
+        if not any(s.directory == source.directory for s in self.by_path.values()):
+            self.sglang_dirs.discard(source.directory)  # the pod is gone (kubelet keeps a live pod's last run)
         if not any(s.labels == source.labels for s in self.by_path.values()):
             self.counts.drop(source.labels)
 
