@@ -125,3 +125,21 @@ def test_an_old_state_file_without_the_identification_is_tolerated(tmp_path):
     assert app2.sources.by_path[path].pipeline.stats().foreign_events == 1
     assert app2.sources.bad_positions == 0
     assert app2.keeper.errors == 0
+
+
+def test_both_finders_stop_at_the_same_first_line():
+    pytest.importorskip("hyperscan")
+    from sglang_oom_exporter.detect.finder import BytesFinder, HyperscanFinder
+
+    literals = (b"server_args=ServerArgs(", b"#running-req: ", b"TP0")
+    finders = (BytesFinder(literals), HyperscanFinder(literals))
+    rng = __import__("random").Random(7)
+    words = [b"x", b"TP0", b"#running-req: ", b"server_args=ServerArgs(", b"\n", b"ServerArgs(", b"TP"]
+    for _ in range(300):
+        buf = b"".join(rng.choice(words) for _ in range(rng.randrange(1, 30)))
+        lo = rng.randrange(len(buf) + 1)
+        lines = set()
+        for f in finders:
+            hit = f.first(buf, lo, len(buf))
+            lines.add(-1 if hit < 0 else buf.count(b"\n", 0, hit))
+        assert len(lines) == 1, (buf, lo)

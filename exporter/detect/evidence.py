@@ -118,17 +118,19 @@ class EvidenceScanner:
             self._partial.clear()
             self._truncating = False
             start = first + 1
-        if start <= cut:
-            last = -1
-            for hit in self._finder.offsets(data, start, cut + 1):
-                if hit <= last:
-                    continue
-                lo = data.rfind(b"\n", start, hit) + 1 if hit > start else start
-                lo = max(lo, start)
-                last = data.find(b"\n", hit, cut + 1)
-                self._line(data[lo : min(last, lo + MAX_LINE)], offset + lo)
-                if self.done:
-                    return
+        pos = start
+        # One stopping search per line that holds a sign (a line that identifies ends it): an SGLang log, where
+        # every usage line holds one, costs one search, not one Python call per usage line.
+        while pos <= cut:
+            hit = self._finder.first(data, pos, cut + 1)
+            if hit < 0:
+                break
+            lo = max(data.rfind(b"\n", pos, hit) + 1, pos)
+            end = data.find(b"\n", hit, cut + 1)
+            self._line(data[lo : min(end, lo + MAX_LINE)], offset + lo)
+            if self.done:
+                return
+            pos = end + 1
         self._extend(data[cut + 1 :], offset + cut + 1)
 
     def finish(self) -> None:
