@@ -6,6 +6,7 @@ literal gives the same offsets. Finders are built once per literal set and share
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import re
 from collections.abc import Sequence
@@ -96,10 +97,8 @@ class HyperscanFinder:
             return True  # stop: one Python call per search, not one per line that holds a literal
 
         data = buf if lo == 0 and hi == len(buf) else cast(bytes, memoryview(buf)[lo:hi])
-        try:
+        with contextlib.suppress(hyperscan.ScanTerminated):  # raised when on_match stopped the scan
             self._db.scan(data, match_event_handler=on_match)
-        except hyperscan.ScanTerminated:
-            pass
         return found[0] if found else -1
 
 
