@@ -70,6 +70,7 @@ class ScanResult:
                     "events": s.events,
                     "oversized_lines": s.oversized_lines,
                     "json_errors": s.json_errors,
+                    "foreign_events": s.foreign_events,
                 }
                 for path, s in self.stats
             ],

@@ -24,6 +24,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, fields, replace
 
 from .detect.dedupe import Deduper
+from .detect.evidence import WEAK_LINES, Evidence
 from .detect.match import Matcher
 from .detect.model import OomEvent, Report
 from .detect.pipeline import Pipeline, PipelineStats
@@ -43,6 +44,9 @@ class Segment:
     lines_at_end: int = 0
     reports: list[Report] = field(default_factory=list)  # line numbers count from the worker's cut
     stats: PipelineStats = field(default_factory=PipelineStats)
+    # SGLang evidence its pipeline's scanner saw (file offsets): the parent decides what it admits (evidence.py).
+    strong_at: int | None = None
+    weak_lines: list[int] = field(default_factory=list)
 
 
 class Collector(Deduper):
@@ -197,6 +201,7 @@ def scan_range(
     seg.reports = collector.reports[first_reports:]
     seg.stats = _minus(pipe.stats(), first_stats)
     seg.lines_at_end = seg.stats.lines_read + seg.lines_at_start
+    seg.strong_at, seg.weak_lines = pipe._scanner.strong_at, list(pipe._scanner.weak_lines)
     return seg
 
 
@@ -234,6 +239,11 @@ class Joiner:
         self.stats = PipelineStats()
         self._name, self._size = name, size
         self._deduper = Deduper(name, name, self.events.append, resolve=matcher.resolve)
+        # The serial pipeline's gate, applied here in the same order: workers collect every report ungated.
+        self._evidence = Evidence()
+        self._needs_evidence = matcher.catalog.evidence_kinds()
+        self._weak: list[int] = []
+        self._foreign = 0
         self._waiting: dict[int, Segment] = {}
         self._next = 0  # where the next segment of the chain must start
         self._base = 0  # file line number of that segment's line 1, minus 1, minus its lines before start
@@ -245,11 +255,32 @@ class Joiner:
         while self._next < self._size and self._next in self._waiting:
             seg = self._waiting.pop(self._next)
             base = self._base - seg.lines_at_start
+            self._take_evidence(seg)
             for r in seg.reports:
+                if not self._admit(r):
+                    continue
                 self._deduper.add(replace(r, record=replace(r.record, lineno=r.record.lineno + base)) if base else r)
             self.stats = _plus(self.stats, seg.stats)
             self._next = seg.end
             self._base = base + seg.lines_at_end
+
+    def _take_evidence(self, seg: Segment) -> None:
+        if seg.strong_at is not None:
+            self._evidence.mark((0, seg.strong_at))
+        self._weak = sorted(set(self._weak) | set(seg.weak_lines))[:WEAK_LINES]
+        if len(self._weak) == WEAK_LINES:
+            self._evidence.mark((0, self._weak[-1]))
+
+    def _admit(self, report: Report) -> bool:
+        """Pipeline._admit over the joined file (its offsets are file offsets: one generation)."""
+        at = (0, report.record.offset)
+        if report.kind not in self._needs_evidence:
+            self._evidence.mark(at)
+            return True
+        if self._evidence.admits(report.record, at):
+            return True
+        self._foreign += 1
+        return False
 
     def finish(self) -> tuple[list[OomEvent], PipelineStats]:
         """The file's events in line order, and its stats, once every segment was added."""
@@ -258,4 +289,5 @@ class Joiner:
         self._deduper.flush(None)
         self.events.sort(key=lambda e: int(e.location.rsplit(":", 1)[1]))
         self.stats.events = len(self.events)
+        self.stats.foreign_events = self._foreign
         return self.events, self.stats

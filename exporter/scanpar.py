@@ -69,6 +69,7 @@ class _Worker:
             prefilter=options.prefilter,
             finder=options.finder,
             extra_prefixes=options.extra_prefixes,
+            gate=False,  # the parent's Joiner applies the SGLang-evidence rule in file order
         )
         collector = Collector()
         pipe._deduper = collector  # reports leave the worker undeduplicated

@@ -99,13 +99,19 @@ def test_discover_pods_takes_labels_from_the_path_and_skips_other_files(tmp_path
         ("llm", "server", True),
         ("llm", "prefill", True),
         ("llm", "Inference-Engine", True),
-        ("llm", "istio-proxy", False),
+        ("llm", "istio-proxy", True),  # followed: it never shows SGLang, so it costs no series
+        ("kserve-test", "kserve-container", True),
+        ("team-a", "main", True),
+        ("team-a", "model", True),
+        ("training", "ray-worker", True),
         ("llm", "sglang-oom-exporter", False),
         ("kube-system", "kube-apiserver", False),
         ("kube-system", "sglang", False),
     ],
 )
-def test_default_filter_picks_sglang_containers(namespace, container, picked):
+def test_default_filter_follows_every_container_but_the_exporters_and_the_system_namespaces(
+    namespace, container, picked
+):
     flt = KubernetesFilter()
     assert (flt.matches_pod(namespace, "pod-0") and flt.matches_container(container)) is picked
 
@@ -122,9 +128,19 @@ def test_discover_pods_applies_the_filters(tmp_path):
     touch(root / f"llm_sglang-0_{UID}" / "istio-proxy" / "0.log")
     touch(root / f"kube-system_kube-apiserver-n1_{UID}" / "kube-apiserver" / "0.log")
     touch(root / f"web_shop-0_{UID}" / "server" / "0.log")
-    refs = discover_pods(str(root), KubernetesFilter(namespace="llm"))
+    refs = discover_pods(str(root), KubernetesFilter(namespace="llm", container="sglang"))
     assert refs == [PodLogRef("llm", "sglang-0", UID, "sglang", 0, str(want))]
-    assert [r.namespace for r in discover_pods(str(root))] == ["llm", "web"]
+    assert [r.container for r in discover_pods(str(root), KubernetesFilter(namespace="llm"))] == [
+        "istio-proxy",
+        "sglang",
+    ]
+    # By default every container but the system namespaces' (SGLang is recognised by what it writes).
+    assert [(r.namespace, r.container) for r in discover_pods(str(root))] == [
+        ("llm", "istio-proxy"),
+        ("llm", "sglang"),
+        ("web", "server"),
+    ]
+    assert discover_pods(str(root), KubernetesFilter(container="sglang")) == refs
     assert discover_pods(str(tmp_path / "missing")) == []
 
 

@@ -141,11 +141,6 @@ def test_history_read_on_a_first_start_gives_no_event(tmp_path, cluster, daemons
     assert len(writes(api)) == 1
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a foreign container's CUDA OOM still counts on this branch; helper h18a's identification of SGLang "
-    "containers makes it count nothing (then this passes and the mark must go)",
-)
 def test_a_foreign_containers_oom_gives_no_event(tmp_path, cluster, daemons):
     api, log, env, config = cluster
     api.pods.append(pod("ml", "trainer-0", "10.0.0.7", uid=TRAINER_UID))

@@ -29,6 +29,7 @@ _KIND_KEYS = frozenset(
         "alert",
         "examples",
         "suggest",
+        "requires_sglang_evidence",
         "__line__",
     }
 )
@@ -89,6 +90,10 @@ class KindFields:
         match_ex, no_match_ex = self._examples(raw, where)
         runbook, alert = self._blocks(raw, where)
         suggest = self._suggest(raw, where) or "none"
+        evidence = raw.get("requires_sglang_evidence", False)
+        if not isinstance(evidence, bool):
+            self.v.err(raw, f"{where}.requires_sglang_evidence", "must be true or false")
+            evidence = False
         return OomKind(
             id=kid,
             title=self._str(raw, "title", where),
@@ -106,6 +111,7 @@ class KindFields:
             match_examples=tuple(match_ex),
             no_match_examples=tuple(no_match_ex),
             suggest=suggest,
+            requires_sglang_evidence=evidence,
         )
 
     def _anchors(self, raw: dict[str, Any], where: str) -> list[str]:

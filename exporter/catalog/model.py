@@ -51,6 +51,8 @@ class OomKind:
     match_examples: tuple[str, ...]
     no_match_examples: tuple[str, ...]
     suggest: str = "none"  # the advise/rules.py rule that turns its events into flag values
+    # Text any program can write (torch's CUDA OOM): counted only with SGLang evidence (detect/evidence.py).
+    requires_sglang_evidence: bool = False
 
     def suggest_rule(self, message: str) -> str:
         """The suggestion rule for an event of this kind: a pattern's own rule when it matched, else the kind's."""
@@ -94,6 +96,10 @@ class Catalog:
             if k.id == kind_id:
                 return k
         raise KeyError(kind_id)
+
+    def evidence_kinds(self) -> frozenset[str]:
+        """Kinds whose text is not SGLang's alone: they count only with SGLang evidence (detect/evidence.py)."""
+        return frozenset(k.id for k in self.kinds if k.requires_sglang_evidence)
 
     def anchors(self) -> tuple[str, ...]:
         """Every anchor literal of every kind, deduplicated, in catalog order."""

@@ -11,6 +11,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..detect.evidence import Evidence
 from ..detect.pipeline import Pipeline
 from ..sources.tail import TRUNCATED, FileTailer, TailPosition, TailReset
 
@@ -40,6 +41,7 @@ class LogSource:
     gone_since: float | None = None
     resets: dict[str, int] = field(default_factory=dict)
     directory: str = ""  # absolute, to match the directories file events name
+    evidence: Evidence = field(default_factory=Evidence)  # is it SGLang? (the pipeline's, built or not)
 
     def lag_bytes(self) -> int:
         """Bytes in the file not read yet (0 when unknown)."""
@@ -131,5 +133,5 @@ class LogSource:
             )
         return {
             "position": pos.to_dict(), "lineno": lineno, "epoch": self.epoch,
-            "dedupe": self.pipeline.export_state(),
+            "dedupe": self.pipeline.export_state(), "sglang": self.evidence.identified,
         }  # fmt: skip

@@ -30,7 +30,8 @@ class Publisher:
         """
         t = source.tailer
         mark = None if t is None else (t.stats.bytes_read, t.stats.read_errors, t.stats.generations,
-                                       sum(source.resets.values()), id(source.pipeline))  # fmt: skip
+                                       sum(source.resets.values()), id(source.pipeline),
+                                       source.evidence.sglang)  # fmt: skip
         same = mark is not None and self._marks.get(source.path) == mark
         if same and not always and not self.sources.handles.waiting:
             return

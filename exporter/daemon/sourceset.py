@@ -18,6 +18,7 @@ from typing import Any
 
 from ..catalog.loader import Catalog
 from ..config import Config
+from ..detect.evidence import Evidence, probe
 from ..detect.match import Matcher
 from ..detect.model import OomEvent
 from ..detect.pipeline import Pipeline
@@ -29,6 +30,8 @@ from .found import discovery_problem, kubernetes_filter, restore, saved_but_miss
 from .lazypipe import LazyPipeline
 from .logsource import LogSource
 from .sink import Context, EventSink
+
+PROBE_BYTES = 256 * 1024  # of a file followed from later on: SGLang's banner and first scheduler lines fit
 
 log = logging.getLogger(__name__)
 
@@ -67,6 +70,9 @@ class SourceSet:
         self._discovered_once = False
         self._watch_dirs: set[str] | None = None
         self._kfilter = kubernetes_filter(config)
+        # Container directories (a pod's <namespace>_<pod>_<uid>/<container>) whose logs showed SGLang: a new run of
+        # the container (the next <n>.log) is SGLang's from its first byte.
+        self.sglang_dirs: set[str] = set()
         # Never more log files open than the open-file limit allows with room for HTTP and the state file.
         self.handles = HandleBudget(handle_bound())
 
@@ -175,6 +181,8 @@ class SourceSet:
             source.tailer.close()
         del self.by_path[path]
         self._watch_dirs = None
+        if not any(s.directory == source.directory for s in self.by_path.values()):
+            self.sglang_dirs.discard(source.directory)  # the pod is gone (kubelet keeps a live pod's last run)
         if not any(s.labels == source.labels for s in self.by_path.values()):
             self.counts.drop(source.labels)
 
@@ -218,9 +226,21 @@ class SourceSet:
 
     def _new_source(self, path: str, labels: tuple[str, ...], label_map: dict[str, str] | None) -> LogSource:
         label_map = label_map or dict(zip(self.counts.label_names, labels, strict=False))
-        self.counts.ensure(labels)
         context = self._context_for
         history_end = self._history_end(path)
+        directory = os.path.abspath(os.path.dirname(path))
+        saved = None if path == STDIN else self.saved.pop(path, None)
+        # A pod's container log is SGLang once its content says so (detect/evidence.py), or when an earlier run or
+        # generation of the same container said so (its directory, or the saved state); a path the user named,
+        # and stdin, are SGLang by the user's word.
+        pod = path != STDIN and "namespace" in label_map
+        evidence = Evidence(by_word=not pod)
+        if pod and (directory in self.sglang_dirs or (isinstance(saved, dict) and saved.get("sglang") is True)):
+            evidence.mark()
+        if evidence.identified and pod:
+            self.sglang_dirs.add(directory)
+        if evidence.sglang:
+            self.counts.ensure(labels)
 
         def record(event: OomEvent) -> None:
             # An event in the bytes that were there at a first start read from the beginning is history: counted,
@@ -232,19 +252,24 @@ class SourceSet:
         pipeline = (Pipeline if path == STDIN else LazyPipeline)(
             self.catalog, self.matcher, source=label_map.get("source") or "/".join(labels), location=path,
             sink=record, extra_prefixes=self.config.prefix_regex, wait_seconds=self.config.traceback_wait,
+            evidence=evidence,
         )  # fmt: skip
-        source = LogSource(path, labels, label_map, pipeline, None, directory=os.path.abspath(os.path.dirname(path)))
+        source = LogSource(path, labels, label_map, pipeline, None, directory=directory, evidence=evidence)
+        evidence.on_identified = lambda: self._identified(source)
         if path != STDIN:
-            saved = self.saved.pop(path, None)
             position = self._resume(source, saved)
             # Files that exist at the very first start are history; files that appear later are read from 0.
             start_at_end = not self.had_state and not self.config.from_beginning and not self._discovered_once
             # A rejected saved position: the kept counters already hold what this file had, so read from 0
             # would count it twice. Its end is the safe side.
             start_at_end = start_at_end or (saved is not None and position is None)
-            source.tailer = FileTailer(
-                path, start_at_end=start_at_end and position is None, position=position, budget=self.handles
-            )
+            start_at_end = start_at_end and position is None
+            source.tailer = FileTailer(path, start_at_end=start_at_end, position=position, budget=self.handles)
+            judged = isinstance(saved, dict) and "sglang" in saved  # its head was read before the restart
+            later = start_at_end or (position is not None and position.offset > 0)
+            # Followed from later on: the start-up banner is behind us. The file's head says what it is.
+            if pod and not evidence.identified and later and not judged and probe(read_head(path, PROBE_BYTES)):
+                evidence.mark()
         return source
 
     def _history_end(self, path: str) -> int | None:
@@ -255,6 +280,17 @@ class SourceSet:
             return os.stat(path).st_size
         except OSError:
             return None
+
+    def _identified(self, source: LogSource) -> None:
+        """A source showed SGLang: its series start, and the container's other runs and generations follow suit."""
+        self.counts.ensure(source.labels)
+        if source.path == STDIN or "namespace" not in source.label_map or source.directory in self.sglang_dirs:
+            return
+        self.sglang_dirs.add(source.directory)
+        log.info("source identified as SGLang path=%s", source.path)
+        for other in list(self.by_path.values()):
+            if other.directory == source.directory and other is not source:
+                other.evidence.mark()
 
     def _resume(self, source: LogSource, saved: dict[str, Any] | None) -> TailPosition | None:
         """Where a restarted (or rebuilt) source goes on: the saved position, line number, epoch, dedupe."""
@@ -287,6 +323,15 @@ class SourceSet:
                 log.info("source retired path=%s after %.0fs without its file", path, now - source.gone_since)
 
 
+def read_head(path: str, size: int) -> bytes:
+    """The first bytes of a file (nothing when it cannot be read: it is then judged on what it writes)."""
+    try:
+        with open(path, "rb") as fh:
+            return fh.read(size)
+    except OSError:
+        return b""
+
+
 def add_stats(s: SourceStats, source: LogSource) -> None:
     """Add one source's read statistics into `s` (the loop publishes them per file, daemon/publish.py)."""
     stats = source.pipeline.stats()
@@ -295,12 +340,15 @@ def add_stats(s: SourceStats, source: LogSource) -> None:
     s.records += stats.records
     s.matched_records += stats.reports
     s.oversized_lines += stats.oversized_lines
+    s.foreign_events += stats.foreign_events
+    s.sglang = source.evidence.sglang
     for reason, n in source.resets.items():
         s.resets[reason] = s.resets.get(reason, 0.0) + n
     if source.tailer is not None:
         t = source.tailer.stats
         s.bytes_read += t.bytes_read
         s.read_errors += t.read_errors
-        s.lag_bytes += source.lag_bytes()
+        if s.sglang:  # only an SGLang source has a lag series: a foreign one costs no stat for it
+            s.lag_bytes += source.lag_bytes()
         if t.last_read_wall_time is not None:
             s.last_read = max(s.last_read or 0.0, t.last_read_wall_time)

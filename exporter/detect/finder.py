@@ -6,6 +6,7 @@ literal gives the same offsets. Finders are built once per literal set and share
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import re
 from collections.abc import Sequence
@@ -19,6 +20,10 @@ class Finder(Protocol):
 
     def offsets(self, buf: bytes, lo: int, hi: int) -> list[int]:
         """Sorted offsets inside buf[lo:hi] of every occurrence (any offset inside the match will do)."""
+        ...
+
+    def first(self, buf: bytes, lo: int, hi: int) -> int:
+        """An offset inside the occurrence that ends first in buf[lo:hi] (-1: none): a search that stops there."""
         ...
 
 
@@ -40,6 +45,15 @@ class BytesFinder:
                 i = buf.find(lit, i + 1, hi)
         found.sort()
         return found
+
+    def first(self, buf: bytes, lo: int, hi: int) -> int:
+        """The earliest occurrence's start, -1 when there is none (each literal's search stops at its first)."""
+        best = -1
+        for lit in self._literals:
+            i = buf.find(lit, lo, hi if best < 0 else min(hi, best + len(lit)))
+            if i >= 0 and (best < 0 or i < best):
+                best = i
+        return best
 
 
 class HyperscanFinder:
@@ -71,6 +85,21 @@ class HyperscanFinder:
         self._db.scan(data, match_event_handler=on_match)
         found.sort()
         return found
+
+    def first(self, buf: bytes, lo: int, hi: int) -> int:
+        """The last byte of the match that ends first (-1: none); the scan stops at it, whatever follows."""
+        import hyperscan
+
+        found: list[int] = []
+
+        def on_match(_id: int, _start: int, end: int, _flags: int, _ctx: Any) -> bool:
+            found.append(lo + end - 1)
+            return True  # stop: one Python call per search, not one per line that holds a literal
+
+        data = buf if lo == 0 and hi == len(buf) else cast(bytes, memoryview(buf)[lo:hi])
+        with contextlib.suppress(hyperscan.ScanTerminated):  # raised when on_match stopped the scan
+            self._db.scan(data, match_event_handler=on_match)
+        return found[0] if found else -1
 
 
 def minimal_literals(literals: Sequence[str]) -> tuple[bytes, ...]:

@@ -13,8 +13,9 @@ from ..catalog.loader import Catalog
 from ..detect.assemble import DETAIL_LITERALS, Assembler
 from ..detect.decode import Decoder
 from ..detect.dedupe import Deduper
+from ..detect.evidence import Evidence, EvidenceScanner
 from ..detect.match import Matcher
-from ..detect.model import Gap, OomEvent, RawLine, Record
+from ..detect.model import Gap, OomEvent, RawLine, Record, Report
 from ..detect.prefix import PrefixParser
 from ..detect.reader import LineReader
 
@@ -46,6 +47,7 @@ class PipelineStats:
     oversized_lines: int = 0
     noise_lines: int = 0
     json_errors: int = 0
+    foreign_events: int = 0  # reports of an evidence-needing kind withheld: no SGLang evidence (detect/evidence.py)
 
 
 class Pipeline:
@@ -63,6 +65,8 @@ class Pipeline:
         finder: str = "auto",
         extra_prefixes: Sequence[str] = (),
         wait_seconds: float = 2.5,
+        evidence: Evidence | None = None,
+        gate: bool = True,
     ) -> None:
         anchors = matcher.anchors if matcher.catalog is catalog else catalog.anchors()
         self._reader = LineReader(
@@ -76,6 +80,14 @@ class Pipeline:
         self._decoder = Decoder()
         self._assembler = Assembler(anchors, PrefixParser(extra_prefixes), OWN_CODE)
         self._matcher = matcher
+        # Is the source SGLang? Looked for in the bytes until it is (detect/evidence.py). Without the gate (a
+        # parallel scan's worker), reports pass whatever their kind, and the parent applies the same rule.
+        self.evidence = Evidence() if evidence is None else evidence
+        self._scanner = EvidenceScanner(self.evidence, finder)
+        self._needs_evidence = catalog.evidence_kinds()
+        self._gate = gate
+        self._gen = 0  # generation sequence number: with a byte offset, the position evidence is compared at
+        self._foreign = 0
         self._events = 0
         self._records = 0
         self._reports = 0
@@ -90,6 +102,9 @@ class Pipeline:
     def feed(self, data: bytes, now: float = 0.0) -> None:
         """Consume the next bytes of the source."""
         self._now = now
+        scanner = self._scanner
+        if not scanner.done:
+            scanner.feed(data, self._reader._pos)
         self._lines(self._reader.feed(data))
 
     def start_generation(self, generation: str, offset: int = 0, lineno: int = 1) -> None:
@@ -100,6 +115,8 @@ class Pipeline:
         self._decoder.reset()
         self._deduper.flush(None)
         self._deduper.start(generation)
+        self._gen += 1
+        self._scanner.start(self._gen)
 
     def resume_point(self) -> tuple[int, int]:
         """(offset, lineno) from which a restart must re-read to rebuild everything still in flight."""
@@ -139,6 +156,7 @@ class Pipeline:
 
     def finish(self) -> None:
         """End of input: everything pending becomes an event now."""
+        self._scanner.finish()
         self._lines(self._reader.finish())
         self._records_from(self._assembler.close_all())
         self._deduper.flush(None)
@@ -153,6 +171,7 @@ class Pipeline:
             oversized_lines=self._reader.oversized_lines,
             noise_lines=self._assembler.noise_lines,
             json_errors=self._decoder.json_errors,
+            foreign_events=self._foreign,
         )
 
     def _lines(self, items: Iterable[RawLine | Gap]) -> None:
@@ -172,4 +191,18 @@ class Pipeline:
             report = self._matcher.classify(record)
             if report is not None:
                 self._reports += 1
+                if self._gate and not self._admit(report):
+                    continue
                 self._deduper.add(report, self._now)
+
+    def _admit(self, report: Report) -> bool:
+        """SGLang's own text identifies the source; an evidence-needing kind counts only with evidence before it."""
+        at = (self._gen, report.record.offset)
+        if report.kind not in self._needs_evidence:
+            self.evidence.mark(at)
+            return True
+        if self.evidence.admits(report.record, at):
+            return True
+        self._foreign += 1
+        self.evidence.withheld += 1
+        return False

@@ -1,7 +1,9 @@
 """Read statistics of the followed files, published by the loop as it reads, kept as cached families.
 
 What a source costs: `file_lag_bytes` and `read_errors_total` per source (the dashboards filter and join on the
-lag series), `last_read_timestamp_seconds` once it has read something. Bytes, lines, records, matched records,
+lag series), `last_read_timestamp_seconds` once it has read something; only for a source identified as SGLang
+(detect/evidence.py): a node's foreign containers add to the totals and to `files_watched`, never a series of
+their own. `sglang_sources` counts the sources (label sets) identified. Bytes, lines, records, matched records,
 oversized lines and file resets are exporter-wide totals: one series each (resets one per reason), whatever the
 number of files. The totals never go down: a file that is retired, or a source rebuilt by a reload, keeps what it
 added, so `increase()` never sees a false reset.
@@ -21,7 +23,10 @@ _TOTALS = {  # SourceStats field -> (family name, help)
     "records": ("records", "Log records (blocks, tracebacks, lines) near an anchor, assembled."),
     "matched_records": ("matched_records", "Records the catalog classified as an OOM report (before dedupe)."),
     "oversized_lines": ("oversized_lines", "Lines longer than the line limit, cut."),
-}
+    "foreign_events": ("foreign_events",
+                       "OOM reports (before dedupe) not counted because neither their traceback nor their source "
+                       "showed SGLang evidence (a generic CUDA OOM of another program)."),
+}  # fmt: skip
 
 
 @dataclass(slots=True)
@@ -38,6 +43,8 @@ class SourceStats:
     oversized_lines: float = 0.0
     lag_bytes: float = 0.0
     last_read: float | None = None
+    foreign_events: float = 0.0
+    sglang: bool = True  # identified as SGLang (or named by the user): only such a source has series of its own
     resets: dict[str, float] = field(default_factory=lambda: dict.fromkeys(RESET_REASONS, 0.0))
 
 
@@ -54,6 +61,12 @@ class SourceTable:
         self._by_path: dict[str, SourceStats] = {}
         self._groups: dict[Labels, set[str]] = {}
         self._f_files = page.family(f"{SELF}_files_watched", "gauge", "Log files being followed.")
+        self._f_sglang = page.family(
+            f"{SELF}_sglang_sources",
+            "gauge",
+            "Followed sources identified as SGLang (by their content or named by the user).",
+        )
+        self._sglang_groups: set[Labels] = set()
         self._f_totals = {key: page.family(f"{SELF}_{name}", "counter", doc) for key, (name, doc) in _TOTALS.items()}
         self._f_errors = page.family(f"{SELF}_read_errors", "counter", "Errors opening or reading log files.",
                                      label_names)  # fmt: skip
@@ -70,6 +83,7 @@ class SourceTable:
                                    label_names)  # fmt: skip
         with self._lock:
             self._f_files.set((), 0.0)
+            self._f_sglang.set((), 0.0)
             for fam in self._f_totals.values():
                 fam.set((), 0.0)
             for reason in RESET_REASONS:
@@ -118,11 +132,23 @@ class SourceTable:
             self._merge(old.labels)
             return
         self._groups.pop(old.labels, None)
+        self._hide(old.labels)
+
+    def _hide(self, labels: Labels) -> None:
         for fam in (self._f_errors, self._f_lag, self._f_last):
-            fam.discard(old.labels)
+            fam.discard(labels)
+        if labels in self._sglang_groups:
+            self._sglang_groups.discard(labels)
+            self._f_sglang.set((), float(len(self._sglang_groups)))
 
     def _merge(self, labels: Labels) -> None:
-        members = [self._by_path[p] for p in self._groups[labels]]
+        members = [m for m in (self._by_path[p] for p in self._groups[labels]) if m.sglang]
+        if not members:
+            self._hide(labels)
+            return
+        if labels not in self._sglang_groups:
+            self._sglang_groups.add(labels)
+            self._f_sglang.set((), float(len(self._sglang_groups)))
         self._f_errors.set(labels, sum(s.read_errors for s in members))
         self._f_lag.set(labels, sum(s.lag_bytes for s in members))
         last = max((s.last_read for s in members if s.last_read is not None), default=None)

@@ -80,17 +80,14 @@ class PodLogRef:
 
 
 # The one home of the default filters (config.KubernetesConfig uses them too).
-# Why these defaults: SGLang runs in pods whose container names say what they serve: the upstream
-# examples use "sglang", LWS "leader"/"worker" roles, PD disaggregation "prefill"/"decode", and
-# wrappers "server", "engine", "inference", "llm" (KServe's "kserve-container" needs an explicit
-# filter). Broad on purpose: tailing one extra file costs a file descriptor, a missed OOM costs a page.
-# This exporter's own container is excluded, because its log quotes the OOM lines it found. The
-# Kubernetes system namespaces are excluded because "kube-apiserver" and "metrics-server" match "server".
+# Why these defaults: every container on the node is followed, because SGLang is recognised by what it writes
+# (detect/evidence.py), not by what its container is called (KServe's "kserve-container", operators' "main" or
+# "model"). A container that never shows SGLang costs a literal search over its bytes and no series. Two kinds are
+# left out: this exporter's own container (the chart names it "oom-exporter"), whose log quotes the OOM lines it
+# found, and the Kubernetes system namespaces. The filters pin sources for those who want fewer (docs/recognition.md).
 DEFAULT_NAMESPACE_FILTER = r"(?!kube-system$|kube-public$|kube-node-lease$).+"
 DEFAULT_POD_FILTER = r".+"
-DEFAULT_CONTAINER_FILTER = (
-    r"(?i)(?!.*oom-exporter).*(sglang|server|engine|inference|llm|worker|leader|prefill|decode).*"
-)
+DEFAULT_CONTAINER_FILTER = r"(?i)(?!.*oom-exporter).+"
 
 
 @dataclass(frozen=True, slots=True)

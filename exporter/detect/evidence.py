@@ -1,0 +1,172 @@
+"""Is this source SGLang? Evidence from what it writes, looked for in the bytes until it is found. Beside the reader.
+
+    bytes --EvidenceScanner (literal prefilter, complete lines only)--> Evidence.mark(position)
+    Report of an SGLang-only kind --Evidence.mark(its position)
+    Report of a kind with requires_sglang_evidence --admitted?--> counted, or withheld (a foreign event)
+
+The rule (docs/recognition.md): a source is SGLang from the first line that shows one *strong* sign, or from the
+third line that shows the weak one.
+- strong: `server_args=ServerArgs(` (the start-up banner), a traceback frame in `sglang/srt/`, a scheduler usage
+  line (`#running-req: `, in every Decode batch / Prefill batch line since 0.1), the capacity line
+  (`max_total_num_tokens=`), or a report of a catalog kind whose text only SGLang writes (the KV-pool messages);
+- weak: SGLang's log prefix with a rank token, `[<time> ... TP0 ...] ` (a format another program could share, so
+  one line is not enough; an SGLang scheduler writes dozens in its first second).
+A kind the catalog marks `requires_sglang_evidence` (torch's and flashinfer's CUDA OOM: any PyTorch program
+writes them) counts only when its own traceback has a `sglang/srt/` frame, or when the source was SGLang at or
+before the event's first line. Positions, not arrival times, decide: a file read in one piece or byte by byte,
+serially or cut into ranges by a parallel scan, admits the same events.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import regex
+
+from .finder import make_finder
+from .model import Record
+
+STRONG = ("server_args=ServerArgs(", "sglang/srt/", "#running-req: ", "max_total_num_tokens=")
+WEAK = "TP0"
+WEAK_LINES = 3  # lines with a rank-tagged SGLang prefix that identify a source
+OWN_FRAME = "sglang/srt/"
+# SGLang's prefix with a TP0 rank token, anywhere in the line (a CRI or compose wrapper may come first).
+_WEAK_LINE = regex.compile(
+    rb"\[(?:\d{4}-\d\d-\d\d )?\d\d:\d\d:\d\d(?:\.\d{1,6})?(?: [A-Z][A-Z_]*\d+)* TP0(?: [A-Z][A-Z_]*\d+)*\] "
+)
+MAX_LINE = 256 * 1024  # the reader's bound: a longer line is judged on its first MAX_LINE bytes
+BEFORE_ALL = (-1, -1)  # the position of evidence that precedes every byte (inherited, restored, probed)
+
+Position = tuple[int, int]  # (generation sequence number, byte offset in that generation)
+
+
+class Evidence:
+    """One source's SGLang identification: where it was first shown, and who to tell."""
+
+    __slots__ = ("at", "by_word", "on_identified", "withheld")
+
+    def __init__(self, *, by_word: bool = False, on_identified: Callable[[], None] | None = None) -> None:
+        self.at: Position | None = None
+        self.by_word = by_word  # a path the user named: SGLang for its series, not for a generic CUDA OOM
+        self.on_identified = on_identified
+        self.withheld = 0  # reports of an evidence-needing kind not counted for lack of evidence
+
+    @property
+    def identified(self) -> bool:
+        """Whether the content showed SGLang (here or in an earlier run of the same container)."""
+        return self.at is not None
+
+    @property
+    def sglang(self) -> bool:
+        """Whether the source counts as SGLang's: by its content or by the user's word."""
+        return self.at is not None or self.by_word
+
+    def mark(self, at: Position = BEFORE_ALL) -> None:
+        """Evidence at this position; the first mark (or an earlier one) wins."""
+        first = self.at is None
+        if first or at < self.at:  # type: ignore[operator]
+            self.at = at
+        if first and self.on_identified is not None:
+            self.on_identified()
+
+    def admits(self, record: Record, at: Position) -> bool:
+        """Whether an event of an evidence-needing kind at this position counts: own frames, or evidence before it."""
+        if any(OWN_FRAME in path for path, _ in record.frames):
+            return True
+        return self.at is not None and self.at <= at
+
+
+class EvidenceScanner:
+    """Looks for the signs in a source's bytes, complete lines only, until one identifies it."""
+
+    def __init__(self, evidence: Evidence, finder: str = "auto") -> None:
+        self.evidence = evidence
+        self._finder = make_finder(tuple(s.encode() for s in (*STRONG, WEAK)), prefer=finder)
+        self._strong = tuple(s.encode() for s in STRONG)
+        self._partial = bytearray()
+        self._partial_at = 0
+        self._truncating = False
+        self.weak_lines: list[int] = []  # offsets of the first WEAK_LINES weak lines of the current generation
+        self.strong_at: int | None = None  # offset of the first strong line of the current generation
+        self._gen = 0
+        self._weak_total = 0
+
+    @property
+    def done(self) -> bool:
+        """Nothing left to look for."""
+        return self.evidence.at is not None
+
+    def start(self, gen: int) -> None:
+        """A new file generation: a line cut at the old one's end is judged as it was."""
+        self.finish()
+        self._gen = gen
+        self.weak_lines, self.strong_at = [], None
+
+    def feed(self, data: bytes, offset: int) -> None:
+        """The next bytes of the current generation, the first at `offset`."""
+        if self.done or not data:
+            return
+        cut = data.rfind(b"\n")
+        if cut < 0:
+            self._extend(data, offset)
+            return
+        start = 0
+        if self._partial or self._truncating:
+            first = data.find(b"\n")
+            self._extend(data[:first], offset)
+            self._line(bytes(self._partial), self._partial_at)
+            self._partial.clear()
+            self._truncating = False
+            start = first + 1
+        pos = start
+        # One stopping search per line that holds a sign (a line that identifies ends it): an SGLang log, where
+        # every usage line holds one, costs one search, not one Python call per usage line.
+        while pos <= cut:
+            hit = self._finder.first(data, pos, cut + 1)
+            if hit < 0:
+                break
+            lo = max(data.rfind(b"\n", pos, hit) + 1, pos)
+            end = data.find(b"\n", hit, cut + 1)
+            self._line(data[lo : min(end, lo + MAX_LINE)], offset + lo)
+            if self.done:
+                return
+            pos = end + 1
+        self._extend(data[cut + 1 :], offset + cut + 1)
+
+    def finish(self) -> None:
+        """The generation ended: its last line (without a newline) is a line."""
+        if (self._partial or self._truncating) and not self.done:
+            self._line(bytes(self._partial), self._partial_at)
+        self._partial.clear()
+        self._truncating = False
+
+    def _extend(self, data: bytes, offset: int) -> None:
+        if not self._partial and not self._truncating:
+            self._partial_at = offset
+        room = MAX_LINE - len(self._partial)
+        if len(data) > room:
+            self._partial += data[: max(room, 0)]
+            self._truncating = True
+        else:
+            self._partial += data
+
+    def _line(self, line: bytes, at: int) -> None:
+        if any(s in line for s in self._strong):
+            if self.strong_at is None:
+                self.strong_at = at
+            self.evidence.mark((self._gen, at))
+        elif WEAK.encode() in line and _WEAK_LINE.search(line) is not None:
+            if len(self.weak_lines) < WEAK_LINES:
+                self.weak_lines.append(at)
+            self._weak_total += 1
+            if self._weak_total >= WEAK_LINES:
+                self.evidence.mark((self._gen, at))
+
+
+def probe(data: bytes, finder: str = "auto") -> bool:
+    """Whether these bytes (a file's head, read before following it from later on) identify SGLang."""
+    evidence = Evidence()
+    scanner = EvidenceScanner(evidence, finder)
+    scanner.feed(data, 0)
+    scanner.finish()
+    return evidence.identified

@@ -1,0 +1,145 @@
+"""The SGLang evidence rule (detect/evidence.py): what identifies a source, and that positions, not chunking or
+a parallel scan's cuts, decide what a generic CUDA OOM needs."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from sglang_oom_exporter.config import KubernetesConfig
+from sglang_oom_exporter.detect.evidence import Evidence, EvidenceScanner, probe
+from sglang_oom_exporter.scan import scan_paths
+from tests.helpers import CATALOG, scan_bytes
+from tests.test_app import _app, _run
+
+BARE = b"RuntimeError: CUDA error: out of memory\nCUDA kernel errors might be asynchronously reported\n\n"
+WEAK = b"[2026-03-14 22:00:0%d TP0] Load weight begin. avail mem=78.1 GB\n"
+
+
+def bare(n: int) -> bytes:
+    """A torch CUDA OOM alone: no frames (each n a different body, so none dedupes into another)."""
+    return b"torch.OutOfMemoryError: CUDA out of memory. Tried to allocate %d.00 MiB.\n\n" % n
+
+
+PAD = b"".join(b"INFO: GET /health 200 %d\n" % i for i in range(40))
+
+
+@pytest.mark.parametrize(
+    ("head", "counted"),
+    [
+        (b"", 0),
+        (b"[2026-03-14 22:00:00] server_args=ServerArgs(model_path='m')\n", 1),
+        (b"[2026-03-14 22:00:00 TP0] max_total_num_tokens=401408, max_prefill_tokens=16384\n", 1),
+        (b"[2026-03-14 22:00:00] Decode batch. #running-req: 3, #token: 900, token usage: 0.01\n", 1),
+        (b'  File "/usr/lib/python3/dist-packages/sglang/srt/server.py", line 9, in f\n', 1),
+        (
+            b"[2026-03-14 22:00:00] Prefill out of memory. Try to lower your batch size.\nTry to allocate 9 tokens.\n\n",
+            2,
+        ),
+        (WEAK % 1 + WEAK % 2, 0),  # the rank prefix is weak: two lines are not enough
+        (WEAK % 1 + WEAK % 2 + WEAK % 3, 1),
+        (b"2026-03-14T22:00:00.1Z stderr F " + WEAK % 1 + b"x TP0 y\n" * 5, 0),  # TP0 outside a prefix is nothing
+    ],
+)
+def test_what_identifies_a_source_before_a_bare_cuda_oom(head, counted):
+    events = scan_bytes(head + PAD + BARE)
+    assert len(events) == counted
+    assert sum(1 for e in events if e.kind == "cuda_oom") == (1 if counted else 0)
+
+
+def test_evidence_after_the_event_does_not_reach_back_and_chunking_changes_nothing():
+    data = BARE + PAD + b"[2026-03-14 22:00:00] server_args=ServerArgs(x=1)\n" + PAD + bare(1)
+    whole = [(e.kind, e.location) for e in scan_bytes(data)]
+    assert whole == [("cuda_oom", "t.log:85")]  # the second: 3 + 40 + 1 + 40 lines before it
+    for chunk in (1, 3, 17, 64):
+        assert [(e.kind, e.location) for e in scan_bytes(data, chunk=chunk)] == whole, chunk
+
+
+def test_a_line_longer_than_a_read_is_judged_whole():
+    scanner_evidence = Evidence()
+    scanner = EvidenceScanner(scanner_evidence, "bytes.find")
+    line = b"x" * 5000 + b" server_args=ServerArgs(a=1)\n"
+    for i in range(0, len(line), 7):
+        scanner.feed(line[i : i + 7], i)
+    assert scanner_evidence.at == (0, 0)
+    assert probe(b"hello\n" + line)
+    assert not probe(b"hello\nworld\n")
+
+
+@pytest.mark.timeout(120)
+def test_a_parallel_scan_admits_what_the_serial_scan_admits(tmp_path):
+    # Evidence in the first range; bare CUDA OOMs in later ranges; three weak lines spread over cuts.
+    parts = [BARE, PAD, WEAK % 1, PAD, WEAK % 2, PAD, bare(1), PAD, WEAK % 3, PAD]
+    for i in range(6):
+        parts += [bare(i + 2), PAD * 3]
+    path = tmp_path / "big.log"
+    path.write_bytes(b"".join(parts))
+    serial = scan_paths(CATALOG, [str(path)]).to_json()
+    assert serial["counts"]["cuda_oom"] == 6
+    assert serial["inputs"][0]["foreign_events"] == 2
+    for range_size in (300, 2000):
+        got = scan_paths(CATALOG, [str(path)], jobs=2, range_size=range_size, min_parallel_bytes=0).to_json()
+        assert json.dumps(got) == json.dumps(serial), range_size
+
+
+def _pods(tmp_path, body: bytes) -> str:
+    container = tmp_path / "pods" / "llm_sglang-0_0d7c" / "model"
+    container.mkdir(parents=True)
+    (container / "0.log").write_bytes(body)
+    return str(container / "0.log")
+
+
+def test_a_file_followed_from_its_end_is_judged_by_its_head(tmp_path):
+    path = _pods(tmp_path, b"[2026-03-14 22:00:00] server_args=ServerArgs(model_path='m')\n" + PAD)
+    app, clock = _app(tmp_path, paths=(), kubernetes=KubernetesConfig(str(tmp_path / "pods")))
+    _run(app, clock)
+    with open(path, "ab") as fh:
+        fh.write(BARE)
+    _run(app, clock)
+    assert app.counts.total("cuda_oom") == 1
+    assert app.sources.by_path[path].state()["sglang"] is True  # type: ignore[index]
+
+
+def test_an_old_state_file_without_the_identification_is_tolerated(tmp_path):
+    # Saved by an older version (no "sglang" key), at an offset past a head that shows nothing: the content decides.
+    path = _pods(tmp_path, PAD)
+    app, clock = _app(tmp_path, paths=(), kubernetes=KubernetesConfig(str(tmp_path / "pods")))
+    _run(app, clock)
+    app.keeper.save()
+    app.sources.close()
+    state_file = os.path.join(str(tmp_path / "state"), os.listdir(str(tmp_path / "state"))[0])
+    with open(state_file) as fh:
+        doc = json.load(fh)
+    text = json.dumps(doc)
+    assert '"sglang": false' in text
+    with open(state_file, "w") as fh:
+        fh.write(text.replace('"sglang": false, ', "").replace(', "sglang": false', ""))
+    with open(path, "ab") as fh:
+        fh.write(BARE)
+    app2, clock2 = _app(tmp_path, paths=(), kubernetes=KubernetesConfig(str(tmp_path / "pods")))
+    app2.keeper.load()
+    _run(app2, clock2)
+    assert app2.counts.total("cuda_oom") == 0
+    assert app2.sources.by_path[path].pipeline.stats().foreign_events == 1
+    assert app2.sources.bad_positions == 0
+    assert app2.keeper.errors == 0
+
+
+def test_both_finders_stop_at_the_same_first_line():
+    pytest.importorskip("hyperscan")
+    from sglang_oom_exporter.detect.finder import BytesFinder, HyperscanFinder
+
+    literals = (b"server_args=ServerArgs(", b"#running-req: ", b"TP0")
+    finders = (BytesFinder(literals), HyperscanFinder(literals))
+    rng = __import__("random").Random(7)
+    words = [b"x", b"TP0", b"#running-req: ", b"server_args=ServerArgs(", b"\n", b"ServerArgs(", b"TP"]
+    for _ in range(300):
+        buf = b"".join(rng.choice(words) for _ in range(rng.randrange(1, 30)))
+        lo = rng.randrange(len(buf) + 1)
+        lines = set()
+        for f in finders:
+            hit = f.first(buf, lo, len(buf))
+            lines.add(-1 if hit < 0 else buf.count(b"\n", 0, hit))
+        assert len(lines) == 1, (buf, lo)
