@@ -715,6 +715,17 @@ def test_chart_readme_sidecar_snippet_is_a_valid_exporter_command(tmp_path):
     assert "configuration ok: 1 path(s), kubernetes=off" in proc.stdout
 
 
+def test_sidecar_snippet_has_no_probe_that_could_make_the_sglang_pod_unready():
+    # A pod is Ready only when all its containers are: an exporter probe failing on an exporter-side problem
+    # (/healthz is 503 while the state dir cannot be written) would take SGLang out of its Service.
+    text = (CHART / "README.md").read_text()
+    snippet = text.split("<!-- sidecar-snippet -->", 2)[1].split("```yaml\n", 1)[1].split("```", 1)[0]
+    containers = {c["name"]: c for c in yaml.safe_load(snippet)["spec"]["containers"]}
+    probes = {"readinessProbe", "livenessProbe", "startupProbe"}
+    assert sorted(probes & set(containers["oom-exporter"])) == []
+    assert "**The exporter can never make SGLang unready.**" in text
+
+
 def test_readme_install_command_renders_what_a_kube_prometheus_stack_user_needs():
     needs_rules()
     needs_dashboards()
