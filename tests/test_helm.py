@@ -396,7 +396,9 @@ def test_gpu_node_placement_is_the_daemonset_default_and_easy_to_turn_off():
         {"matchExpressions": [{"key": "nvidia.com/gpu.present", "operator": "In", "values": ["true"]}]},
     ]
     spec = workload(template())["spec"]["template"]["spec"]
-    assert spec["affinity"] == {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": terms}}}
+    assert spec["affinity"] == {
+        "nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": terms}}
+    }
     off = workload(template(values={"gpuNodes": {"enabled": False}}))["spec"]["template"]["spec"]
     assert "affinity" not in off
     # A label of your own (helm merges maps: a default label set to null is dropped); and an affinity of your
@@ -405,8 +407,16 @@ def test_gpu_node_placement_is_the_daemonset_default_and_easy_to_turn_off():
     mine = workload(template(values={"gpuNodes": {"nodeLabels": labels}}))["spec"]["template"]["spec"]
     got = mine["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
     assert got == [{"matchExpressions": [{"key": "accelerator", "operator": "In", "values": ["h100"]}]}, terms[1]]
-    own = {"nodeAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [
-        {"weight": 1, "preference": {"matchExpressions": [{"key": "pool", "operator": "In", "values": ["llm"]}]}}]}}
+    own = {
+        "nodeAffinity": {
+            "preferredDuringSchedulingIgnoredDuringExecution": [
+                {
+                    "weight": 1,
+                    "preference": {"matchExpressions": [{"key": "pool", "operator": "In", "values": ["llm"]}]},
+                }
+            ]
+        }
+    }
     assert workload(template(values={"affinity": own}))["spec"]["template"]["spec"]["affinity"] == own
     pod_affinity = {"podAntiAffinity": {}}
     merged = workload(template(values={"affinity": pod_affinity}))["spec"]["template"]["spec"]["affinity"]

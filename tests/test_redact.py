@@ -10,7 +10,7 @@ import pytest
 
 from sglang_oom_exporter.daemon.redact import REDACTED, redact_excerpt, redact_line
 
-SECRET = "SECRET-PROMPT"
+SECRET = "SECRET-PROMPT"  # noqa: S105 - request text a test plants, not a password
 
 
 @pytest.mark.parametrize(

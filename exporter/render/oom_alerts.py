@@ -190,7 +190,8 @@ def near_full_alert(pack: Mapping[str, Any], job: str) -> AlertSpec:
     )
     description = (
         "SGLang at {{ $labels.target }}{{ if $labels.pod }} (pod {{ $labels.namespace }}/{{ $labels.pod }})"
-        "{{ else if $labels.source }} (source {{ $labels.source }}){{ end }} has used {{ $value | humanizePercentage }} of its KV cache for "
+        "{{ else if $labels.source }} (source {{ $labels.source }}){{ end }} has used "
+        "{{ $value | humanizePercentage }} of its KV cache for "
         f"{spec['for']} (alert above {threshold:.0%}, read by exporter {{{{ $labels.instance }}}}). New requests "
         "wait or retract running ones, and the next large prefill or decode step may fail with an OOM. Lower "
         "--max-running-requests or --chunked-prefill-size, or give the KV pool more memory (--mem-fraction-static)."
