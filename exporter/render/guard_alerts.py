@@ -10,6 +10,14 @@ from typing import Any
 from .alertspec import EXPORTER_DOWN, NO_LOGS, STATE_ERRORS, TARGET_DOWN, AlertSpec, pack_alert
 from .promql import indent, new_events, sel
 
+# kube-state-metrics' container images that run SGLang (RE2, matched against the whole `image` label).
+SGLANG_IMAGE = "(?i).*sglang.*"
+# The exporter's own pod, as the chart's monitors relabel the operator's target labels (templates/_helpers.tpl).
+EXPORTER_POD_LABELS = ("exporter_namespace", "exporter_pod")
+EXPORTER_POD_TEXT = (
+    "{{ if $labels.exporter_pod }} (pod {{ $labels.exporter_namespace }}/{{ $labels.exporter_pod }}){{ end }}"
+)
+
 
 def exporter_down_alert(pack: Mapping[str, Any], job: str) -> AlertSpec:
     """SGLangOOMExporterDown: the target is down, or there is no target at all."""
@@ -18,18 +26,13 @@ def exporter_down_alert(pack: Mapping[str, Any], job: str) -> AlertSpec:
     expr = f"{up} == 0\nor\nabsent({up})\n"
     description = (
         "{{ if $labels.instance }}Prometheus cannot scrape the SGLang OOM exporter at {{ $labels.instance }}"
+        f"{EXPORTER_POD_TEXT}"
         f'{{{{ else }}}}Prometheus has no target with job="{job}" at all{{{{ end }}}} '
         f"(for {pack['exporter_down']['for']}). OOMs on the servers it watches go uncounted until it is back: check "
         f'the exporter pod or process, its logs, and that the scrape job is named "{job}".'
     )
     summary = "The SGLang OOM exporter is down or not scraped, so no OOM alert can fire."
     return pack_alert(pack, "exporter_down", EXPORTER_DOWN, expr, summary, description)
-
-
-# kube-state-metrics' container images that run SGLang (RE2, matched against the whole `image` label).
-SGLANG_IMAGE = "(?i).*sglang.*"
-# The exporter's own pod, as the chart's monitors relabel the operator's target labels (templates/_helpers.tpl).
-EXPORTER_POD_LABELS = ("exporter_namespace", "exporter_pod")
 
 
 def _sglang_nodes() -> str:
@@ -126,12 +129,14 @@ def state_errors_alert(pack: Mapping[str, Any], job: str) -> AlertSpec:
     """SGLangOOMExporterStateErrors: new state file errors within the window."""
     window = str(pack["state_errors"]["window"])
     series = sel("sglang_oom_exporter_state_errors_total", job=job)
-    expr = "max by (job, instance) (\n" + indent(new_events(series, window)) + "\n)\n"
+    expr = (
+        f"max by (job, instance, {', '.join(EXPORTER_POD_LABELS)}) (\n" + indent(new_events(series, window)) + "\n)\n"
+    )
     description = (
         '{{ $value | printf "%.0f" }} state file error(s) in the last '
-        f"{window} on the exporter at {{{{ $labels.instance }}}}: it could not write its --state-dir, or found the "
-        "state file unreadable or corrupt at start (moved aside as state.json.corrupt-<time>). Check the "
-        "directory's free space, permissions and mount, and the exporter's log."
+        f"{window} on the exporter at {{{{ $labels.instance }}}}{EXPORTER_POD_TEXT}: it could not write its "
+        "--state-dir, or found the state file unreadable or corrupt at start (moved aside as "
+        "state.json.corrupt-<time>). Check the directory's free space, permissions and mount, and the exporter's log."
     )
     summary = "The SGLang OOM exporter cannot save or load its state, so a restart may lose or recount OOMs."
     return pack_alert(pack, "state_errors", STATE_ERRORS, expr, summary, description, window=window)
