@@ -266,7 +266,7 @@ def test_the_unit_tests_catch_a_rule_without_its_born_at_one_branch(tmp_path):
         (lambda e: _without_branch(e, "* on (exporter_namespace, exporter_pod) group_left (node)"),
          {"a wrong hostPath on a GPU node with SGLang pages, naming the node and the exporter pod"}),
         # Without the target branch, an answering SGLang whose log is not read is unseen.
-        (lambda e: _without_branch(e, "unless on (job, instance)"),
+        (lambda e: _without_branch(e, "max by (job, instance) (sglang_oom_target_up"),
          {"an SGLang endpoint that answers while its logs are not read warns; one that does not answer is quiet"}),
     ],
     ids=["no-whole-window-guard", "no-waiting-branch", "files-watched-zero", "idle-lines", "no-node-branch",

@@ -71,9 +71,10 @@ def no_logs_alert(pack: Mapping[str, Any], job: str) -> AlertSpec:
         "  and on (node)\n" + indent(_sglang_nodes()) + "\n)"
     )
     expr = (
-        # 1. SGLang answers at an endpoint this exporter scrapes, and it follows none of its logs.
+        # 1. SGLang answers at an endpoint this exporter scrapes, and it follows none of its logs. Every branch
+        # needs sglang_sources reported (`== 0`, not its absence): an exporter without the gauge is no evidence.
         f"(\n  max by (job, instance) ({up} == 1)\n"
-        f"  unless on (job, instance)\n  max by (job, instance) ({sglang} > 0)\n)\n"
+        f"  and on (job, instance)\n  max by (job, instance) ({sglang}) == 0\n)\n"
         # 2. An SGLang container on the node of an exporter that follows no SGLang log (a wrong hostPath).
         f"or\n{node_unread}\n"
         # 3. SGLang containers in the cluster, and no exporter of the job follows any SGLang log (unless 2 says
