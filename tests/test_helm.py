@@ -426,6 +426,8 @@ def test_gpu_node_placement_is_the_daemonset_default_and_easy_to_turn_off():
     assert "nodeAffinity" not in dep.get("affinity", {})
     # --reuse-values from a release without gpuNodes: the default placement.
     assert workload(template("reuse-values-values.yaml"))["spec"]["template"]["spec"]["affinity"]["nodeAffinity"]
+    assert "Placement: GPU nodes only (a node labelled one of feature.node.kubernetes.io/amd-gpu, " in _notes()
+    assert "Placement" not in _notes(values={"gpuNodes": {"enabled": False}})
     readme = (CHART / "README.md").read_text()
     assert "**Placement: GPU nodes by default.**" in readme
     assert "`--set gpuNodes.enabled=false`" in readme
