@@ -119,3 +119,23 @@ def test_unknown_phase_gives_both_fixes_with_their_condition():
         ("--max-running-requests", 64, 48),
     ]
     assert [s.when.rsplit(" ", 2)[-2:] for s in got] == [["a", "prefill"], ["a", "prefill"], ["decode", "batch"]]
+
+
+def test_scan_of_one_benign_retraction_without_server_args_suggests_nothing(tmp_path):
+    # Issue 18: `--schedule-conservativeness 1.3` and "0.3 above the current 1" while nothing was known.
+    import json
+    import subprocess
+    import sys
+
+    log = tmp_path / "server.log"
+    log.write_text(
+        "[2026-03-14 22:09:01 TP0] KV cache pool is full. Retract requests. #retracted_reqs: 1, "
+        "#new_token_ratio: 0.4000 -> 0.5000\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-m", "sglang_oom_exporter", "scan", "--format", "json", str(log)],
+        capture_output=True, text=True, timeout=30, check=True,
+    )  # fmt: skip
+    (event,) = json.loads(proc.stdout)["events"]
+    assert (event["kind"], event["suggestions"]) == ("retract", [])
+    assert "current 1" not in proc.stdout
