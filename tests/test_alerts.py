@@ -226,18 +226,41 @@ def test_the_unit_tests_catch_a_rule_without_its_born_at_one_branch(tmp_path):
           "a configured file missing for an hour warns although the other files are read",
           "an exporter restart does not restart the hour of waiting"}),
         # Without the waiting branch, a missing file goes unseen while another file is read.
-        (lambda e: e[: e.rindex("or\n(")],
+        (lambda e: _without_branch(e, "min_over_time("),
          {"a configured file missing for an hour warns although the other files are read",
           "an exporter restart does not restart the hour of waiting",
           "a file missing from 11m on warns an hour and 15 minutes later"}),
+        # The old "follows no file" branch (issue 18): every CPU node without pods would warn.
+        (lambda e: 'max by (job, instance) (sglang_oom_exporter_files_watched{job="sglang-oom-exporter"}) == 0\nor\n' + e,
+         {"a CPU node with no SGLang stays silent, with or without other containers",
+          "a wrong hostPath on a GPU node with SGLang pages, naming the node and the exporter pod"}),
+        # The line branch not scoped to exporters following SGLang: an idle CPU node would warn after an hour.
+        (lambda e: e.replace('  and on (job, instance)\n  max by (job, instance) (sglang_oom_exporter_sglang_sources{job="sglang-oom-exporter"} > 0)\n', ""),
+         {"no line read for hours where no SGLang source is followed is quiet",
+          "a CPU node with no SGLang stays silent, with or without other containers"}),
+        # Without the kube-state-metrics node branch, a wrong hostPath on the SGLang node is unseen.
+        (lambda e: _without_branch(e, "* on (exporter_namespace, exporter_pod) group_left (node)"),
+         {"a wrong hostPath on a GPU node with SGLang pages, naming the node and the exporter pod"}),
+        # Without the target branch, an answering SGLang whose log is not read is unseen.
+        (lambda e: _without_branch(e, "max by (job, instance) (sglang_oom_target_up"),
+         {"an SGLang endpoint that answers while its logs are not read warns; one that does not answer is quiet"}),
     ],
-    ids=["no-whole-window-guard", "no-waiting-branch"],
+    ids=["no-whole-window-guard", "no-waiting-branch", "files-watched-zero", "idle-lines", "no-node-branch",
+         "no-target-branch"],
 )  # fmt: skip
 def test_the_unit_tests_catch_a_no_logs_rule_that_ignores_waiting_sources_or_pages_too_soon(tmp_path, mutate, failing):
+    """Each branch of NoLogs, and its scoping to where SGLang is expected, has a promtool test that fails without it."""
     proc, names = _unit_test_mutated(tmp_path, "SGLangOOMExporterNoLogs", mutate)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 1
     assert {n for n in names if f"name: {n}," in out} == failing, out
+
+
+def _without_branch(expr: str, marker: str) -> str:
+    """The expression without the first top-level `or` branch that contains marker (branches are `(...)`)."""
+    branches = expr.rstrip("\n").split("\nor\n")
+    drop = next(i for i, b in enumerate(branches) if marker in b)
+    return "\nor\n".join(b for i, b in enumerate(branches) if i != drop) + "\n"
 
 
 @pytest.mark.slow
@@ -258,12 +281,14 @@ def test_the_guard_alerts_read_series_a_live_daemon_exports_with_the_values_thei
         daemon.stop()
     guards = [s for s in SPECS if s.group == "sglang-oom-exporter"]
     read = {m for s in guards for m in re.findall(r"\b(sglang_oom_exporter_\w+)\{", s.expr)}
-    assert read == {"sglang_oom_exporter_files_watched", "sglang_oom_exporter_lines_read_total",
+    assert read == {"sglang_oom_exporter_sglang_sources", "sglang_oom_exporter_lines_read_total",
                     "sglang_oom_exporter_sources_waiting", "sglang_oom_exporter_state_errors_total"}  # fmt: skip
     # The missing file is followed (files_watched counts it) and waiting: NoLogs needs its waiting branch.
     assert metrics["sglang_oom_exporter_files_watched"] == 2.0
     assert metrics["sglang_oom_exporter_sources_waiting"] == 1.0
     assert metrics["sglang_oom_exporter_lines_read_total"] == 0.0
+    # Both files are SGLang by the user's word (named paths), the missing one too: NoLogs' scoping sees them.
+    assert metrics["sglang_oom_exporter_sglang_sources"] == 2.0
     # The corrupt state was counted at start, before any scrape: StateErrors' series is born at 1.
     assert metrics["sglang_oom_exporter_state_errors_total"] == 1.0
 
@@ -346,7 +371,7 @@ def test_amtool_accepts_the_example():
     proc = _run("amtool", "check-config", str(EXAMPLE))
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "SUCCESS" in proc.stdout
-    assert " - 3 inhibit rules" in proc.stdout
+    assert " - 4 inhibit rules" in proc.stdout
     assert " - 3 receivers" in proc.stdout
 
 
@@ -372,7 +397,7 @@ def test_the_example_inhibits_a_sources_warnings_while_its_oom_pages():
     config = yaml.safe_load(EXAMPLE.read_text())
     pages = {s.name for s in SPECS if s.severity == "critical"}
     rules = config["inhibit_rules"]
-    assert len(rules) == 3
+    assert len(rules) == 4
 
     def names(matcher: str) -> set[str]:
         m = re.fullmatch(r'alertname(=~|=)"(.*)"', matcher)
@@ -380,13 +405,19 @@ def test_the_example_inhibits_a_sources_warnings_while_its_oom_pages():
         pattern = m.group(2) if m.group(1) == "=~" else re.escape(m.group(2))
         return {s.name for s in SPECS if re.fullmatch(pattern, s.name)}
 
-    warnings, near_full, no_logs = rules
+    warnings, near_full, near_full_source, no_logs = rules
     assert names(warnings["source_matchers"][0]) == pages
     assert names(warnings["target_matchers"][0]) == {"SGLangDecodeRequestsAborted", "SGLangKVCacheRetractionsHigh"}
     assert warnings["equal"] == list(SOURCE_LABELS)
     assert names(near_full["source_matchers"][0]) == pages
     assert names(near_full["target_matchers"][0]) == {"SGLangKVCacheNearFull"}
+    assert near_full["target_matchers"][1:] == ['pod=~".+"']
     assert near_full["equal"] == ["namespace", "pod"]
+    # A near-full warning by source (config targets) is quieted by its own source's page only (issue 18).
+    assert names(near_full_source["source_matchers"][0]) == pages
+    assert names(near_full_source["target_matchers"][0]) == {"SGLangKVCacheNearFull"}
+    assert near_full_source["target_matchers"][1:] == ['pod=""', 'source=~".+"']
+    assert near_full_source["equal"] == ["source"]
     assert names(no_logs["source_matchers"][0]) == {"SGLangOOMExporterDown"}
     assert names(no_logs["target_matchers"][0]) == {"SGLangOOMExporterNoLogs"}
     assert no_logs["equal"] == ["instance"]

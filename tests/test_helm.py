@@ -391,6 +391,49 @@ def test_probes_and_resources():
     assert dep_container["resources"]["limits"] == {"memory": "256Mi"}
 
 
+def test_gpu_node_placement_is_the_daemonset_default_and_easy_to_turn_off():
+    terms = [
+        {"matchExpressions": [{"key": "feature.node.kubernetes.io/amd-gpu", "operator": "In", "values": ["true"]}]},
+        {"matchExpressions": [{"key": "nvidia.com/gpu.present", "operator": "In", "values": ["true"]}]},
+    ]
+    spec = workload(template())["spec"]["template"]["spec"]
+    assert spec["affinity"] == {
+        "nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": terms}}
+    }
+    off = workload(template(values={"gpuNodes": {"enabled": False}}))["spec"]["template"]["spec"]
+    assert "affinity" not in off
+    # A label of your own (helm merges maps: a default label set to null is dropped); and an affinity of your
+    # own with a nodeAffinity replaces the default.
+    labels = {"accelerator": "h100", "feature.node.kubernetes.io/amd-gpu": None}
+    mine = workload(template(values={"gpuNodes": {"nodeLabels": labels}}))["spec"]["template"]["spec"]
+    got = mine["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+    assert got == [{"matchExpressions": [{"key": "accelerator", "operator": "In", "values": ["h100"]}]}, terms[1]]
+    own = {
+        "nodeAffinity": {
+            "preferredDuringSchedulingIgnoredDuringExecution": [
+                {
+                    "weight": 1,
+                    "preference": {"matchExpressions": [{"key": "pool", "operator": "In", "values": ["llm"]}]},
+                }
+            ]
+        }
+    }
+    assert workload(template(values={"affinity": own}))["spec"]["template"]["spec"]["affinity"] == own
+    pod_affinity = {"podAntiAffinity": {}}
+    merged = workload(template(values={"affinity": pod_affinity}))["spec"]["template"]["spec"]["affinity"]
+    assert set(merged) == {"podAntiAffinity", "nodeAffinity"}
+    # A Deployment reads a volume: no GPU needed.
+    dep = workload(template("deployment-values.yaml"))["spec"]["template"]["spec"]
+    assert "nodeAffinity" not in dep.get("affinity", {})
+    # --reuse-values from a release without gpuNodes: the default placement.
+    assert workload(template("reuse-values-values.yaml"))["spec"]["template"]["spec"]["affinity"]["nodeAffinity"]
+    assert "Placement: GPU nodes only (a node labelled one of feature.node.kubernetes.io/amd-gpu, " in _notes()
+    assert "Placement" not in _notes(values={"gpuNodes": {"enabled": False}})
+    readme = (CHART / "README.md").read_text()
+    assert "**Placement: GPU nodes by default.**" in readme
+    assert "`--set gpuNodes.enabled=false`" in readme
+
+
 def test_priority_class_option():
     spec = workload(template("all-on-values.yaml"))["spec"]["template"]["spec"]
     assert spec["priorityClassName"] == "system-node-critical"
@@ -465,7 +508,9 @@ def test_sidecar_mode_renders_no_workload_and_selects_the_sglang_pods():
     (endpoint,) = pm["spec"]["podMetricsEndpoints"]
     assert endpoint["honorLabels"] is False
     assert endpoint["port"] == "oom-metrics"
-    assert endpoint["relabelings"] == [{"targetLabel": "job", "replacement": "sglang-oom-exporter"}]
+    # The target pod is the SGLang pod here: namespace/pod stay; the exporter's container moves; the job is pinned.
+    assert endpoint["relabelings"] == [*KEEP_EXPORTER_IDENTITY, {"action": "labeldrop", "regex": "container"},
+                                       {"targetLabel": "job", "replacement": "sglang-oom-exporter"}]  # fmt: skip
     err = template(values={"mode": "sidecar"}, ok=False)
     assert "set sidecar.podSelector" in err
 
@@ -484,6 +529,15 @@ def test_all_off_renders_no_monitoring_objects():
     assert not MONITORING_KINDS & {d["kind"] for d in docs}
 
 
+# The operator's target labels of the exporter's own pod, kept under names of their own (issue 18): an OOM page
+# names the SGLang pod or source, never the exporter's pod (tests/test_operator_labels.py runs it).
+KEEP_EXPORTER_IDENTITY = [
+    {"sourceLabels": ["namespace"], "targetLabel": "exporter_namespace"},
+    {"sourceLabels": ["pod"], "targetLabel": "exporter_pod"},
+    {"sourceLabels": ["container"], "targetLabel": "exporter_container"},
+]
+
+
 def test_service_monitor_pins_the_job_and_honors_labels():
     docs = template("all-on-values.yaml")
     sm = one(docs, "ServiceMonitor")
@@ -497,13 +551,14 @@ def test_service_monitor_pins_the_job_and_honors_labels():
         "interval": "30s",
         "scrapeTimeout": "10s",
         "honorLabels": True,
+        "relabelings": [*KEEP_EXPORTER_IDENTITY, {"action": "labeldrop", "regex": "(namespace|pod|container)"}],
     }
     service_labels = one(docs, "Service")["metadata"]["labels"]
     assert sm["spec"]["selector"]["matchLabels"].items() <= service_labels.items()
     pm = one(template(values={"podMonitor": {"enabled": True}}), "PodMonitor")
     assert pm["spec"]["jobLabel"] == "app.kubernetes.io/name"
     assert pm["spec"]["podMetricsEndpoints"][0]["honorLabels"] is True
-    assert "relabelings" not in pm["spec"]["podMetricsEndpoints"][0]
+    assert pm["spec"]["podMetricsEndpoints"][0]["relabelings"] == endpoint["relabelings"]
     forced = one(template(values={"serviceMonitor": {"enabled": True, "honorLabels": False}}), "ServiceMonitor")
     assert forced["spec"]["endpoints"][0]["honorLabels"] is False
 
@@ -740,6 +795,17 @@ def test_chart_readme_sidecar_snippet_is_a_valid_exporter_command(tmp_path):
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     assert "configuration ok: 1 path(s), kubernetes=off" in proc.stdout
+
+
+def test_sidecar_snippet_has_no_probe_that_could_make_the_sglang_pod_unready():
+    # A pod is Ready only when all its containers are: an exporter probe failing on an exporter-side problem
+    # (/healthz is 503 while the state dir cannot be written) would take SGLang out of its Service.
+    text = (CHART / "README.md").read_text()
+    snippet = text.split("<!-- sidecar-snippet -->", 2)[1].split("```yaml\n", 1)[1].split("```", 1)[0]
+    containers = {c["name"]: c for c in yaml.safe_load(snippet)["spec"]["containers"]}
+    probes = {"readinessProbe", "livenessProbe", "startupProbe"}
+    assert sorted(probes & set(containers["oom-exporter"])) == []
+    assert "**The exporter can never make SGLang unready.**" in text
 
 
 def test_readme_install_command_renders_what_a_kube_prometheus_stack_user_needs():

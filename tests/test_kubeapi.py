@@ -377,8 +377,10 @@ def test_serve_in_node_mode_gives_pod_events_their_sglang_context(tmp_path, tls,
                 return d.metrics().get((name, tuple(sorted(labels.items()))))
 
             wait_for(lambda: metric("sglang_oom_exporter_discovered_targets") == 1.0, what="one discovered target")
-            wait_for(lambda: metric("sglang_oom_target_up", target=sglang.url) == 1.0, what="the pod's SGLang up")
-            wait_for(lambda: metric("sglang_oom_target_server_arg", target=sglang.url, arg="chunked_prefill_size")
+            # The target series name the pod they serve (issue 18), so KV near-full pages name it too.
+            pod_labels = {"target": sglang.url, "namespace": "llm", "pod": "llama-0"}
+            wait_for(lambda: metric("sglang_oom_target_up", **pod_labels) == 1.0, what="the pod's SGLang up")
+            wait_for(lambda: metric("sglang_oom_target_server_arg", **pod_labels, arg="chunked_prefill_size")
                      == 16384, what="server args")  # fmt: skip
             assert all(auth == "Bearer tok-1" for _, auth in api.requests)
             assert api.requests[0][0] == "/api/v1/pods?fieldSelector=spec.nodeName%3Dgpu-node-1&resourceVersion=0"

@@ -24,6 +24,7 @@ from sglang_oom_exporter.daemon.sink import event_json
 from sglang_oom_exporter.daemon.store import EventStore, Health
 from sglang_oom_exporter.detect.model import OomEvent, PoolState
 from sglang_oom_exporter.web.page import render_page
+from sglang_oom_exporter.web.routes import ROUTE_PATHS
 from sglang_oom_exporter.web.server import MAX_HEAD_BYTES, MAX_LIMIT, ExporterServer
 from sglang_oom_exporter.web.webconfig import WebConfig
 from tests.helpers import openssl_cert
@@ -415,6 +416,21 @@ def test_basic_auth(serve):
     assert get(server, "/metrics", auth("nobody", "s3cret"))[0] == 401
     assert get(server, "/metrics", auth("prometheus", "s3cret"))[0] == 200
     assert get(server, "/events", auth("prometheus", "s3cret"))[0] == 200
+
+
+@pytest.mark.parametrize("path", [*sorted(ROUTE_PATHS), "/events?limit=1", "/no-such-route"])
+def test_basic_auth_guards_every_route_not_only_metrics(serve, path):
+    # Auth is checked before a route is looked up, so a route added later (/runbooks, say) inherits it:
+    # the parametrisation comes from the served routes themselves.
+    bcrypt = pytest.importorskip("bcrypt", reason="basic auth needs the bcrypt package")
+    hashed = bcrypt.hashpw(b"s3cret", bcrypt.gensalt(rounds=4)).decode().replace("$2b$", "$2y$")
+    server = serve(web_config=WebConfig(basic_auth_users={"prometheus": hashed}))
+    good = {"Authorization": "Basic " + base64.b64encode(b"prometheus:s3cret").decode()}
+    for method in ("GET", "HEAD"):
+        status, headers, body = get(server, path, method=method)
+        assert (status, headers["WWW-Authenticate"]) == (401, 'Basic realm="sglang-oom-exporter"')
+        assert body in (b"", b"unauthorized\n")
+    assert get(server, path, good)[0] == (404 if path == "/no-such-route" else 200)
 
 
 def test_start_fails_when_the_certificate_is_gone(registry, catalog, tmp_path):

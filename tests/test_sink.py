@@ -29,7 +29,8 @@ def test_record_counts_stores_and_returns_the_enriched_event():
     store = EventStore(4)
     sink = EventSink(CATALOG, counts=counts, store=store, wall=lambda: 1_780_000_000.0)
     event = _event("retract", "KV cache pool is full. Retract requests. #retracted_reqs: 3", retracted_requests=3)
-    recorded = sink.record(event, ("a",), {"source": "a"}, Context(args={"schedule_conservativeness": 1.0}))
+    context = Context(args={"schedule_conservativeness": 1.0}, kv={"retracted_requests_total": 40})
+    recorded = sink.record(event, ("a",), {"source": "a"}, context)
     assert recorded is not None
     assert [s.flag for s in recorded.suggestions] == ["--schedule-conservativeness"]
     assert (counts.total("retract"), sink.errors) == (1.0, 0)

@@ -22,7 +22,13 @@ CASES = [
      {"chunked_prefill_size": 16384}, {}, [("--chunked-prefill-size", 16384, 4096)]),
     ("prefill-below-floor", _event("prefill", requested_tokens=8192, available_tokens=300),
      {"chunked_prefill_size": 8192, "max_running_requests": 128}, {},
-     [("--chunked-prefill-size", 8192, 512), ("--max-running-requests", 128, None)]),
+     [("--chunked-prefill-size", 8192, 4096), ("--max-running-requests", 128, None)]),
+    # Issue 18: 100 free tokens are too few to size a chunk from; the runbook's 4096, not 16384 -> 512.
+    ("prefill-100-available", _event("prefill", requested_tokens=16384, available_tokens=100),
+     {"chunked_prefill_size": 16384}, {},
+     [("--chunked-prefill-size", 16384, 4096), ("--max-running-requests", None, None)]),
+    ("prefill-fits-1024-proven", _event("prefill", requested_tokens=4096, available_tokens=1500),
+     {"chunked_prefill_size": 4096}, {}, [("--chunked-prefill-size", 4096, 1024)]),
     ("prefill-fit-not-below-current", _event("prefill", requested_tokens=12000, available_tokens=9000),
      {"chunked_prefill_size": 8192}, {}, [("--chunked-prefill-size", 8192, 4096)]),
     ("prefill-no-numbers", _event("prefill"), {"chunked_prefill_size": 8192}, {},
@@ -49,8 +55,14 @@ CASES = [
     ("pool-smaller-than-context", _event("prefill", requested_tokens=70000, available_tokens=61000),
      {"chunked_prefill_size": 8192, "max_total_num_tokens": 61440, "context_length": 131072}, {},
      [("--chunked-prefill-size", 8192, 4096), ("--context-length", 131072, 61440)]),
-    ("retract-default", _event("retract"), {}, {}, [("--schedule-conservativeness", None, 1.3)]),
-    ("retract-raised", _event("retract"), {"schedule_conservativeness": 1.4}, {}, [("--schedule-conservativeness", 1.4, 1.7)]),
+    # Issue 18: one retraction (no count of many) suggests nothing; never a made-up current value.
+    ("retract-one", _event("retract"), {}, {}, []),
+    ("retract-one-known-current", _event("retract"), {"schedule_conservativeness": 1.0}, {"retracted_requests_total": 2},
+     []),
+    ("retract-many-current-unknown", _event("retract"), {}, {"retracted_requests_total": 40},
+     [("--schedule-conservativeness", None, 1.3)]),
+    ("retract-raised", _event("retract"), {"schedule_conservativeness": 1.4}, {"retracted_requests_total": 40},
+     [("--schedule-conservativeness", 1.4, 1.7)]),
     ("mamba", _event("mamba"), {"max_mamba_cache_size": 100}, {}, [("--max-mamba-cache-size", 100, 150)]),
     ("memory-leak-has-no-number", _event("memory_leak"), {"max_running_requests": 8}, {}, []),
 ]  # fmt: skip
@@ -80,12 +92,50 @@ def test_rules_name_their_inputs():
     assert "never below 512" in s.rule
 
 
+def test_too_few_free_tokens_say_so_instead_of_an_extreme_chunk():
+    chunk, running = by_catalog(_event("prefill", requested_tokens=16384, available_tokens=100),
+                                {"chunked_prefill_size": 16384})  # fmt: skip
+    assert chunk.rule == (
+        "half the current 16384 as a power of two, at most the runbook's 4096 "
+        "(only 100 KV tokens were free, too few to size a prefill chunk from)"
+    )
+    assert "admit fewer" in running.rule
+
+
+def test_an_unknown_current_value_is_never_printed_as_a_number():
+    (s,) = by_catalog(_event("retract"), {}, {"retracted_requests_total": 40})
+    assert s.rule == "the tuning guide's 1.3 (SGLang has retracted 40 requests; the current value is unknown)"
+    (s,) = by_catalog(_event("prefill", requested_tokens=16384, available_tokens=100), {})[:1]
+    assert s.rule.endswith("the current value is unknown)")
+    assert s.suggested is None
+
+
 def test_unknown_phase_gives_both_fixes_with_their_condition():
     got = by_catalog(_event("unknown", requested_tokens=96, available_tokens=40),
                      {"chunked_prefill_size": 8192, "max_running_requests": 64})  # fmt: skip
     assert [(s.flag, s.current, s.suggested) for s in got] == [
-        ("--chunked-prefill-size", 8192, 512),
+        ("--chunked-prefill-size", 8192, 4096),
         ("--max-running-requests", 64, None),
         ("--max-running-requests", 64, 48),
     ]
     assert [s.when.rsplit(" ", 2)[-2:] for s in got] == [["a", "prefill"], ["a", "prefill"], ["decode", "batch"]]
+
+
+def test_scan_of_one_benign_retraction_without_server_args_suggests_nothing(tmp_path):
+    # Issue 18: `--schedule-conservativeness 1.3` and "0.3 above the current 1" while nothing was known.
+    import json
+    import subprocess
+    import sys
+
+    log = tmp_path / "server.log"
+    log.write_text(
+        "[2026-03-14 22:09:01 TP0] KV cache pool is full. Retract requests. #retracted_reqs: 1, "
+        "#new_token_ratio: 0.4000 -> 0.5000\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-m", "sglang_oom_exporter", "scan", "--format", "json", str(log)],
+        capture_output=True, text=True, timeout=30, check=True,
+    )  # fmt: skip
+    (event,) = json.loads(proc.stdout)["events"]
+    assert (event["kind"], event["suggestions"]) == ("retract", [])
+    assert "current 1" not in proc.stdout

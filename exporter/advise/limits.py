@@ -18,7 +18,16 @@ MEM_FRACTION_STEP = 0.05
 POOL_HEADROOM = 0.9  # size the running batch to 90% of the pool: decode grows every request each step
 FALLBACK_SHRINK = 0.75  # without numbers to size it, a quarter fewer
 CONSERVATIVENESS_GUIDE = 1.3  # the tuning guide's example value
+CONSERVATIVENESS_MAX = 2.0
 CUDA_GRAPH_BS_GUIDE = 16
+# The examples the catalog's fix text gives (remediation steps; tests/test_advice_properties.py keeps them equal).
+# A suggestion stays within them unless the numbers prove more is needed, and then its rule says BEYOND_EXAMPLE.
+CHUNKED_PREFILL_EXAMPLES = (2048, 4096)  # "lower, for example to 4096 or 2048"
+MEM_FRACTION_DOWN_EXAMPLES = (0.7, 0.8)  # "lower it, for example to 0.8 or 0.7"
+BEYOND_EXAMPLE = "beyond the runbook's example"
+# Retracted requests (SGLang's own counter, 0.5.8+) before a retraction suggests a value: one or a few
+# retractions are normal and never alert; without the counter a retraction suggests nothing.
+RETRACTED_BEFORE_ADVICE = 10
 
 
 def num(mapping: Mapping[str, Any], key: str) -> float | None:

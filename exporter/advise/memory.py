@@ -9,7 +9,15 @@ from collections.abc import Mapping
 from typing import Any
 
 from ..detect.model import OomEvent, Suggestion
-from .limits import CUDA_GRAPH_BS_GUIDE, MEM_FRACTION_MAX, MEM_FRACTION_MIN, MEM_FRACTION_STEP, num
+from .limits import (
+    BEYOND_EXAMPLE,
+    CUDA_GRAPH_BS_GUIDE,
+    MEM_FRACTION_DOWN_EXAMPLES,
+    MEM_FRACTION_MAX,
+    MEM_FRACTION_MIN,
+    MEM_FRACTION_STEP,
+    num,
+)
 
 
 def _mem_fraction(event: OomEvent, args: Mapping[str, Any]) -> float | None:
@@ -21,7 +29,11 @@ def mem_fraction_up(event: OomEvent, args: Mapping[str, Any], _kv: Mapping[str, 
     current = _mem_fraction(event, args)
     if current is None:
         return [Suggestion("--mem-fraction-static", None, None, "raise it (the current value is unknown)")]
-    value = round(min(MEM_FRACTION_MAX, current + MEM_FRACTION_STEP), 2)
+    # Rounded toward the current value: two decimals, never more than one step away.
+    value = min(MEM_FRACTION_MAX, math.floor(round((current + MEM_FRACTION_STEP) * 100, 6)) / 100)
+    if value <= current:
+        rule = f"the current {current:g} is already at the most, {MEM_FRACTION_MAX}: free GPU memory instead"
+        return [Suggestion("--mem-fraction-static", current, None, rule)]
     return [
         Suggestion(
             "--mem-fraction-static",
@@ -34,16 +46,20 @@ def mem_fraction_up(event: OomEvent, args: Mapping[str, Any], _kv: Mapping[str, 
 
 def cuda_graph_bs(_event: OomEvent, args: Mapping[str, Any], _kv: Mapping[str, Any]) -> list[Suggestion]:
     """A smaller --cuda-graph-max-bs (capturing the graphs ran out of memory)."""
+    flag = "--cuda-graph-max-bs"
     bs = num(args, "cuda_graph_max_bs")
-    batch = max(1, math.floor(bs / 2)) if bs else CUDA_GRAPH_BS_GUIDE
-    return [
-        Suggestion(
-            "--cuda-graph-max-bs",
-            bs,
-            batch,
-            f"half the current {bs:.0f}" if bs else f"the tuning guide's {CUDA_GRAPH_BS_GUIDE}",
-        )
-    ]
+    if not bs or bs <= 0:
+        return [Suggestion(flag, bs, CUDA_GRAPH_BS_GUIDE, f"the tuning guide's {CUDA_GRAPH_BS_GUIDE}"
+                           + ("" if bs is not None else " (the current value is unknown)"))]  # fmt: skip
+    half = math.floor(bs / 2)
+    if bs > CUDA_GRAPH_BS_GUIDE:
+        value = max(CUDA_GRAPH_BS_GUIDE, half)
+        return [Suggestion(flag, bs, value, f"half the current {bs:.0f}, at least the tuning guide's "
+                           f"{CUDA_GRAPH_BS_GUIDE}")]  # fmt: skip
+    if half < 1:
+        return [Suggestion(flag, bs, None, f"the current {bs:.0f} is the smallest batch: try --disable-cuda-graph")]
+    return [Suggestion(flag, bs, half, f"half the current {bs:.0f}; {BEYOND_EXAMPLE} ({CUDA_GRAPH_BS_GUIDE}): "
+                       "the capture already failed at or below it")]  # fmt: skip
 
 
 def mem_fraction_down(event: OomEvent, args: Mapping[str, Any], _kv: Mapping[str, Any]) -> list[Suggestion]:
@@ -51,21 +67,23 @@ def mem_fraction_down(event: OomEvent, args: Mapping[str, Any], _kv: Mapping[str
     current = _mem_fraction(event, args)
     if current is None:
         return [Suggestion("--mem-fraction-static", None, None, "lower it, e.g. to 0.8 or 0.7 (current unknown)")]
-    value = round(max(MEM_FRACTION_MIN, current - MEM_FRACTION_STEP), 2)
-    return [
-        Suggestion(
-            "--mem-fraction-static",
-            current,
-            value,
-            f"{MEM_FRACTION_STEP} below the current {current:g}, leaving activations room; at least {MEM_FRACTION_MIN}",
-        )
-    ]
+    low = MEM_FRACTION_DOWN_EXAMPLES[0]
+    value = max(MEM_FRACTION_MIN, math.ceil(round((current - MEM_FRACTION_STEP) * 100, 6)) / 100)
+    rule = f"{MEM_FRACTION_STEP} below the current {current:g}, leaving activations room; at least {MEM_FRACTION_MIN}"
+    if value >= current:
+        rule = f"the current {current:g} is already at the least, {MEM_FRACTION_MIN}: lower --cuda-graph-max-bs instead"
+        return [Suggestion("--mem-fraction-static", current, None, rule)]
+    if value < low < current:
+        value, rule = low, f"the runbook's {low}, {MEM_FRACTION_STEP} or less below the current {current:g}"
+    elif value < low:
+        rule += f"; {BEYOND_EXAMPLE} ({low}): the current value is already at or below it and still ran out"
+    return [Suggestion("--mem-fraction-static", current, value, rule)]
 
 
 def mamba_cache(args: Mapping[str, Any]) -> list[Suggestion]:
     """A larger --max-mamba-cache-size."""
     current = num(args, "max_mamba_cache_size")
-    if current is None:
+    if current is None or current <= 0:
         return [Suggestion("--max-mamba-cache-size", None, None, "raise it (the current value is unknown)")]
     return [
         Suggestion("--max-mamba-cache-size", current, math.ceil(current * 1.5), f"1.5 times the current {current:.0f}")
@@ -79,6 +97,8 @@ def pool_vs_context(args: Mapping[str, Any], kv: Mapping[str, Any]) -> list[Sugg
     if capacity is None or context is None or capacity >= context:
         return []
     value = max(1024, int(capacity) - int(capacity) % 1024)
+    if value >= context:
+        return []
     return [
         Suggestion(
             "--context-length",
@@ -86,7 +106,8 @@ def pool_vs_context(args: Mapping[str, Any], kv: Mapping[str, Any]) -> list[Sugg
             value,
             f"the KV pool holds {capacity:.0f} tokens, less than one request of context_length "
             f"{context:.0f}: cap the context at the pool (rounded down to 1024), or raise "
-            "--mem-fraction-static",
+            f"--mem-fraction-static; {BEYOND_EXAMPLE} (the runbook names no --context-length): the numbers show "
+            "one full-context request cannot fit",
             "the pool itself is too small for the model's context",
         )
     ]

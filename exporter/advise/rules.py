@@ -44,8 +44,8 @@ def _rule_req_slots(event: OomEvent, args: Mapping[str, Any], kv: Mapping[str, A
     return req_slots(event, args) + pool_vs_context(args, kv)
 
 
-def _rule_conservativeness(_event: OomEvent, args: Mapping[str, Any], _kv: Mapping[str, Any]) -> list[Suggestion]:
-    return retract(args)
+def _rule_conservativeness(_event: OomEvent, args: Mapping[str, Any], kv: Mapping[str, Any]) -> list[Suggestion]:
+    return retract(args, kv)
 
 
 def _rule_mamba_cache(_event: OomEvent, args: Mapping[str, Any], _kv: Mapping[str, Any]) -> list[Suggestion]:

@@ -10,11 +10,15 @@ from typing import Any
 
 from ..detect.model import OomEvent, Suggestion
 from .limits import (
+    BEYOND_EXAMPLE,
+    CHUNKED_PREFILL_EXAMPLES,
     CHUNKED_PREFILL_FLOOR,
     CONSERVATIVENESS_GUIDE,
+    CONSERVATIVENESS_MAX,
     DRAFT_TOKENS_FLOOR,
     FALLBACK_SHRINK,
     POOL_HEADROOM,
+    RETRACTED_BEFORE_ADVICE,
     RUNNING_REQUESTS_FLOOR,
     num,
     pow2_at_most,
@@ -24,57 +28,86 @@ from .limits import (
 
 
 def prefill(event: OomEvent, args: Mapping[str, Any]) -> list[Suggestion]:
-    """--chunked-prefill-size sized to the tokens that were free (and fewer running requests below the floor)."""
+    """--chunked-prefill-size sized to the tokens that were free (and fewer running requests below the floor).
+
+    Free tokens below the floor are too few to size a chunk from: the running requests held the pool, so the
+    suggestion is the runbook's example (4096 or 2048) and the running batch is what to shrink, never an
+    extreme chunk. Without numbers, half the current value, within the runbook's examples.
+    """
     requested = num(event.numbers, "requested_tokens")
     available = num(event.numbers, "available_tokens")
     current = num(args, "chunked_prefill_size")
     flag = "--chunked-prefill-size"
-    if available is None:
-        if current is not None and current > 0:
-            value = max(CHUNKED_PREFILL_FLOOR, pow2_at_most(current / 2))
-            return [
+    low, high = CHUNKED_PREFILL_EXAMPLES
+    fit = pow2_at_most(available) if available is not None else 0
+    if available is None or fit < CHUNKED_PREFILL_FLOOR:
+        why = (
+            "the message gave no available tokens"
+            if available is None
+            else f"only {available:.0f} KV tokens were free, too few to size a prefill chunk from"
+        )
+        out = [_prefill_by_example(flag, current, why)]
+        if available is not None:
+            out.append(
                 Suggestion(
-                    flag,
-                    current,
-                    value,
-                    f"half the current {current:.0f} as a power of two, at least "
-                    f"{CHUNKED_PREFILL_FLOOR} (the message gave no available tokens)",
+                    "--max-running-requests",
+                    num(args, "max_running_requests"),
+                    None,
+                    f"only {available:.0f} tokens were free, less than the floor {CHUNKED_PREFILL_FLOOR}: "
+                    "the running requests fill the pool; admit fewer of them",
                 )
-            ]
-        return [Suggestion(flag, current, None, "lower it, e.g. to 4096 or 2048 (no numbers in the message)")]
-    fit = pow2_at_most(available)
-    value = max(CHUNKED_PREFILL_FLOOR, fit)
+            )
+        return out
+    value = fit
     rule = (
         f"the largest power of two that fits the {available:.0f} available tokens"
         + (f" (the prefill asked for {requested:.0f})" if requested is not None else "")
         + f", never below {CHUNKED_PREFILL_FLOOR}"
     )
     if current is not None and current > 0 and value >= current:
-        value = max(CHUNKED_PREFILL_FLOOR, pow2_at_most(current / 2))
+        value = pow2_at_most(current / 2)
         rule += f"; below the current {current:.0f}, so half of it"
+        if value < CHUNKED_PREFILL_FLOOR:
+            return [Suggestion(flag, current, None, f"the current {current:.0f} is already at the floor "
+                               f"{CHUNKED_PREFILL_FLOOR}: admit fewer running requests instead")]  # fmt: skip
     if current is not None and current <= 0:
         rule += "; chunked prefill is off (-1): turning it on bounds each prefill"
-    out = [Suggestion(flag, current, value, rule)]
-    if fit < CHUNKED_PREFILL_FLOOR:
-        out.append(
-            Suggestion(
-                "--max-running-requests",
-                num(args, "max_running_requests"),
-                None,
-                f"only {available:.0f} tokens were free, less than the floor {CHUNKED_PREFILL_FLOOR}: "
-                "the running requests fill the pool; admit fewer of them",
-            )
-        )
-    return out
+    if value < low:
+        rule += f"; {BEYOND_EXAMPLE} ({high} or {low}): the free tokens show a smaller chunk is needed"
+    return [Suggestion(flag, current, value, rule)]
+
+
+def _prefill_by_example(flag: str, current: float | None, why: str) -> Suggestion:
+    """The runbook's example below the current value (half of it, at most 4096), when no number sizes it."""
+    low, high = CHUNKED_PREFILL_EXAMPLES
+    if current is None:
+        return Suggestion(flag, None, None, f"lower it, e.g. to {high} or {low} ({why}; the current value is unknown)")
+    if current <= 0:
+        return Suggestion(flag, current, high, f"chunked prefill is off (-1): turn it on at the runbook's {high} "
+                          f"({why})")  # fmt: skip
+    value = min(high, pow2_at_most(current / 2))
+    if value < low:
+        return Suggestion(flag, current, None, f"the current {current:.0f} is already at or below the runbook's "
+                          f"examples ({high}, {low}) and {why}: admit fewer running requests instead")  # fmt: skip
+    return Suggestion(flag, current, value, f"half the current {current:.0f} as a power of two, at most the "
+                      f"runbook's {high} ({why})")  # fmt: skip
 
 
 def decode(event: OomEvent, args: Mapping[str, Any], kv: Mapping[str, Any]) -> list[Suggestion]:
-    """--max-running-requests sized to the pool over the tokens each running request held."""
+    """--max-running-requests sized to the pool over the tokens each running request held.
+
+    Always below the requests that were running (the runbook's example) and below the current limit; one
+    running request alone is too few to size a batch from, so that says so instead of a number.
+    """
     flag = "--max-running-requests"
     current = num(args, "max_running_requests")
     running = num(kv, "running_requests")
     used = num(kv, "num_used_tokens") or num(kv, "kv_used_tokens")
     capacity = num(args, "max_total_num_tokens") or num(kv, "max_total_num_tokens")
+    if running is not None and running < 2 and used and capacity:
+        return [Suggestion(flag, current, None, f"{running:.0f} running request(s) held {used:.0f} of the "
+                           f"{capacity:.0f}-token pool: too few to size a batch from; the pool itself is small "
+                           "for one request (see --context-length and --mem-fraction-static)")]  # fmt: skip
     if running and used and capacity:
         per_request = used / running
         value = round_requests(POOL_HEADROOM * capacity / per_request)
@@ -85,11 +118,11 @@ def decode(event: OomEvent, args: Mapping[str, Any], kv: Mapping[str, Any]) -> l
         if value >= running:
             value = round_requests(running * FALLBACK_SHRINK)
             rule += f"; that does not shrink the batch, so {FALLBACK_SHRINK:.0%} of the {running:.0f} running"
-        return [Suggestion(flag, current, value, rule + f", at least {RUNNING_REQUESTS_FLOOR}")]
+        return [_below_current(flag, current, value, rule + f", at least {RUNNING_REQUESTS_FLOOR}")]
     base, what = (current, "the current limit") if current else (running, "the requests running at the failure")
     if base:
         return [
-            Suggestion(
+            _below_current(
                 flag,
                 current,
                 round_requests(base * FALLBACK_SHRINK),
@@ -98,6 +131,19 @@ def decode(event: OomEvent, args: Mapping[str, Any], kv: Mapping[str, Any]) -> l
             )
         ]
     return [Suggestion(flag, None, None, "lower it (neither the server args nor a KV snapshot are known)")]
+
+
+def _below_current(flag: str, current: float | None, value: int, rule: str) -> Suggestion:
+    """A lower limit, or no number when the rounding or the floor leave it at or above the current one."""
+    if current is None or current <= 0 or value < current:
+        return Suggestion(flag, current, value, rule)
+    if value > RUNNING_REQUESTS_FLOOR and current > RUNNING_REQUESTS_FLOOR:
+        lower = round_requests(current * FALLBACK_SHRINK)
+        if lower < current:
+            return Suggestion(flag, current, lower, f"{rule}; that is not below the current {current:.0f}, so "
+                              f"{FALLBACK_SHRINK:.0%} of it")  # fmt: skip
+    return Suggestion(flag, current, None, f"the current {current:.0f} is already at the floor "
+                      f"{RUNNING_REQUESTS_FLOOR}: the pool is too small for one request")  # fmt: skip
 
 
 def speculative(event: OomEvent, args: Mapping[str, Any]) -> list[Suggestion]:
@@ -115,6 +161,10 @@ def speculative(event: OomEvent, args: Mapping[str, Any]) -> list[Suggestion]:
             )
         ]
     value = max(DRAFT_TOKENS_FLOOR, math.floor(drafts / 2))
+    if value >= drafts:
+        return [Suggestion("--speculative-num-draft-tokens", drafts, None,
+                           f"the {drafts:.0f} draft tokens are already at the floor {DRAFT_TOKENS_FLOOR}: "
+                           "turn speculative decoding off if the pool stays this full")]  # fmt: skip
     return [
         Suggestion(
             "--speculative-num-draft-tokens",
@@ -140,20 +190,31 @@ def req_slots(event: OomEvent, args: Mapping[str, Any]) -> list[Suggestion]:
         f"({text(requested)} asked, {text(available)} free)"
         f", rounded down to a multiple of 8 from 16 up, at least {RUNNING_REQUESTS_FLOOR}"
     )
-    return [Suggestion(flag, current, value, rule)]
+    return [_below_current(flag, current, value, rule)]
 
 
-def retract(args: Mapping[str, Any]) -> list[Suggestion]:
-    """A higher --schedule-conservativeness, so fewer requests are retracted."""
+def retract(args: Mapping[str, Any], kv: Mapping[str, Any]) -> list[Suggestion]:
+    """A higher --schedule-conservativeness, once the server has retracted more than a few requests.
+
+    One retraction (or a few) is normal and suggests nothing: SGLangKVCacheRetractionsHigh measures the rate
+    and its fix names the flag. The count comes from SGLang's own counter (0.5.8+); without it, nothing.
+    """
+    retracted = num(kv, "retracted_requests_total")
+    if retracted is None or retracted < RETRACTED_BEFORE_ADVICE:
+        return []
     current = num(args, "schedule_conservativeness")
-    base = current if current is not None else 1.0
-    value = round(min(2.0, max(CONSERVATIVENESS_GUIDE, base + 0.3)), 2)
-    return [
-        Suggestion(
-            "--schedule-conservativeness",
-            current,
-            value,
-            f"the tuning guide's {CONSERVATIVENESS_GUIDE}, or 0.3 above the current {base:g}, at most 2.0",
-            "retractions happen more than about once a minute while token usage is high",
-        )
-    ]
+    when = "retractions happen more than about once a minute while token usage is high"
+    seen = f"SGLang has retracted {retracted:.0f} requests"
+    if current is None:
+        return [Suggestion("--schedule-conservativeness", None, CONSERVATIVENESS_GUIDE,
+                           f"the tuning guide's {CONSERVATIVENESS_GUIDE} ({seen}; the current value is unknown)",
+                           when)]  # fmt: skip
+    if current >= CONSERVATIVENESS_MAX:
+        return [Suggestion("--schedule-conservativeness", current, None,
+                           f"the current {current:g} is already at the most, {CONSERVATIVENESS_MAX:g} ({seen}): "
+                           "lower --max-running-requests instead", when)]  # fmt: skip
+    value = round(min(CONSERVATIVENESS_MAX, max(CONSERVATIVENESS_GUIDE, current + 0.3)), 2)
+    rule = f"the tuning guide's {CONSERVATIVENESS_GUIDE}, or 0.3 above the current {current:g}, at most 2.0 ({seen})"
+    if value > CONSERVATIVENESS_GUIDE:
+        rule += f"; {BEYOND_EXAMPLE} ({CONSERVATIVENESS_GUIDE}): the current value is already at or above it"
+    return [Suggestion("--schedule-conservativeness", current, value, rule, when)]

@@ -114,7 +114,7 @@ class App:
     def collector(self) -> ExporterCollector:
         """The scrape-time collector over every part's numbers."""
         return ExporterCollector(self.counts, self.extra_metrics, self.targets.views,
-                                 reloads=lambda: dict(self.reloads))  # fmt: skip
+                                 reloads=lambda: dict(self.reloads), target_labels=self.targets.labels_for)  # fmt: skip
 
     def extra_metrics(self) -> dict[str, float]:
         """Loop, state and sink health for the collector."""

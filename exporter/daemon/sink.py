@@ -1,6 +1,6 @@
 """The event sink: the one place every OomEvent goes after dedupe, for `scan` and `serve` alike.
 
-    OomEvent --enrich (KV context + catalog's suggestion rule)--> counters (metrics/) + EventStore
+    OomEvent --enrich (KV context + catalog's suggestion rule, excerpt redacted)--> counters (metrics/) + EventStore
                                                              \\--> event_json(): scan JSON and /events
 
 `scan` enriches with the server args it was given and keeps the events; `serve` enriches with the
@@ -13,12 +13,13 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from ..advise.suggest import with_suggestions
 from ..catalog.loader import Catalog
 from ..detect.model import OomEvent
+from .redact import redact_excerpt, redact_line
 
 if TYPE_CHECKING:  # `scan` imports this module and needs neither: prometheus_client costs 60-80 ms of start-up
     from ..metrics import EventCounts
@@ -59,8 +60,10 @@ class EventSink:
         self.errors = 0
 
     def enrich(self, event: OomEvent, context: Context = NO_CONTEXT) -> OomEvent:
-        """The event with its suggestions, by the rule the catalog gives its kind (or matched pattern)."""
+        """The event with its suggestions, by the rule the catalog gives its kind (or matched pattern), and its
+        message and excerpt without request text (redact.py): what /events, the page and scan show."""
         rule = self.catalog.kind(event.kind).suggest_rule(event.message)
+        event = replace(event, message=redact_line(event.message), excerpt=redact_excerpt(event.excerpt))
         return with_suggestions(event, rule, context.args, context.kv, context.target)
 
     def record(

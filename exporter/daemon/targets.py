@@ -32,6 +32,7 @@ class TargetSet:
         self.discovery = discovery  # node discovery: pod -> scraper, found through the Kubernetes API
         self.scrapers: list[TargetScraper] = []
         self._owners: dict[str, str] = {}
+        self._kubernetes = False
         self._interval = config.scrape_interval
         self._loop: ScrapeLoop | None = None
         self._build(config)
@@ -43,6 +44,7 @@ class TargetSet:
             for url in config.sglang_urls
         ]
         self._owners = dict(config.target_sources)
+        self._kubernetes = config.kubernetes is not None
         self._interval = config.scrape_interval
 
     def start(self) -> None:
@@ -91,6 +93,21 @@ class TargetSet:
         snapshot = scraper.snapshot_before(self._wall())
         info = scraper.server_info
         return Context(dict(info.args) if info else None, snapshot.as_dict() if snapshot else None, scraper.url)
+
+    def labels_for(self, url: str) -> dict[str, str]:
+        """The SGLang pod or source a scraped endpoint serves, as labels of its sglang_oom_target_* series.
+
+        A discovered endpoint names its pod (namespace, pod); a configured one its source, when the config maps
+        it to one in file mode. Never the exporter's own identity: the scrape adds that (see the chart's monitors).
+        """
+        if self.discovery is not None:
+            pod = self.discovery.pod_of(url)
+            if pod is not None:
+                return {"namespace": pod[0], "pod": pod[1]}
+        owner = self._owners.get(url)
+        if owner and not self._kubernetes:
+            return {"source": owner}
+        return {}
 
     def views(self) -> list[TargetScraper]:
         """The scraped endpoints (configured, then discovered); each is a metrics.TargetView."""

@@ -52,37 +52,46 @@ SERVER_ARGS = ("chunked_prefill_size", "max_prefill_tokens", "max_running_reques
                "schedule_conservativeness", "cuda_graph_max_bs")  # fmt: skip
 
 
-def target_families(targets: Iterable[TargetView]) -> Iterator[Metric]:
-    """Health and mirrored KV values of every scraped SGLang endpoint."""
+def target_families(
+    targets: Iterable[TargetView], labels_for: Callable[[str], Mapping[str, str]] = lambda _url: {}
+) -> Iterator[Metric]:
+    """Health and mirrored KV values of every scraped SGLang endpoint.
+
+    Each series carries `target` and the SGLang pod (namespace, pod) or source the endpoint serves, when
+    labels_for knows it (node discovery, config targets), so an alert on it names the workload and matches
+    the OOM alerts of the same pod or source.
+    """
     targets = list(targets)
-    up = GaugeMetricFamily(f"{NAMESPACE}_target_up", "1 when the last scrape of the SGLang endpoint worked.",
-                           labels=["target"])  # fmt: skip
-    duration = GaugeMetricFamily(f"{NAMESPACE}_target_scrape_duration_seconds", "How long the last scrape took.",
-                                 labels=["target"])  # fmt: skip
-    errors = CounterMetricFamily(f"{NAMESPACE}_target_scrape_errors", "Failed scrapes, by reason.",
-                                 labels=["target", "reason"])  # fmt: skip
-    info_errors = CounterMetricFamily(f"{NAMESPACE}_target_server_info_errors", "Failed /server_info fetches.",
-                                      labels=["target", "reason"])  # fmt: skip
-    args = GaugeMetricFamily(f"{NAMESPACE}_target_server_arg", "Numeric SGLang server args from /server_info.",
-                             labels=["target", "arg"])  # fmt: skip
+    up = GaugeMetricFamily(f"{NAMESPACE}_target_up", "1 when the last scrape of the SGLang endpoint worked.")
+    duration = GaugeMetricFamily(f"{NAMESPACE}_target_scrape_duration_seconds", "How long the last scrape took.")
+    errors = CounterMetricFamily(f"{NAMESPACE}_target_scrape_errors", "Failed scrapes, by reason.")
+    info_errors = CounterMetricFamily(f"{NAMESPACE}_target_server_info_errors", "Failed /server_info fetches.")
+    args = GaugeMetricFamily(f"{NAMESPACE}_target_server_arg", "Numeric SGLang server args from /server_info.")
     values: dict[str, GaugeMetricFamily | CounterMetricFamily] = {}
     for key, (name, typ, doc) in TARGET_VALUES.items():
         family = CounterMetricFamily if typ == "counter" else GaugeMetricFamily
-        values[key] = family(f"{NAMESPACE}_target_{name}", doc, labels=["target"])
+        values[key] = family(f"{NAMESPACE}_target_{name}", doc)
     for t in targets:
-        up.add_metric([t.url], 1.0 if t.up else 0.0)
-        duration.add_metric([t.url], t.duration)
+        labels = {"target": t.url, **labels_for(t.url)}
+        _add(up, labels, 1.0 if t.up else 0.0)
+        _add(duration, labels, t.duration)
         for reason in SCRAPE_REASONS:
-            errors.add_metric([t.url, reason], float(t.errors_total.get(reason, 0)))
-            info_errors.add_metric([t.url, reason], float(t.info_errors_total.get(reason, 0)))
+            _add(errors, {**labels, "reason": reason}, float(t.errors_total.get(reason, 0)))
+            _add(info_errors, {**labels, "reason": reason}, float(t.info_errors_total.get(reason, 0)))
         for key, value in t.snapshot_values().items():
             if key in values:
-                values[key].add_metric([t.url], value)
+                _add(values[key], labels, value)
         for arg, value in t.server_args().items():
             if arg in SERVER_ARGS and isinstance(value, int | float) and not isinstance(value, bool):
-                args.add_metric([t.url, arg], float(value))
+                _add(args, {**labels, "arg": arg}, float(value))
     if targets:
         yield from (up, duration, errors, info_errors, args, *values.values())
+
+
+def _add(family: GaugeMetricFamily | CounterMetricFamily, labels: Mapping[str, str], value: float) -> None:
+    """One sample with its own label set (a target's pod or source labels vary from target to target)."""
+    suffix = "_total" if isinstance(family, CounterMetricFamily) else ""
+    family.add_sample(family.name + suffix, dict(labels), value)
 
 
 class ExporterCollector(PageCollector):
@@ -98,8 +107,10 @@ class ExporterCollector(PageCollector):
         extra: Callable[[], Mapping[str, float]] = dict,
         targets: Callable[[], Iterable[TargetView]] = list,
         reloads: Callable[[], Mapping[str, float]] | None = None,
+        target_labels: Callable[[str], Mapping[str, str]] = lambda _url: {},
     ) -> None:
         self._page = counts.page
+        self._target_labels = target_labels
         self._extra = extra
         self._targets = targets
         self._reloads = reloads
@@ -122,7 +133,7 @@ class ExporterCollector(PageCollector):
 
     def _live(self) -> Iterator[Metric]:
         """Targets, build info, reloads and the loop's numbers: a few series, read at scrape time."""
-        yield from target_families(self._targets())
+        yield from target_families(self._targets(), self._target_labels)
         extra = self._extra()
         yield _info()
         if self._reloads is not None:

@@ -153,11 +153,14 @@ inhibit_rules:
   - source_matchers: ['alertname=~"{_alternation(pages)}"']
     target_matchers: ['alertname=~"{_alternation(per_source)}"']
     equal: [{source_equal}]
-  # Same for the pod's KV near-full warning (labelled by pod and target; without namespace/pod labels,
-  # as with plain files, any OOM page quiets every near-full warning).
+  # Same for the KV near-full warning of the paged pod (node discovery and sidecar label it by pod) ...
   - source_matchers: ['alertname=~"{_alternation(pages)}"']
-    target_matchers: ['alertname="{NEAR_FULL}"']
+    target_matchers: ['alertname="{NEAR_FULL}"', 'pod=~".+"']
     equal: [namespace, pod]
+  # ... or of the paged source (config targets: [{{url, source}}]). A warning naming neither stays.
+  - source_matchers: ['alertname=~"{_alternation(pages)}"']
+    target_matchers: ['alertname="{NEAR_FULL}"', 'pod=""', 'source=~".+"']
+    equal: [source]
   # An exporter that is down reads no logs either: one warning is enough.
   - source_matchers: ['alertname="{EXPORTER_DOWN}"']
     target_matchers: ['alertname="{NO_LOGS}"']

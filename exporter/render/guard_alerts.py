@@ -10,6 +10,14 @@ from typing import Any
 from .alertspec import EXPORTER_DOWN, NO_LOGS, STATE_ERRORS, TARGET_DOWN, AlertSpec, pack_alert
 from .promql import indent, new_events, sel
 
+# kube-state-metrics' container images that run SGLang (RE2, matched against the whole `image` label).
+SGLANG_IMAGE = "(?i).*sglang.*"
+# The exporter's own pod, as the chart's monitors relabel the operator's target labels (templates/_helpers.tpl).
+EXPORTER_POD_LABELS = ("exporter_namespace", "exporter_pod")
+EXPORTER_POD_TEXT = (
+    "{{ if $labels.exporter_pod }} (pod {{ $labels.exporter_namespace }}/{{ $labels.exporter_pod }}){{ end }}"
+)
+
 
 def exporter_down_alert(pack: Mapping[str, Any], job: str) -> AlertSpec:
     """SGLangOOMExporterDown: the target is down, or there is no target at all."""
@@ -18,6 +26,7 @@ def exporter_down_alert(pack: Mapping[str, Any], job: str) -> AlertSpec:
     expr = f"{up} == 0\nor\nabsent({up})\n"
     description = (
         "{{ if $labels.instance }}Prometheus cannot scrape the SGLang OOM exporter at {{ $labels.instance }}"
+        f"{EXPORTER_POD_TEXT}"
         f'{{{{ else }}}}Prometheus has no target with job="{job}" at all{{{{ end }}}} '
         f"(for {pack['exporter_down']['for']}). OOMs on the servers it watches go uncounted until it is back: check "
         f'the exporter pod or process, its logs, and that the scrape job is named "{job}".'
@@ -26,32 +35,81 @@ def exporter_down_alert(pack: Mapping[str, Any], job: str) -> AlertSpec:
     return pack_alert(pack, "exporter_down", EXPORTER_DOWN, expr, summary, description)
 
 
+def _sglang_nodes() -> str:
+    """node -> 1 where kube-state-metrics shows a container with an SGLang image on it."""
+    return (
+        f'max by (node) (\n  kube_pod_container_info{{image=~"{SGLANG_IMAGE}"}}\n'
+        '  * on (namespace, pod) group_left (node)\n  max by (namespace, pod, node) (kube_pod_info{node!=""})\n)'
+    )
+
+
+def _exporter_nodes() -> str:
+    """(exporter_namespace, exporter_pod) -> node: the node each exporter pod runs on (kube-state-metrics)."""
+    relabelled = 'label_replace(kube_pod_info{node!=""}, "exporter_namespace", "$1", "namespace", "(.+)")'
+    relabelled = f'label_replace({relabelled}, "exporter_pod", "$1", "pod", "(.+)")'
+    return f"max by (exporter_namespace, exporter_pod, node) (\n  {relabelled}\n)"
+
+
 def no_logs_alert(pack: Mapping[str, Any], job: str) -> AlertSpec:
-    """SGLangOOMExporterNoLogs: up, but following no file, reading nothing, or waiting for a file, for a window."""
+    """SGLangOOMExporterNoLogs: SGLang is expected where an exporter reads none of its logs.
+
+    Only where SGLang is known to run (a node without SGLang is normal, not an alert): an SGLang endpoint the
+    exporter scrapes answers while it follows no SGLang source; kube-state-metrics shows an SGLang container on
+    the node of an exporter that follows no SGLang source, or SGLang containers while no exporter of the job
+    follows any; a log file the user named is missing for a whole window; or the SGLang sources it follows gave
+    no line for a whole window.
+    """
     window = str(pack["exporter_no_logs"]["window"])
-    files = sel("sglang_oom_exporter_files_watched", job=job)
+    sglang = sel("sglang_oom_exporter_sglang_sources", job=job)
+    up = sel("sglang_oom_target_up", job=job)
     lines = sel("sglang_oom_exporter_lines_read_total", job=job)
     waiting = sel("sglang_oom_exporter_sources_waiting", job=job)
+    mine = ", ".join(EXPORTER_POD_LABELS)
+    node_unread = (
+        f"(\n  max by (job, instance, {mine}) ({sglang} == 0)\n"
+        f"  * on ({mine}) group_left (node)\n" + indent(_exporter_nodes()) + "\n"
+        "  and on (node)\n" + indent(_sglang_nodes()) + "\n)"
+    )
     expr = (
-        f"max by (job, instance) ({files}) == 0\n"
-        "or\n(\n"
-        f"  sum by (job, instance) (increase({lines}[{window}])) == 0\n"
-        # Only once the exporter has had sources for a whole window: a fresh install is not "silent for 1h".
-        f"  and on (job, instance)\n  max by (job, instance) ({lines} offset {window})\n)\n"
-        "or\n(\n"
-        # A configured file that has not appeared for a whole window (SGLang never started there, or a wrong
+        # 1. SGLang answers at an endpoint this exporter scrapes, and it follows none of its logs. Every branch
+        # needs sglang_sources reported (`== 0`, not its absence): an exporter without the gauge is no evidence.
+        f"(\n  max by (job, instance) ({up} == 1)\n"
+        f"  and on (job, instance)\n  max by (job, instance) ({sglang}) == 0\n)\n"
+        # 2. An SGLang container on the node of an exporter that follows no SGLang log (a wrong hostPath).
+        f"or\n{node_unread}\n"
+        # 3. SGLang containers in the cluster, and no exporter of the job follows any SGLang log (unless 2 says
+        # on which node already).
+        f"or\n(\n  sum by (job) ({sglang}) == 0\n  and on ()\n"
+        f'  count(kube_pod_container_info{{image=~"{SGLANG_IMAGE}"}}) > 0\n'
+        f"  unless on (job)\n{indent(node_unread)}\n)\n"
+        # 4. A named file that has not appeared for a whole window (SGLang never started there, or a wrong
         # path), even while the other files are read. Waiting at start is normal, so only once it lasted a window.
+        "or\n(\n"
         f"  max by (job, instance) (min_over_time({waiting}[{window}])) > 0\n"
         f"  and on (job, instance)\n  max by (job, instance) ({waiting} offset {window})\n)\n"
+        # 5. It follows SGLang sources but read nothing for a whole window, once it has had them that long.
+        "or\n(\n"
+        f"  sum by (job, instance) (increase({lines}[{window}])) == 0\n"
+        f"  and on (job, instance)\n  max by (job, instance) ({lines} offset {window})\n"
+        f"  and on (job, instance)\n  max by (job, instance) ({sglang} > 0)\n)\n"
     )
     description = (
-        "The SGLang OOM exporter at {{ $labels.instance }} is up but follows no log file, read nothing "
-        f"from its files in the last {window}, or has waited {window} for a configured log file to appear: "
-        "a wrong path or glob, a wrong hostPath or container filter, unreadable files, an SGLang server that "
-        "never started, or servers that logged nothing. Its /healthz names the files it waits for; see also its "
+        "{{ if $labels.node }}kube-state-metrics shows an SGLang container on node {{ $labels.node }}, but the "
+        "SGLang OOM exporter there ({{ $labels.exporter_namespace }}/{{ $labels.exporter_pod }} at "
+        "{{ $labels.instance }}) follows none of its logs: a wrong hostPath, container filter or runtime log "
+        "directory, or unreadable files."
+        "{{ else if $labels.instance }}The SGLang OOM exporter at {{ $labels.instance }} reads no SGLang log "
+        "where SGLang is expected: an SGLang endpoint it scrapes answers while it follows no SGLang log, a log "
+        f"file it was given has been missing for {window}, or its SGLang logs gave no line in {window}. A wrong "
+        "path or glob, hostPath or filter, unreadable files, or an SGLang server that never started or logs "
+        "elsewhere."
+        "{{ else }}kube-state-metrics shows SGLang containers, but no SGLang OOM exporter of job "
+        f'"{job}" follows any SGLang log: it runs on none of their nodes (check its nodeSelector and affinity) '
+        "or reads the wrong directory.{{ end }}"
+        " Its /healthz names the files it waits for; see also sglang_oom_exporter_sglang_sources, "
         "sglang_oom_exporter_sources_waiting and sglang_oom_exporter_read_errors_total."
     )
-    summary = "The SGLang OOM exporter reads no logs from some or all of its SGLang servers, so their OOMs go unseen."
+    summary = "SGLang runs where the OOM exporter reads none of its logs, so its OOMs go unseen."
     return pack_alert(pack, "exporter_no_logs", NO_LOGS, expr, summary, description, window=window)
 
 
@@ -72,12 +130,14 @@ def state_errors_alert(pack: Mapping[str, Any], job: str) -> AlertSpec:
     """SGLangOOMExporterStateErrors: new state file errors within the window."""
     window = str(pack["state_errors"]["window"])
     series = sel("sglang_oom_exporter_state_errors_total", job=job)
-    expr = "max by (job, instance) (\n" + indent(new_events(series, window)) + "\n)\n"
+    expr = (
+        f"max by (job, instance, {', '.join(EXPORTER_POD_LABELS)}) (\n" + indent(new_events(series, window)) + "\n)\n"
+    )
     description = (
         '{{ $value | printf "%.0f" }} state file error(s) in the last '
-        f"{window} on the exporter at {{{{ $labels.instance }}}}: it could not write its --state-dir, or found the "
-        "state file unreadable or corrupt at start (moved aside as state.json.corrupt-<time>). Check the "
-        "directory's free space, permissions and mount, and the exporter's log."
+        f"{window} on the exporter at {{{{ $labels.instance }}}}{EXPORTER_POD_TEXT}: it could not write its "
+        "--state-dir, or found the state file unreadable or corrupt at start (moved aside as "
+        "state.json.corrupt-<time>). Check the directory's free space, permissions and mount, and the exporter's log."
     )
     summary = "The SGLang OOM exporter cannot save or load its state, so a restart may lose or recount OOMs."
     return pack_alert(pack, "state_errors", STATE_ERRORS, expr, summary, description, window=window)

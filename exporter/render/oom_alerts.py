@@ -185,12 +185,13 @@ def near_full_alert(pack: Mapping[str, Any], job: str) -> AlertSpec:
     usage = sel("sglang_oom_target_token_usage", job=job)
     up = sel("sglang_oom_target_up", job=job)
     expr = (
-        f"(max by (namespace, pod, instance, target) ({usage}) > {fmt(threshold)})\n"
+        f"(max by (namespace, pod, source, instance, target) ({usage}) > {fmt(threshold)})\n"
         f"and on (instance, target)\n({up} == 1)\n"
     )
     description = (
         "SGLang at {{ $labels.target }}{{ if $labels.pod }} (pod {{ $labels.namespace }}/{{ $labels.pod }})"
-        "{{ end }} has used {{ $value | humanizePercentage }} of its KV cache for "
+        "{{ else if $labels.source }} (source {{ $labels.source }}){{ end }} has used "
+        "{{ $value | humanizePercentage }} of its KV cache for "
         f"{spec['for']} (alert above {threshold:.0%}, read by exporter {{{{ $labels.instance }}}}). New requests "
         "wait or retract running ones, and the next large prefill or decode step may fail with an OOM. Lower "
         "--max-running-requests or --chunked-prefill-size, or give the KV pool more memory (--mem-fraction-static)."

@@ -41,16 +41,24 @@ _PACK_TEXT: dict[str, dict[str, str]] = {
         "selects (kube-prometheus-stack wants `release: <its release>`), and the Service's port.",
     },
     "exporter_no_logs": {
-        "meaning": "The exporter runs, but for a whole window it followed no log file, read no line from its files, "
-        "or kept waiting for a configured log file that does not exist. OOMs cannot be counted from logs it does "
-        "not read.\n\nA configured file that does not exist yet is normal while SGLang starts (`/healthz` says "
-        "so), so that alone waits a full window before the alert starts its `for`: with the defaults it warns "
-        "75 minutes after the file was first missed, never during a rollout. An exporter following no file at "
-        "all warns after the `for` alone.",
+        "meaning": "SGLang runs where the exporter reads none of its logs: an SGLang endpoint the exporter scrapes "
+        "answers while it follows no SGLang log source; kube-state-metrics shows a container with an SGLang "
+        "image on the node of an exporter that follows no SGLang source (the alert names the node and the "
+        "exporter pod), or SGLang containers while no exporter of the job follows any; a log file the exporter "
+        "was given has been missing for a whole window; or the SGLang sources it follows gave no line for a "
+        "whole window. OOMs cannot be counted from logs it does not read.\n\nA node without SGLang (a CPU node, "
+        "a GPU node running only training jobs) is normal and never alerts. The kube-state-metrics branches need "
+        "`kube_pod_info` and `kube_pod_container_info` (kube-prometheus-stack ships kube-state-metrics) and the "
+        "chart's monitors, which keep the exporter's own pod as `exporter_namespace`/`exporter_pod`; an SGLang "
+        "image is one whose name contains `sglang`. A configured file that does not exist yet is normal while "
+        "SGLang starts (`/healthz` says so), so that alone waits a full window before the alert starts its "
+        "`for`: with the defaults it warns 75 minutes after the file was first missed, never during a rollout.",
         "impact": "No user impact by itself; OOMs on the unread servers never alert.",
         "mitigation": "Fix the paths: the glob or file names in its config, `--kubernetes-logs` pointing at the "
-        "node's pod-log directory (usually /var/log/pods, mounted read-only), the namespace/pod/container filters "
-        "(container names must look like an SGLang server), and file permissions. A file it waits for (named in "
+        "node's pod-log directory (usually /var/log/pods, mounted read-only; `daemonset.logsHostPath` and "
+        "`daemonset.extraLogHostPaths` in the chart), the namespace/pod/container filters, and file permissions. "
+        "When no exporter runs on the SGLang nodes, check the chart's placement (`gpuNodes`, `nodeSelector`, "
+        "`affinity`, `tolerations`) against the nodes' labels and taints. A file it waits for (named in "
         "`/healthz`) belongs to an SGLang server that never started or logs elsewhere: start it, fix its path, "
         "or remove it from the config (SIGHUP reloads it). An SGLang server that was idle for the whole window "
         "logs nothing; that is normal, and the alert resolves with the next request.",
@@ -89,6 +97,7 @@ _PACK_SERIES = {
     ],
     "exporter_down": ["up", "sglang_oom_exporter_build_info"],
     "exporter_no_logs": [
+        "sglang_oom_exporter_sglang_sources",
         "sglang_oom_exporter_files_watched",
         "sglang_oom_exporter_sources_waiting",
         "sglang_oom_exporter_lines_read_total",

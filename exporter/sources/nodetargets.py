@@ -68,6 +68,11 @@ class NodeTargets:
             endpoint = self._endpoints.get((namespace, pod))
             return self._scrapers.get(endpoint.url) if endpoint is not None else None
 
+    def pod_of(self, url: str) -> PodKey | None:
+        """The (namespace, pod) whose SGLang this scraper's URL is, or None (for the target metrics' labels)."""
+        with self._lock:
+            return next((key for key, ep in self._endpoints.items() if ep.url == url), None)
+
     def scrapers(self) -> list[TargetScraper]:
         """Every discovered scraper (for the target metrics)."""
         with self._lock:

@@ -112,3 +112,47 @@ The runbook base every link of the rules and dashboards starts with: runbookBase
 {{- define "sglang-oom-exporter.runbookBase" -}}
 {{- .Values.runbookBaseUrl | default (include "sglang-oom-exporter.renderedRunbookBase" .) | trimSuffix "/" -}}
 {{- end -}}
+The pod's affinity: .Values.affinity, plus in daemonset mode the GPU-node default placement (gpuNodes): a
+required node affinity on any one of gpuNodes.nodeLabels, unless gpuNodes.enabled is false or the affinity
+already has a nodeAffinity of its own. SGLang runs on GPU nodes; an exporter on a CPU node has nothing to read.
+*/}}
+{{- define "sglang-oom-exporter.affinity" -}}
+{{- $affinity := deepCopy (.Values.affinity | default dict) }}
+{{- $gpu := .Values.gpuNodes | default dict }}
+{{- $on := true }}
+{{- if kindIs "bool" $gpu.enabled }}{{ $on = $gpu.enabled }}{{ end }}
+{{- if and (eq .Values.mode "daemonset") $on (not (hasKey $affinity "nodeAffinity")) }}
+{{- $labels := $gpu.nodeLabels | default (dict "nvidia.com/gpu.present" "true" "feature.node.kubernetes.io/amd-gpu" "true") }}
+{{- $terms := list }}
+{{- range $key, $value := $labels }}
+{{- $terms = append $terms (dict "matchExpressions" (list (dict "key" $key "operator" "In" "values" (list (toString $value))))) }}
+{{- end }}
+{{- $_ := set $affinity "nodeAffinity" (dict "requiredDuringSchedulingIgnoredDuringExecution" (dict "nodeSelectorTerms" $terms)) }}
+{{- end }}
+{{- if $affinity }}{{ toYaml $affinity }}{{ end }}
+{{- end }}
+
+{{/*
+The monitors' relabelings after the operator's own (promcfg.go adds the target labels namespace, pod,
+container, service, endpoint, job). Our series name the SGLang pod (namespace/pod/container, or `source`) and
+must never be given the exporter's own pod: the target's namespace/pod/container move to exporter_namespace/
+exporter_pod/exporter_container, which the guard alerts use. In sidecar mode the target pod is the SGLang pod
+itself, so namespace and pod stay (and are copied); only the container (the exporter's) moves.
+*/}}
+{{- define "sglang-oom-exporter.relabelings" -}}
+- sourceLabels: [namespace]
+  targetLabel: exporter_namespace
+- sourceLabels: [pod]
+  targetLabel: exporter_pod
+- sourceLabels: [container]
+  targetLabel: exporter_container
+{{- if eq .Values.mode "sidecar" }}
+- action: labeldrop
+  regex: container
+- targetLabel: job
+  replacement: {{ include "sglang-oom-exporter.name" . }}
+{{- else }}
+- action: labeldrop
+  regex: (namespace|pod|container)
+{{- end }}
+{{- end }}

@@ -163,7 +163,7 @@ spec:
   nodeSelector:
     {{- toYaml . | nindent 4 }}
   {{- end }}
-  {{- with .Values.affinity }}
+  {{- with include "sglang-oom-exporter.affinity" . | fromYaml }}
   affinity:
     {{- toYaml . | nindent 4 }}
   {{- end }}

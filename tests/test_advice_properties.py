@@ -1,0 +1,152 @@
+"""Advice never contradicts itself: a property test over random events, server args and KV snapshots, for
+every suggestion rule and every kind (and pattern) that uses it.
+
+For each suggestion of an event of kind K:
+- direction: a flag the fix text of K says to lower is suggested below its current value (raise: above);
+- within the fix text: a number at or beyond the fix text's examples for that flag in K (below "to 4096 or
+  2048", above "to 1.3", more than one step of "0.85 -> 0.9"), or for a flag K's fix text does not name, only
+  with the rule saying BEYOND_EXAMPLE and why;
+- an unknown current value is never printed as a number ("the current 1" when nothing is known);
+- a retraction suggests nothing unless SGLang's own counter shows more than a few retracted requests.
+The examples in advise/limits.py are the ones the catalog's text gives (checked here).
+"""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from sglang_oom_exporter.advise import limits
+from sglang_oom_exporter.advise.rules import RULES
+from sglang_oom_exporter.advise.suggest import suggest
+from sglang_oom_exporter.catalog.model import OomKind
+from sglang_oom_exporter.detect.model import OomEvent
+from tests.helpers import CATALOG
+
+_NUMBER = re.compile(r"(?<![\w.])\d+(?:\.\d+)?")
+
+
+def _uses(rule: str) -> list[OomKind]:
+    """The kinds whose events this rule advises on: by the kind's own rule or one of its patterns'."""
+    return [k for k in CATALOG.kinds if k.suggest == rule or any(p.suggest == rule for p in k.patterns)]
+
+
+def _steps(kind: OomKind) -> dict[str, str]:
+    """flag -> action text of the kind's remediation steps (first step of a flag wins)."""
+    steps: dict[str, str] = {}
+    for step in kind.remediation()["steps"]:
+        steps.setdefault(step["flag"], step["action"])
+    return steps
+
+
+def _direction(action: str) -> str | None:
+    first = action.split()[0].strip(",")
+    return {"lower": "lower", "raise": "raise", "set": "lower"}.get(first)
+
+
+def test_every_rule_is_used_by_some_kind_or_is_none():
+    assert sorted(r for r in RULES if not _uses(r)) == []
+
+
+def test_limits_examples_are_the_catalogs_text():
+    texts = {(k.id, flag): action for k in CATALOG.kinds for flag, action in _steps(k).items()}
+    chunk = {a for (_, flag), a in texts.items() if flag == "--chunked-prefill-size" and "example" in a}
+    assert chunk == {"lower, for example to 4096 or 2048"}
+    assert sorted(limits.CHUNKED_PREFILL_EXAMPLES, reverse=True) == [4096, 2048]
+    assert "lower it, for example to 0.8 or 0.7" in texts.values()
+    assert limits.MEM_FRACTION_DOWN_EXAMPLES == (0.7, 0.8)
+    assert "raise it, for example to 1.3" in texts.values()
+    assert limits.CONSERVATIVENESS_GUIDE == 1.3
+    assert "lower it, for example to 16" in texts.values()
+    assert limits.CUDA_GRAPH_BS_GUIDE == 16
+
+
+_ARGS = st.fixed_dictionaries(
+    {},
+    optional={
+        "chunked_prefill_size": st.sampled_from([-1, 0, 256, 512, 1024, 2048, 3000, 4096, 8192, 16384, 65536]),
+        "max_running_requests": st.integers(min_value=0, max_value=4096),
+        "max_total_num_tokens": st.integers(min_value=0, max_value=2_000_000),
+        "context_length": st.integers(min_value=0, max_value=1_000_000),
+        "mem_fraction_static": st.floats(min_value=0.3, max_value=0.99),
+        "cuda_graph_max_bs": st.integers(min_value=0, max_value=1024),
+        "schedule_conservativeness": st.floats(min_value=0.1, max_value=3.0),
+        "speculative_num_draft_tokens": st.integers(min_value=0, max_value=64),
+        "speculative_algorithm": st.sampled_from(["EAGLE", "NGRAM"]),
+        "max_mamba_cache_size": st.integers(min_value=0, max_value=10_000),
+    },
+)
+_KV = st.fixed_dictionaries(
+    {},
+    optional={
+        "running_requests": st.integers(min_value=0, max_value=2048),
+        "num_used_tokens": st.integers(min_value=0, max_value=2_000_000),
+        "max_total_num_tokens": st.integers(min_value=0, max_value=2_000_000),
+        "retracted_requests_total": st.integers(min_value=0, max_value=1000),
+    },
+)
+_NUMBERS = st.fixed_dictionaries(
+    {},
+    optional={
+        "requested_tokens": st.integers(min_value=0, max_value=200_000),
+        "available_tokens": st.integers(min_value=0, max_value=200_000),
+        "req_slots_available": st.integers(min_value=0, max_value=4096),
+        "req_slots_requested": st.integers(min_value=0, max_value=4096),
+        "mem_fraction_static": st.floats(min_value=0.3, max_value=0.99),
+    },
+)
+
+
+def _check(kind: OomKind, rule: str, subphase: str | None, numbers: dict, args: dict, kv: dict) -> None:
+    event = OomEvent(kind=kind.id, fatal=kind.fatal, source="s", location="s:1", time=None, ranks=(), message="m",
+                     excerpt="", subphase=subphase, numbers=numbers)  # fmt: skip
+    got = suggest(event, rule, args, kv)
+    steps = _steps(kind)
+    if kind.id == CATALOG.retraction_kind and kv.get("retracted_requests_total", 0) < limits.RETRACTED_BEFORE_ADVICE:
+        assert got == ()
+    for s in got:
+        assert s.rule
+        if s.current is None:
+            # "the current 1", "current 16384" or "current ?" when nothing is known
+            assert not re.search(r"current \??\d|current \?", s.rule), (rule, s)
+        if s.suggested is None:
+            continue
+        action = steps.get(s.flag)
+        if action is None:
+            assert limits.BEYOND_EXAMPLE in s.rule, (kind.id, rule, s)
+            continue
+        direction = _direction(action)
+        current = s.current
+        if direction == "lower" and current is not None and current > 0:
+            assert s.suggested < current, (kind.id, s)
+        if direction == "raise" and current is not None:
+            assert s.suggested > current, (kind.id, s)
+        examples = [float(n) for n in _NUMBER.findall(action)]
+        if not examples or limits.BEYOND_EXAMPLE in s.rule:
+            continue
+        if "->" in action:  # an example step: "raise it (e.g. 0.85 -> 0.9)"
+            step = examples[1] - examples[0]
+            assert current is not None, (kind.id, s)
+            assert abs(s.suggested - current) <= step + 1e-9, (kind.id, s)
+        elif direction == "lower":
+            assert s.suggested >= min(examples), (kind.id, rule, s)
+        elif direction == "raise":
+            assert s.suggested <= max(examples), (kind.id, rule, s)
+
+
+USES = [(rule, kind) for rule in sorted(RULES) for kind in _uses(rule)]
+
+
+@pytest.mark.parametrize(("rule", "kind"), USES, ids=[f"{r}-{k.id}" for r, k in USES])
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    numbers=_NUMBERS,
+    args=_ARGS,
+    kv=_KV,
+    subphase=st.sampled_from([None, "spec_verify"]),
+)
+def test_advice_never_contradicts_itself(rule, kind, numbers, args, kv, subphase):
+    _check(kind, rule, subphase, numbers, args, kv)

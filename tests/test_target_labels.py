@@ -1,0 +1,68 @@
+"""The sglang_oom_target_* series name the SGLang workload an endpoint serves (issue 18): the pod found by node
+discovery, or the source a config target names; never a label the exporter cannot know."""
+
+from __future__ import annotations
+
+from prometheus_client.core import Metric
+
+from sglang_oom_exporter.config import load_config
+from sglang_oom_exporter.daemon.targets import TargetSet
+from sglang_oom_exporter.metrics import target_families
+
+
+class _View:
+    """A scraped endpoint as the collector reads it (metrics.TargetView)."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.up = True
+        self.duration = 0.25
+        self.errors_total = {"timeout": 2}
+        self.info_errors_total: dict[str, int] = {}
+
+    def snapshot_values(self) -> dict[str, float]:
+        return {"token_usage": 0.5}
+
+    def server_args(self) -> dict[str, object]:
+        return {"chunked_prefill_size": 8192}
+
+
+def _samples(families: list[Metric], name: str) -> list[dict[str, str]]:
+    return [dict(s.labels) for f in families for s in f.samples if s.name == name]
+
+
+def _config(tmp_path, text: str):
+    path = tmp_path / "config.yaml"
+    path.write_text(text)
+    return load_config(str(path), env={})
+
+
+def test_a_config_target_names_its_source_in_file_mode(tmp_path):
+    config = _config(tmp_path, "targets:\n  - {url: http://10.0.0.5:30000, source: llama-70b}\n"
+                               "  - {url: http://10.0.0.6:30000}\nsources:\n  - {name: llama-70b, path: /x.log}\n")  # fmt: skip
+    targets = TargetSet(config)
+    assert targets.labels_for("http://10.0.0.5:30000") == {"source": "llama-70b"}
+    assert targets.labels_for("http://10.0.0.6:30000") == {}
+
+
+def test_a_config_target_in_kubernetes_mode_adds_no_label_it_cannot_know(tmp_path):
+    config = _config(tmp_path, f"kubernetes: {{logs_root: {tmp_path}}}\n"
+                               "targets:\n  - {url: http://10.0.0.5:30000, source: llama-0}\n")  # fmt: skip
+    assert TargetSet(config).labels_for("http://10.0.0.5:30000") == {}
+
+
+def test_every_target_family_carries_the_workload_labels_beside_target():
+    families = list(target_families([_View("http://a:30000"), _View("http://b:30000")],
+                                    lambda url: {"namespace": "llm", "pod": "llama-0"} if "a" in url else {}))  # fmt: skip
+    assert _samples(families, "sglang_oom_target_up") == [
+        {"target": "http://a:30000", "namespace": "llm", "pod": "llama-0"},
+        {"target": "http://b:30000"},
+    ]
+    errors = _samples(families, "sglang_oom_target_scrape_errors_total")
+    assert {"target": "http://a:30000", "namespace": "llm", "pod": "llama-0", "reason": "timeout"} in errors
+    assert _samples(families, "sglang_oom_target_server_arg") == [
+        {"target": "http://a:30000", "namespace": "llm", "pod": "llama-0", "arg": "chunked_prefill_size"},
+        {"target": "http://b:30000", "arg": "chunked_prefill_size"},
+    ]
+    assert _samples(families, "sglang_oom_target_token_usage")[0] == {"target": "http://a:30000", "namespace": "llm",
+                                                                      "pod": "llama-0"}  # fmt: skip
