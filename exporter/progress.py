@@ -3,7 +3,7 @@
 Beside the pipeline, not in it: scan.py and scanpar.py tell it how far they are, and it redraws one line on
 stderr (a carriage return, no escape codes) at most every `interval` seconds. cli.py decides whether there
 is one at all (a terminal, or --progress). A few lines of our own rather than tqdm or rich: either adds
-18-40 ms of CPU to scan's start-up (docs/scan-progress.md has the measurement), a dependency to the image,
+17-44 ms of CPU to scan's start-up (bench/bench_progress.py, docs/scan-progress.md), a dependency to the image,
 and neither sums the byte counters of pool worker processes, which scanpar.py needs anyway.
 """
 

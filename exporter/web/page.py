@@ -37,7 +37,7 @@ def render_page(entries: list[StoredEvent], catalog: Catalog, health: Health, ca
         "<style>body{font-family:sans-serif;margin:1.5em}table{border-collapse:collapse}"
         "th,td{border:1px solid #ccc;padding:.3em .5em;text-align:left;vertical-align:top}"
         "th{background:#eee}.fatal{color:#b00;font-weight:bold}.unhealthy{color:#b00}"
-        ".restored{color:#666;font-style:italic}.zone{color:#666;font-size:smaller}"
+        ".restored{color:#666;font-style:italic}.zone{color:#666;font-size:smaller}td.time{min-width:11em}"
         "ul.suggestions{margin:.2em 0;padding-left:1.2em}"
         "code,pre{white-space:pre-wrap;word-break:break-all}ol{margin:.3em 0;padding-left:1.4em}</style>"
         f'</head><body><h1>SGLang OOM events</h1><p class="{"ok" if health.ok else "unhealthy"}">'
@@ -62,7 +62,7 @@ def _event_row(index: int, stored: StoredEvent, catalog: Catalog) -> str:
     )  # fmt: skip
     ranks = f"<br>ranks {_e(' '.join(e.ranks))}" if e.ranks else ""
     return (
-        f'<tr class="event" id="event-{index}"><td>{_time(stored)}</td>'
+        f'<tr class="event" id="event-{index}"><td class="time">{_time(stored)}</td>'
         f"<td>{_suggestions(e)}{_e(kind.summary)}<ol>{steps}</ol>{_context(e)}</td>"
         f"<td><code>{_e(e.kind)}</code> ({fatal})<br>{_e(kind.title)}<br><code>{_e(e.message)}</code>"
         f"<details><summary>log excerpt</summary><pre>{_e(e.excerpt)}</pre></details></td>"
