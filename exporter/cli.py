@@ -293,9 +293,11 @@ def _scan(args: argparse.Namespace) -> int:
         server_args = load_server_args(args.server_args) if args.server_args else None
         result = scan_paths(catalog, paths, prefilter=not args.no_prefilter, extra_prefixes=args.prefix_regex,
                             server_args=server_args, jobs=args.jobs, progress=progress)  # fmt: skip
-    except InputError as exc:
+    except (InputError, KeyboardInterrupt) as exc:
         if progress is not None and progress.draws:
-            sys.stderr.write("\n")  # the error starts its own line
+            sys.stderr.write("\n")  # the error (or Ctrl-C's traceback) starts its own line
+        if isinstance(exc, KeyboardInterrupt):
+            raise
         return _fail(str(exc))
     if progress is not None:
         progress.finish(len(result.events))

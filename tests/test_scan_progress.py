@@ -158,3 +158,12 @@ def test_the_parallel_scan_counts_its_workers_bytes(tmp_path):
     assert (progress.events, progress.files_done) == (60, 3)
     assert progress.events_when_joined
     assert "events in done files" in out.getvalue()
+
+
+def test_an_unreadable_input_is_reported_on_its_own_line(tmp_path):
+    path = _log(tmp_path)
+    proc = subprocess.run([*COMMAND, "--progress", path, str(tmp_path / "missing.log")], capture_output=True,
+                          timeout=60, check=False)  # fmt: skip
+    assert proc.returncode == 2
+    assert proc.stderr.endswith(b"\nsglang-oom-exporter: cannot read " + str(tmp_path / "missing.log").encode()
+                                + b": No such file or directory\n")  # fmt: skip
