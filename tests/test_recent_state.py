@@ -17,7 +17,7 @@ from sglang_oom_exporter.daemon.sink import event_json
 from sglang_oom_exporter.daemon.store import SAVED_EVENTS, EventStore
 from tests.helpers import CATALOG
 from tests.test_app import BLOCK, _app, _run
-from tests.test_serve_e2e import daemon_factory, oom_block, settle, wait_for  # noqa: F401 (a fixture)
+from tests.test_serve_e2e import daemon_factory, oom_block, settle  # noqa: F401 (daemon_factory: a fixture)
 
 LAST_TS = "sglang_oom_last_event_timestamp_seconds"
 
