@@ -76,6 +76,9 @@ def build_parser(only_scan: bool = False) -> argparse.ArgumentParser:
         "the same result as --jobs 1, which reads in this process, as does any N when the files hold under "
         "16 MiB in all. gzip files are each read whole by one process; stdin is read in this process",
     )
+    scan.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
+                      help="a progress line on stderr (bytes of total, rate, files, events, time left); default: "
+                      "on when stderr is a terminal, unless --format json goes to a pipe")  # fmt: skip
     scan.add_argument("--server-args", metavar="FILE",
                       help="JSON from SGLang's /server_info (or /get_server_info): suggestions then start from the "
                       "server's current flag values")  # fmt: skip
@@ -214,6 +217,22 @@ def _jobs(text: str) -> int:
     return value
 
 
+def _show_progress(args: argparse.Namespace) -> bool:
+    """--progress or --no-progress when given; else a terminal on stderr, unless JSON goes to a pipe."""
+    if args.progress is not None:
+        return bool(args.progress)
+    if not _isatty(sys.stderr):
+        return False
+    return args.format != "json" or _isatty(sys.stdout)
+
+
+def _isatty(stream: Any) -> bool:
+    try:
+        return bool(stream.isatty())
+    except (AttributeError, ValueError):  # replaced or closed (tests, embedding)
+        return False
+
+
 def _fail(message: str) -> int:
     print(f"sglang-oom-exporter: {message}", file=sys.stderr)
     return EXIT_USAGE
@@ -278,12 +297,23 @@ def _scan(args: argparse.Namespace) -> int:
             regex.compile(rx)
         except regex.error as exc:
             return _fail(f"--prefix-regex {rx!r}: {exc}")
+    progress = None
+    if _show_progress(args):
+        from .progress import Progress
+
+        progress = Progress(sys.stderr)
     try:
         server_args = load_server_args(args.server_args) if args.server_args else None
         result = scan_paths(catalog, paths, prefilter=not args.no_prefilter, extra_prefixes=args.prefix_regex,
-                            server_args=server_args, jobs=args.jobs)  # fmt: skip
-    except InputError as exc:
+                            server_args=server_args, jobs=args.jobs, progress=progress)  # fmt: skip
+    except (InputError, KeyboardInterrupt) as exc:
+        if progress is not None and progress.draws:
+            sys.stderr.write("\n")  # the error (or Ctrl-C's traceback) starts its own line
+        if isinstance(exc, KeyboardInterrupt):
+            raise
         return _fail(str(exc))
+    if progress is not None:
+        progress.finish(len(result.events))
     if args.format == "json":
         # Compact on purpose: the C encoder is ten times faster than indent= on a big scan; pipe to jq.
         sys.stdout.write(json.dumps(result.to_json()) + "\n")

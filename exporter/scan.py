@@ -8,16 +8,19 @@ from __future__ import annotations
 import gzip
 import os
 import sys
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import IO, Any, BinaryIO
+from typing import IO, TYPE_CHECKING, Any, BinaryIO
 
 from .catalog.loader import Catalog
 from .daemon.sink import Context, EventSink, event_json
 from .detect.match import Matcher
 from .detect.model import OomEvent
 from .detect.pipeline import Pipeline, PipelineStats
-from .sources.fileid import open_binary
+from .sources.fileid import GZIP_MAGIC, open_binary
+
+if TYPE_CHECKING:
+    from .progress import Progress
 
 CHUNK = 4 * 1024 * 1024
 # Below this many bytes in all, --jobs N scans in this process: starting and feeding a pool of workers costs
@@ -97,8 +100,13 @@ def scan_stream(
     extra_prefixes: Iterable[str] = (),
     chunk: int = CHUNK,
     finder: str = "auto",
+    on_chunk: Callable[[int, int], None] | None = None,
 ) -> tuple[list[OomEvent], PipelineStats]:
-    """Run one input through its own pipeline to the end."""
+    """Run one input through its own pipeline to the end.
+
+    on_chunk, when given, hears (bytes of the input read so far, events so far) after every chunk; for a gzip
+    file, uncompressed bytes, to compare with input_size().
+    """
     events: list[OomEvent] = []
     location = "-" if name == "-" else name
     pipe = Pipeline(
@@ -111,12 +119,16 @@ def scan_stream(
         finder=finder,
         extra_prefixes=tuple(extra_prefixes),
     )
+    done = 0
     try:
         while True:
             data = stream.read(chunk)
             if not data:
                 break
             pipe.feed(data)
+            if on_chunk is not None:
+                done += len(data)
+                on_chunk(done, len(events))
     except (OSError, EOFError, gzip.BadGzipFile) as exc:
         # A truncated .gz or a read error mid-file: keep what was read, and say so.
         raise InputError(f"error reading {name}: {exc}") from exc
@@ -163,12 +175,14 @@ def scan_paths(
     range_size: int | None = None,
     start_method: str | None = None,
     min_parallel_bytes: int = MIN_PARALLEL_BYTES,
+    progress: Progress | None = None,
 ) -> ScanResult:
     """Scan every path in order; InputError on the first unreadable one.
 
     jobs > 1 scans in that many worker processes (files in parallel, big plain files cut into ranges) with
     the same result, once the files hold at least min_parallel_bytes (or range_size is given); range_size,
-    start_method and min_parallel_bytes only exist for tests (scanpar.py says why they are safe).
+    start_method and min_parallel_bytes only exist for tests (scanpar.py says why they are safe). progress,
+    when given, is told how far the scan is (bytes, events, files), from the worker processes too.
     """
     matcher = Matcher(catalog)
     sink = EventSink(catalog)
@@ -185,12 +199,14 @@ def scan_paths(
             jobs = 1
     else:
         jobs = 1  # stdin alone is read in this process
+    if progress is not None:
+        progress.begin(None if "-" in paths else sum(input_size(p) for p in paths), len(paths))
     if jobs > 1:
         from .scanpar import MIN_RANGE, ScanOptions, scan_parallel
 
         options = ScanOptions(prefilter, tuple(extra_prefixes), finder, chunk)
         try:
-            done = scan_parallel(catalog, matcher, paths, jobs=jobs, options=options,
+            done = scan_parallel(catalog, matcher, paths, jobs=jobs, options=options, progress=progress,
                                  range_size=range_size or MIN_RANGE, start_method=start_method)  # fmt: skip
         except OSError as exc:
             raise InputError(f"error reading: {exc}") from exc
@@ -199,17 +215,53 @@ def scan_paths(
                 result.events.extend(sink.enrich(e, context) for e in events)
                 result.stats.append((name, stats))
             return result
-    for path in paths:
+    before = [0, 0]  # bytes and events of the inputs already read, for the progress line
+    for index, path in enumerate(paths):
         name, fh = open_input(path)
+        meter = progress_meter(progress, before, index) if progress is not None else None
         try:
-            events, stats = scan_stream(catalog, matcher, name, fh, prefilter=prefilter,
+            events, stats = scan_stream(catalog, matcher, name, fh, prefilter=prefilter, on_chunk=meter,
                                         extra_prefixes=extra_prefixes, chunk=chunk, finder=finder)  # fmt: skip
         finally:
             if name != "-":
                 fh.close()
+        before[0] = before[0] + input_size(path) if path != "-" else (progress.done if progress is not None else 0)
+        before[1] += len(events)
+        if progress is not None:
+            progress.update(before[0], before[1], index + 1)
         result.events.extend(sink.enrich(e, context) for e in events)
         result.stats.append((name, stats))
     return result
+
+
+def progress_meter(progress: Progress, before: list[int], index: int) -> Callable[[int, int], None]:
+    """The on_chunk of input `index`: its position and events on top of `before` (bytes, events) of the inputs
+    before it."""
+
+    def update(pos: int, events: int) -> None:
+        progress.update(before[0] + pos, before[1] + events, index)
+
+    return update
+
+
+def input_size(path: str) -> int:
+    """The bytes of log text an input holds, for the progress line's total: a plain file's size, a gzip file's
+    uncompressed size from its trailer (ISIZE, the size modulo 4 GiB: raised by 4 GiB steps to at least the
+    compressed size); 0 for stdin or when it cannot be told."""
+    if path == "-":
+        return 0
+    try:
+        with open(path, "rb") as fh:
+            size = os.fstat(fh.fileno()).st_size
+            if size < 18 or fh.read(len(GZIP_MAGIC)) != GZIP_MAGIC:
+                return size
+            fh.seek(-4, os.SEEK_END)
+            isize = int.from_bytes(fh.read(4), "little")
+    except OSError:
+        return 0
+    while isize < size:
+        isize += 1 << 32
+    return isize
 
 
 def format_text(result: ScanResult) -> str:

@@ -6,6 +6,9 @@ runs the one Deduper over them in file order, so an event whose ranks or traceba
 exactly as in a serial scan. gzip files and stdin are never cut (a gzip stream cannot be entered mid-way):
 a gzip file is one worker task, stdin is read in the parent.
 scanjoin.py says how a cut stays exact.
+
+Progress (scan's terminal line): every task has a slot in a shared array of bytes read, which the process
+running it adds to after every chunk; the parent sums the slots between its own chunks and while it waits.
 """
 
 from __future__ import annotations
@@ -15,9 +18,9 @@ import itertools
 import multiprocessing
 import os
 import threading
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, MutableSequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .catalog.loader import Catalog
 from .detect.match import Matcher
@@ -25,6 +28,9 @@ from .detect.model import OomEvent
 from .detect.pipeline import Pipeline, PipelineStats
 from .scanjoin import Collector, Joiner, Joins, Segment, cut_points, drop, scan_range
 from .sources.fileid import GZIP_MAGIC
+
+if TYPE_CHECKING:
+    from .progress import Progress
 
 MIN_RANGE = 32 * 1024 * 1024  # a file is cut only into ranges at least this big: below, one task per file
 
@@ -47,20 +53,56 @@ class _Whole:
     stats: PipelineStats
 
 
+class _Metered(Pipeline):
+    """A pipeline that reports the bytes it is fed (to the progress slot of the task that feeds it)."""
+
+    def __init__(self, *args: Any, meter: Callable[[int], None], **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._meter = meter
+
+    def feed(self, data: bytes, now: float = 0.0) -> None:
+        """Feed, then report the bytes."""
+        super().feed(data, now)
+        self._meter(len(data))
+
+
 class _Worker:
     """What one process scanning tasks holds: the catalog and matcher once, for every task it runs, and the
-    joins it found (scanjoin.Joins)."""
+    joins it found (scanjoin.Joins); with progress, the shared slots of bytes read per task."""
 
-    def __init__(self, catalog: Catalog, options: ScanOptions, matcher: Matcher | None = None) -> None:
+    def __init__(
+        self,
+        catalog: Catalog,
+        options: ScanOptions,
+        matcher: Matcher | None = None,
+        slots: MutableSequence[int] | None = None,
+        after: Callable[[], None] | None = None,
+    ) -> None:
         self.catalog = catalog
         self.matcher = Matcher(catalog) if matcher is None else matcher
         self.options = options
         self.joins = Joins()
+        self.slots = slots
+        self.slot = 0  # the task running now
+        self.after = after  # in the parent: redraw the progress line between its own chunks
+
+    def _add(self, n: int) -> None:
+        if self.slots is not None:
+            self.slots[self.slot] += n
+            if self.after is not None:
+                self.after()
+
+    def _set(self, pos: int, _events: int) -> None:
+        if self.slots is not None:
+            self.slots[self.slot] = pos
+            if self.after is not None:
+                self.after()
 
     def pipeline(self, name: str, offset: int) -> tuple[Pipeline, Collector]:
         """A fresh pipeline whose first byte is at `offset` and first line is line 1, collecting its reports."""
         options = self.options
-        pipe = Pipeline(
+        make: Any = Pipeline if self.slots is None else functools.partial(_Metered, meter=self._add)
+        pipe = make(
             self.catalog,
             self.matcher,
             source=name,
@@ -77,9 +119,10 @@ class _Worker:
             pipe.start_generation("", offset, 1)
         return pipe, collector
 
-    def run(self, task: tuple[str, Any]) -> Segment | _Whole:
+    def run(self, task: tuple[str, Any], slot: int = 0) -> Segment | _Whole:
         """One task: a range of a cut file, or a whole input."""
         kind, arg = task
+        self.slot = slot
         return self.range(*arg) if kind == "range" else self.whole(arg)
 
     def range(self, path: str, index: int, cuts: tuple[int, ...]) -> Segment:
@@ -103,6 +146,7 @@ class _Worker:
                 extra_prefixes=options.extra_prefixes,
                 finder=options.finder,
                 chunk=options.chunk,
+                on_chunk=self._set if self.slots is not None else None,
             )
         return _Whole(events, stats)
 
@@ -110,17 +154,17 @@ class _Worker:
 _WORKER: _Worker | None = None  # in a pool's worker process
 
 
-def _init(catalog: Catalog, options: ScanOptions) -> None:
+def _init(catalog: Catalog, options: ScanOptions, slots: MutableSequence[int] | None = None) -> None:
     """Per worker process: its _Worker."""
     global _WORKER
-    _WORKER = _Worker(catalog, options)
+    _WORKER = _Worker(catalog, options, slots=slots)
 
 
-def _run_many(tasks: list[tuple[str, Any]]) -> list[Segment | _Whole]:
-    """A chunk of tasks in a pool process (chunked here: Pool.imap's own chunks hide its timeout API)."""
+def _run_many(tasks: list[tuple[int, tuple[str, Any]]]) -> list[Segment | _Whole]:
+    """A chunk of (slot, task) in a pool process (chunked here: Pool.imap's own chunks hide its timeout API)."""
     if _WORKER is None:
         raise RuntimeError("a pool task ran before its process's _init")
-    return [_WORKER.run(task) for task in tasks]
+    return [_WORKER.run(task, slot) for slot, task in tasks]
 
 
 def _parent_share(sizes: list[int], jobs: int) -> int:
@@ -156,6 +200,7 @@ def scan_parallel(
     options: ScanOptions,
     range_size: int = MIN_RANGE,
     start_method: str | None = None,
+    progress: Progress | None = None,
 ) -> list[tuple[str, list[OomEvent], PipelineStats]] | None:
     """(name, events, stats) per input, in input order: the same as a serial scan, from `jobs` processes.
 
@@ -163,7 +208,7 @@ def scan_parallel(
 
     Opening errors surface as OSError before any worker starts. stdin ("-") is scanned here, in order.
     """
-    from .scan import scan_stream
+    from .scan import progress_meter, scan_stream
 
     plan: list[tuple[str, int]] = []  # (path, number of tasks); 0 tasks: stdin
     tasks: list[tuple[str, Any]] = []
@@ -197,6 +242,14 @@ def scan_parallel(
     mine = _parent_share(sizes, jobs)
     workers = min(jobs - 1, mine)
     merged = 0  # results taken in, in task order: a cut file's chain is joined as its segments come in
+    slots = ctx.RawArray("q", len(tasks)) if progress is not None else None  # bytes read per task
+    if progress is not None:
+        progress.events_when_joined = True
+    found = [0, 0]  # events and inputs finished, for the progress line
+
+    def tick() -> None:
+        if progress is not None and slots is not None:
+            progress.update(sum(slots), found[0], found[1])
 
     def take(result: Segment | _Whole) -> None:
         nonlocal merged
@@ -208,15 +261,20 @@ def scan_parallel(
             joiner.add(result)
             if result.index == plan[place][1] - 1:
                 out[place] = (plan[place][0], *joiner.finish())
+        finished = out[place]
+        if finished is not None and (isinstance(result, _Whole) or result.index == plan[place][1] - 1):
+            found[0] += len(finished[1])
+            found[1] += 1
 
-    with ctx.Pool(workers, initializer=_init, initargs=(catalog, options)) as pool:
+    with ctx.Pool(workers, initializer=_init, initargs=(catalog, options, slots)) as pool:
         per_chunk = max(1, mine // (workers * 8))
-        chunks = [tasks[i : min(i + per_chunk, mine)] for i in range(0, mine, per_chunk)]
+        indexed = list(enumerate(tasks))
+        chunks = [indexed[i : min(i + per_chunk, mine)] for i in range(0, mine, per_chunk)]
         theirs = pool.imap(_run_many, chunks)
-        local = _Worker(catalog, options, matcher)
+        local = _Worker(catalog, options, matcher, slots=slots, after=tick)
         ours = []
-        for task in tasks[mine:]:
-            ours.append(local.run(task))
+        for slot in range(mine, len(tasks)):
+            ours.append(local.run(tasks[slot], slot))
             while merged < mine:  # between its own tasks, take in what the workers finished (in order)
                 try:
                     chunk = theirs.next(timeout=0)
@@ -224,16 +282,30 @@ def scan_parallel(
                     break
                 for result in chunk:
                     take(result)
-        for result in itertools.chain(itertools.chain.from_iterable(theirs), ours):
+        while merged < mine:  # then wait for the workers, redrawing the progress line while they run
+            try:
+                chunk = theirs.next(timeout=progress.interval if progress is not None else None)
+            except multiprocessing.TimeoutError:
+                tick()
+                continue
+            except StopIteration:
+                break  # fewer results than tasks: the count below says so
+            for result in chunk:
+                take(result)
+            tick()
+        for result in ours:
             take(result)
+        tick()
     if merged != len(owner):
         raise RuntimeError(f"parallel scan: {merged} results for {len(owner)} tasks")
     for place, (path, n) in enumerate(plan):
         if n == 0:
             import sys
 
+            before = [sum(slots) if slots is not None else 0, found[0]]
+            meter = progress_meter(progress, before, found[1]) if progress is not None else None
             events, stats = scan_stream(catalog, matcher, "-", sys.stdin.buffer, prefilter=options.prefilter,
                                         extra_prefixes=options.extra_prefixes, finder=options.finder,
-                                        chunk=options.chunk)  # fmt: skip
+                                        chunk=options.chunk, on_chunk=meter)  # fmt: skip
             out[place] = (path, events, stats)
     return [o for o in out if o is not None]

@@ -7,6 +7,7 @@ this module runs them, proves they can fail, and checks that every alert has one
 
 from __future__ import annotations
 
+import copy
 import re
 import shutil
 import subprocess
@@ -372,7 +373,7 @@ def test_amtool_accepts_the_example():
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "SUCCESS" in proc.stdout
     assert " - 4 inhibit rules" in proc.stdout
-    assert " - 3 receivers" in proc.stdout
+    assert " - 4 receivers" in proc.stdout
 
 
 @needs_amtool
@@ -389,8 +390,71 @@ def test_amtool_routes_critical_to_the_pager_and_warnings_to_tickets():
     proc = _run("amtool", "config", "routes", "test", f"--config.file={EXAMPLE}", "--verify.receivers=ticket",
                 "alertname=SGLangPrefillOOM", "severity=critical")  # fmt: skip
     assert proc.returncode == 1
+    # Only the pack's own alerts are routed by it: anyone else's info alert is not silenced.
     proc = _run("amtool", "config", "routes", "test", f"--config.file={EXAMPLE}", "alertname=X", "severity=info")
-    assert proc.stdout.strip() == "null"
+    assert proc.stdout.strip() == "default"
+
+
+# What an existing setup looks like: a catch-all root, team routes, and a critical route that would take any
+# page, ours included, if it came first.
+EXISTING = {
+    "route": {
+        "receiver": "team-default",
+        "group_by": ["alertname"],
+        "routes": [
+            {"receiver": "db-team", "matchers": ['team="db"']},
+            {"receiver": "oncall", "matchers": ['severity="critical"']},
+            {"receiver": "blackhole", "matchers": ['severity="info"']},
+        ],
+    },
+    "receivers": [{"name": n} for n in ("team-default", "db-team", "oncall", "blackhole")],
+    "inhibit_rules": [{"source_matchers": ['alertname="NodeDown"'], "target_matchers": ['severity="warning"'],
+                       "equal": ["instance"]}],
+}  # fmt: skip
+# (labels, the receiver the existing config routes them to): none of them is one of ours.
+OTHERS = [
+    (["alertname=NodeDown", "severity=critical"], "oncall"),
+    (["alertname=SlowQueries", "severity=warning", "team=db"], "db-team"),
+    (["alertname=Watchdog", "severity=info"], "blackhole"),
+    (["alertname=DiskFilling", "severity=warning"], "team-default"),
+    (["alertname=SGLangSomethingElse", "severity=critical"], "oncall"),  # a name like ours is not ours
+    (["alertname=SGLangPrefillOOMx", "severity=critical"], "oncall"),
+    (["alertname=KubePodCrashLooping", "severity=warning", "namespace=llm", "pod=sglang-0"], "team-default"),
+]
+
+
+def _merged() -> dict:
+    """The example merged into EXISTING as its header says: subtree first, receivers and inhibitions added."""
+    example = yaml.safe_load(EXAMPLE.read_text())
+    subtree = example["route"]["routes"]
+    assert len(subtree) == 1, "the example's root has one child: the pack's subtree"
+    merged = copy.deepcopy(EXISTING)
+    merged["route"]["routes"] = subtree + merged["route"]["routes"]
+    merged["receivers"] += [r for r in example["receivers"] if r["name"] != "default"]
+    merged["inhibit_rules"] += example["inhibit_rules"]
+    return merged
+
+
+def _route(config: Path, labels: list[str]) -> str:
+    proc = _run("amtool", "config", "routes", "test", f"--config.file={config}", *labels)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return proc.stdout.strip()
+
+
+@needs_amtool
+@pytest.mark.timeout(120)
+def test_the_example_merged_under_a_catch_all_routes_ours_and_leaves_the_others_alone(tmp_path):
+    before, after = tmp_path / "existing.yml", tmp_path / "merged.yml"
+    before.write_text(dump_yaml(EXISTING))
+    after.write_text(dump_yaml(_merged()))
+    proc = _run("amtool", "check-config", str(after))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    for labels, receiver in OTHERS:
+        assert (_route(before, labels), _route(after, labels)) == (receiver, receiver), labels
+    for spec in SPECS:
+        labels = [f"alertname={spec.name}", f"severity={spec.severity}", "namespace=llm", "pod=sglang-0"]
+        assert _route(before, labels) == ("oncall" if spec.severity == "critical" else "team-default")
+        assert _route(after, labels) == RECEIVERS[spec.severity], spec.name
 
 
 def test_the_example_inhibits_a_sources_warnings_while_its_oom_pages():

@@ -61,7 +61,7 @@ def test_config_for_the_test_is_the_example_with_local_receivers_and_short_waits
     example = yaml.safe_load((ROOT / ALERTMANAGER_PATH).read_text())
     assert config["inhibit_rules"] == example["inhibit_rules"]
     assert config["route"]["routes"] == example["route"]["routes"]
-    assert [r["name"] for r in config["receivers"]] == ["pager", "ticket", "null"]
+    assert [r["name"] for r in config["receivers"]] == ["default", "pager", "ticket", "null"]
 
 
 def _alertmanager_config(hook_url: str) -> str:

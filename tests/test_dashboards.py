@@ -411,3 +411,46 @@ def test_alerts_dashboard_urls_open_this_dashboard_with_its_variables(dash):
         names = set(re.findall(r"var-(\w+)=", url))
         assert names, url
         assert names <= variables, url
+
+
+# What the tables show, and what the texts promise -------------------------------------------------------------
+
+
+def _merged_columns(table: dict[str, Any], labels: Mapping[str, str]) -> list[str]:
+    """The columns Grafana shows for a merged row with these labels: the include filter, the order, the renames."""
+    steps = {t["id"]: t["options"] for t in table["transformations"]}
+    kept = [name for name in ["Time", *labels, "Value #A", "Value #B", "Value #C"]
+            if name in steps["filterFieldsByName"]["include"]["names"]]  # fmt: skip
+    kept.sort(key=steps["organize"]["indexByName"].__getitem__)
+    return [steps["organize"]["renameByName"].get(name, name) for name in kept]
+
+
+def test_tables_show_their_own_columns_and_never_the_operators_labels(dash):
+    tables = [p for p in panels(dash) if p.get("type") == "table"]
+    assert len(tables) == 2
+    # A series as a Prometheus Operator ServiceMonitor scrape labels it, in Kubernetes node mode.
+    series = {"__name__": "x", "job": "sglang-oom-exporter", "instance": "10.0.0.7:9817", "endpoint": "http",
+              "service": "sglang-oom-exporter", "prometheus": "monitoring/k8s", "prometheus_replica": "prometheus-0",
+              "namespace": "llm", "pod": "sglang-0", "container": "sglang", "kind": "decode",
+              "flag": "max-running-requests"}  # fmt: skip
+    what, last = tables
+    assert _merged_columns(what, series) == ["kind", "flag", "current", "suggested", "namespace", "pod", "container"]
+    assert _merged_columns(last, series) == [
+        "kind",
+        "requested tokens",
+        "available tokens",
+        "seconds ago",
+        "namespace",
+        "pod",
+        "container",
+    ]
+
+
+def test_the_what_to_change_text_does_not_claim_it_needs_an_sglang_url(dash):
+    (what,) = [p for p in panels(dash) if p.get("title") == "What to change: suggested SGLang flag values"]
+    assert "Needs --sglang-url" not in what["description"]
+    assert "show without any SGLang endpoint" in what["description"]
+    context = [p for p in panels(dash) if p.get("type") == "timeseries" and "sglang_oom_target_" in json.dumps(p)]
+    needs = [p["title"] for p in context if "Needs an SGLang endpoint the exporter scrapes" in p["description"]]
+    assert needs == ["KV cache token usage", "KV tokens: used vs pool", "Running and queued requests",
+                     "Aborted requests"]  # fmt: skip

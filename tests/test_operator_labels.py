@@ -114,7 +114,9 @@ class _Setup:
             container.mkdir(parents=True)
             self.log = container / "0.log"
             # The container's start-up banner: what makes the exporter recognise it as SGLang and export its series.
-            self.log.write_text(cri("[2026-03-14 22:07:01] server_args=ServerArgs(model_path='meta-llama/Llama-3.1-8B')\n"))
+            self.log.write_text(
+                cri("[2026-03-14 22:07:01] server_args=ServerArgs(model_path='meta-llama/Llama-3.1-8B')\n")
+            )
             config = f"scrape_interval: 300ms\nkubernetes:\n  logs_root: {tmp / 'pods'}\n"
             if mode == "daemonset-discovery":
                 assert api is not None

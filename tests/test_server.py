@@ -221,12 +221,16 @@ def test_healthz_is_503_when_the_check_raises(serve):
 def test_events_are_newest_first_with_labels_and_remediation(serve, catalog):
     store = EventStore()
     for n in range(1, 4):
-        store.add(event(n), {"pod": f"sglang-{n}"})
+        store.add(event(n), {"pod": f"sglang-{n}"}, seen=1_780_000_000.0 + n)
     status, headers, body = get(serve(events=store), "/events?limit=2")
     assert status == 200
     assert headers["Content-Type"] == "application/json"
     events = json.loads(body)["events"]
-    expected = [{**event_json(event(n), catalog), "labels": {"pod": f"sglang-{n}"}} for n in (3, 2)]
+    expected = [
+        {**event_json(event(n), catalog), "labels": {"pod": f"sglang-{n}"}, "seen": 1_780_000_000.0 + n,
+         "restored": False}
+        for n in (3, 2)
+    ]  # fmt: skip
     assert expected == events
     assert events[0]["remediation"]["steps"][0]["flag"] == "--chunked-prefill-size"
 
@@ -274,6 +278,52 @@ def test_page_shows_kind_numbers_and_remediation(serve, catalog):
     assert page.index("server.log:8") < page.index("server.log:7"), "newest first"
 
 
+def test_page_leaves_unknown_values_out_and_says_what_time_zone_it_shows(serve, catalog):
+    store = EventStore()
+    # What the logs give: a pool the message did not size, a number it did not give, a server arg left unset.
+    pools = (PoolState("full", available=12), PoolState("swa"))
+    store.add(
+        event(
+            7,
+            pools=pools,
+            numbers={"requested_tokens": 5007, "available_tokens": None},
+            time=None,
+            context={"kv": {"usage": None, "free": 4}, "server_args": {"max_running_requests": None}},
+        )
+    )
+    store.add(event(8), seen=1_780_000_008.0)
+    store.add(event(9, time="2026-03-14T22:07:09Z"))
+    status, _, body = get(serve(events=store), "/")
+    page = body.decode()
+    assert status == 200
+    assert "None" not in page
+    assert "pool full: available=12<" in page
+    assert "pool swa: no sizes given" in page
+    assert "available_tokens" not in page.split('id="event-3"')[1]
+    assert "<b>kv</b>: free=4" in page
+    assert "server_args" not in page
+    rows = page.split('<tr class="event"')[1:]
+    assert [r.count("as logged, no zone") for r in rows] == [0, 1, 0]
+    assert "2026-03-14T22:07:09Z" in rows[0]
+    assert "the log line gave no time" in rows[2]
+    assert "counted 2026-05-28 20:26:48 UTC" in rows[1]
+    # What to change comes first: the suggestions and the kind's fix before the event's own text.
+    prefill = catalog.kind("prefill")
+    assert rows[1].index(prefill.summary) < rows[1].index(prefill.title) < rows[1].index("server.log:8")
+
+
+def test_page_marks_restored_events(serve):
+    store = EventStore()
+    store.add(event(1), seen=1_780_000_001.0)
+    fresh = EventStore()
+    fresh.restore_state(store.export_state())
+    fresh.add(event(2), seen=1_780_000_002.0)
+    page = get(serve(events=fresh), "/")[2].decode()
+    rows = page.split('<tr class="event"')[1:]
+    assert ["restored from the state file" in r for r in rows] == [False, True]
+    assert "(1 restored from the state file" in page
+
+
 def test_page_escapes_log_text(serve):
     store = EventStore()
     store.add(event(message=HOSTILE, excerpt=HOSTILE, location=f"{HOSTILE}:1"), {"pod": HOSTILE})
@@ -288,7 +338,7 @@ def test_page_escapes_log_text(serve):
 def test_page_without_events(serve):
     status, _, body = get(serve(health=lambda: Health(False, "no log files match")), "/")
     assert status == 200
-    assert b"No OOM events since the exporter started." in body
+    assert b"No OOM events recorded." in body
     assert b"unhealthy: no log files match" in body
 
 

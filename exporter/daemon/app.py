@@ -68,7 +68,9 @@ class App:
         self.targets = TargetSet(config, wall=wall, discovery=self._node_targets(config))
         self.sources = SourceSet(config, catalog, self.counts, self.sink, self.targets.context_for, clock=clock)
         store = StateStore(config.state_dir) if config.state_dir else None
-        self.keeper = StateKeeper(store, self.counts, self.sources, interval=config.state_interval, clock=clock)
+        self.keeper = StateKeeper(
+            store, self.counts, self.sources, interval=config.state_interval, clock=clock, events=self.store
+        )
         self.stdin = StdinPump(stdin, stdout, wake) if stdin is not None else None
         if self.stdin is not None:
             self.sources.add_stdin()

@@ -82,10 +82,11 @@ class EventSink:
         """
         try:
             event = self.enrich(event, context)
+            now = self._wall()
             if self.counts is not None:
-                self.counts.record(labels, event, self._wall())
+                self.counts.record(labels, event, now)
             if self.store is not None:
-                self.store.add(event, label_map)
+                self.store.add(event, label_map, now)
             if live and self._on_live is not None:
                 self._on_live(event, label_map)
         except Exception:  # a sink failure must never kill the loop or lose the rest

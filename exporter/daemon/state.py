@@ -24,6 +24,7 @@ from typing import Any
 
 from ..metrics import EventCounts
 from .sourceset import SourceSet
+from .store import EventStore
 
 log = logging.getLogger(__name__)
 
@@ -183,9 +184,11 @@ class StateKeeper:
         *,
         interval: float,
         clock: Callable[[], float] = time.monotonic,
+        events: EventStore | None = None,
     ) -> None:
         self._store = store
         self._counts = counts
+        self._events = events  # the recent events: saved under "recent" with each kind's last event
         self._sources = sources
         self.interval = interval
         self._clock = clock
@@ -225,6 +228,22 @@ class StateKeeper:
             self.errors += 1
             self._store.reject(f"wrong types: {exc}")
             self._sources.saved = {}
+            return
+        self._load_recent(data.get("recent"))
+
+    def _load_recent(self, recent: object) -> None:
+        """The recent events and last-event times ("recent"; older state files have none); a bad one costs itself."""
+        if recent is None or self._events is None:
+            return
+        try:
+            if not isinstance(recent, dict):
+                raise ValueError(f"'recent' is {type(recent).__name__}, not an object")
+            self._counts.restore_last(recent.get("last", []))
+            restored = self._events.restore_state(recent.get("events", []))
+            log.info("state: %d recent events restored", restored)
+        except ValueError as exc:
+            self.errors += 1
+            log.warning("state: recent events not restored (the counters and positions are): %s", exc)
 
     def save_if_due(self) -> None:
         """The periodic save: every interval, and only when something was read or counted since the last.
@@ -269,7 +288,9 @@ class StateKeeper:
             # the position that re-reads them belongs to a generation the state no longer names.
             self._sources.settle_ended()
             files = self._files()
-            data = {"counters": self._counts.export_state(), "files": files}
+            data: dict[str, Any] = {"counters": self._counts.export_state(), "files": files}
+        if self._events is not None:
+            data["recent"] = {"events": self._events.export_state(), "last": self._counts.export_last()}
         try:
             self._store.save(data)
             self.saves += 1

@@ -224,6 +224,41 @@ class EventCounts:
                 self._retracted[labels] = retracted
                 self._show_source(labels)
 
+    def export_last(self) -> list[dict[str, Any]]:
+        """Each source and kind's last event (time seen, requested and available tokens) for the state file."""
+        with self._lock:
+            return [
+                {"labels": list(labels), "kind": kind, "timestamp": last.timestamp, "requested": last.requested,
+                 "available": last.available}
+                for (labels, kind), last in self._last.items()
+            ]  # fmt: skip
+
+    def restore_last(self, raw: object) -> None:
+        """Put the saved last events back (their gauges too), unless one newer was counted already; ValueError
+        (nothing restored) when malformed or saved under other label names."""
+        try:
+            restored = []
+            for entry in raw:  # type: ignore[attr-defined]
+                labels = tuple(str(v) for v in entry["labels"])
+                if len(labels) != len(self.label_names):
+                    raise ValueError(f"bad entry {entry!r}")
+                req, avail = entry["requested"], entry["available"]
+                last = _Last(float(entry["timestamp"]), None if req is None else float(req),
+                             None if avail is None else float(avail))  # fmt: skip
+                restored.append((labels, str(entry["kind"]), last))
+        except (KeyError, TypeError, AttributeError) as exc:
+            raise ValueError(f"bad last-event state: {exc!r}") from exc
+        with self._lock:
+            for labels, kind, last in restored:
+                key = (labels, kind)
+                if key in self._last and self._last[key].timestamp >= last.timestamp:
+                    continue
+                self._last[key] = last
+                kind_key = (kind, *labels)
+                self._f_last_ts.set(kind_key, last.timestamp)
+                _show(self._f_last_req, kind_key, last.requested)
+                _show(self._f_last_avail, kind_key, last.available)
+
 
 def _show(fam: Family, key: tuple[str, ...], value: float | None, *, zero: bool = False) -> None:
     """Set a series, or leave it out when it has no value (or is zero and not a kept zero series)."""

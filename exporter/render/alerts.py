@@ -114,39 +114,48 @@ def _alternation(names: Sequence[str]) -> str:
 
 
 def alertmanager_example(catalog: Catalog) -> str:
-    """The text of alerts/alertmanager.example.yml: severity routing and the pack's inhibitions."""
+    """The text of alerts/alertmanager.example.yml: the pack's route subtree under a stand-in for an existing
+    config's root, the pack's receivers, and its inhibitions.
+
+    The subtree matches the pack's alert names and nothing else, so merged first under any root route it
+    leaves every other alert where it went before (tests/test_alerts.py merges it under a catch-all)."""
     specs = alert_pack(catalog)
     pages = [s.name for s in specs if s.role in ("fatal", "crash_loop")]
     per_source = [s.name for s in specs if s.role in ("non_fatal", "retraction")]
     source_equal = ", ".join(SOURCE_LABELS)
     return f"""# {GENERATED_NOTE}
-# An example Alertmanager config for the SGLang OOM alert pack: critical alerts page, warnings open tickets,
-# and a pod's warnings stay quiet while its OOM page fires. Replace the two webhook URLs with your pager
-# and ticket integrations (or merge the routes and inhibit_rules into your own config).
-# Check it: amtool check-config {ALERTMANAGER_PATH}
+# The SGLang OOM alert pack's Alertmanager routing, as a subtree to merge into the config you already have:
+# critical alerts page, warnings open tickets, and a pod's warnings stay quiet while its OOM page fires.
+# The subtree matches this pack's alerts by name and nothing else, so your other alerts keep their routes.
+# To merge: put the `routes:` entry marked below FIRST under your root route's `routes:` (before any catch-all
+# of yours, which would take our alerts first), add the receivers pager, ticket and "null" (or point the
+# subtree at receivers you have), and append the inhibit_rules. The root route and the `default` receiver
+# stand for your own; as it is, the file is a complete config. Check it: amtool check-config {ALERTMANAGER_PATH}
 route:
-  receiver: ticket
-  group_by: [alertname, {source_equal}, instance]
-  group_wait: 30s
-  group_interval: 5m
-  repeat_interval: 12h
+  receiver: default  # stands for your root route and its receiver
   routes:
-    - receiver: pager
-      matchers: ['alertname=~"SGLang.*"', 'severity="critical"']
-      repeat_interval: 1h
-    - receiver: ticket
-      matchers: ['alertname=~"SGLang.*"', 'severity="warning"']
-    - receiver: "null"
-      matchers: ['severity="info"']
+    # --- the SGLang OOM pack: merge from here ---
+    - matchers: ['alertname=~"{_alternation([s.name for s in specs])}"']
+      receiver: {RECEIVERS["warning"]}
+      group_by: [alertname, {source_equal}, instance]
+      repeat_interval: 12h
+      routes:
+        - receiver: {RECEIVERS["critical"]}
+          matchers: ['severity="critical"']
+          repeat_interval: 1h
+        - receiver: "{RECEIVERS["info"]}"
+          matchers: ['severity="info"']
+    # --- to here ---
 
 receivers:
-  - name: pager
+  - name: default  # stands for yours
+  - name: {RECEIVERS["critical"]}
     webhook_configs:
       - url: http://pager.example.invalid/sglang-oom
-  - name: ticket
+  - name: {RECEIVERS["warning"]}
     webhook_configs:
       - url: http://tickets.example.invalid/sglang-oom
-  - name: "null"
+  - name: "{RECEIVERS["info"]}"
 
 inhibit_rules:
   # The source already paged for an OOM: its retraction and abort warnings add nothing.

@@ -153,8 +153,9 @@ def _top_row(catalog: Catalog, kind_link: str, index: str) -> list[tuple[g.Json,
     )  # fmt: skip
     age = g.stat(
         "Time since the last OOM",
-        "Time since the exporter saw the last OOM of a kind that can be fatal (retractions excluded), since the "
-        "exporter started. Red within the last hour. Empty: no such OOM since the exporter started.",
+        "Time since the exporter counted the last OOM of a kind that can be fatal (retractions excluded). With "
+        "--state-dir the time survives exporter restarts and upgrades; without it, it counts from the exporter's "
+        "start. Red within the last hour. Empty: no such OOM counted.",
         [g.target(last_oom_age_expr(catalog), "last OOM", instant=True)],
         g.field_config("s", steps=g.thresholds(g.RED, (3600, g.ORANGE), (86400, g.GREEN)), noValue="none seen"),
         textMode="value",
@@ -170,8 +171,9 @@ def _top_row(catalog: Catalog, kind_link: str, index: str) -> list[tuple[g.Json,
     up = scoped("sglang_oom_target_up")
     targets_up = g.stat(
         "SGLang targets up",
-        "SGLang endpoints (--sglang-url) that answered the exporter's last scrape. Empty: no --sglang-url is "
-        "configured, so events carry no KV context and no concrete flag values.",
+        "SGLang endpoints (--sglang-url, targets: or Kubernetes discovery) that answered the exporter's last "
+        "scrape. Empty: no endpoint is configured, so events carry no KV context, the KV panels below stay empty, "
+        "and only the flag changes a log line's own numbers give are suggested, without current values.",
         [g.target(f"sum({up})", "up", instant=True)],
         g.field_config("short", steps=g.thresholds(g.GREEN)),
         textMode="value",
@@ -179,7 +181,7 @@ def _top_row(catalog: Catalog, kind_link: str, index: str) -> list[tuple[g.Json,
     targets_down = g.stat(
         "SGLang targets down",
         "SGLang endpoints whose last scrape failed (see the scrape errors by reason below). Red above 0: events "
-        "from those servers lose their KV context and concrete flag values.",
+        "from those servers lose their KV context and the flag changes that start from the server's values.",
         [g.target(f"count(({up}) == 0)", "down", instant=True)],
         g.field_config("short", steps=g.thresholds(g.GREEN, (1, g.RED)), noValue="0"),
         textMode="value",
@@ -188,13 +190,15 @@ def _top_row(catalog: Catalog, kind_link: str, index: str) -> list[tuple[g.Json,
 
 
 def _merge_table(names: Mapping[str, str], order: list[str]) -> list[g.Json]:
-    """Merge instant table queries into one row per label set; rename the value columns; drop scrape labels."""
+    """Merge instant table queries into one row per label set; keep only the columns in `order` (the kind, the
+    values and the source labels), so the scrape's bookkeeping labels (job, instance, and endpoint, service
+    or prometheus from an operator's monitors) never become columns; rename the value columns."""
     return [
         {"id": "merge", "options": {}},
+        {"id": "filterFieldsByName", "options": {"include": {"names": list(order)}}},
         {
             "id": "organize",
             "options": {
-                "excludeByName": {"Time": True, "__name__": True, "job": True, "instance": True},
                 "renameByName": dict(names),
                 "indexByName": {name: i for i, name in enumerate(order)},
             },
@@ -229,8 +233,12 @@ def _what_to_change(row_link: str, index: str) -> list[tuple[g.Json, int, int]]:
     suggestions = g.table(
         "What to change: suggested SGLang flag values",
         "The concrete flag change the last OOM of each kind suggests, per source: the flag (pass it with two "
-        "leading dashes), its value on the server when the OOM happened, and the suggested value. Needs "
-        "--sglang-url (server args); empty until an OOM happened. Click a row for that kind's runbook section.",
+        "leading dashes), its value on the server when the OOM happened, and the suggested value. Some changes "
+        "come from the log line alone (the tokens available when a prefill ran out, a retraction, a start-up "
+        "message that names the value) and show without any SGLang endpoint, with an empty current value; the "
+        "others start from the server's current flag values, read from an SGLang endpoint the exporter scrapes "
+        "(--sglang-url, targets: or Kubernetes discovery), and are missing without one. Empty until an OOM "
+        "happened. Click a row for that kind's runbook section.",
         suggestion_queries(),
         g.field_config("none", data_links=[g.link("Runbook for ${__data.fields.kind}", row_link)]),
         _merge_table({"Value #A": "current", "Value #B": "suggested"}, columns),

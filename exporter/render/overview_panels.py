@@ -39,13 +39,19 @@ def _per_target(expr: str) -> str:
     return f"max by (target) ({scoped(expr)})"
 
 
+# What the mirrored panels need: without an endpoint they are empty, which is no sign that all is well.
+_NEEDS_TARGET = (
+    "Needs an SGLang endpoint the exporter scrapes (--sglang-url, targets: or Kubernetes discovery); empty without one."
+)
+
+
 def context_panels() -> list[tuple[g.Json, int, int]]:
     """The mirrored SGLang endpoint values that show the pressure before an OOM (the events are annotations)."""
     usage = g.timeseries(
         "KV cache token usage",
         "SGLang's token usage per endpoint (used, not evictable, over the pool; worst rank). Near 100% just "
         "before an OOM (red marks) means the pool was full: lower the batch (--max-running-requests, "
-        "--chunked-prefill-size) or give the pool more memory.",
+        "--chunked-prefill-size) or give the pool more memory. " + _NEEDS_TARGET,
         [g.target(_per_target("sglang_oom_target_token_usage"), "{{target}}")],
         g.field_config("percentunit", min=0, max=1, steps=g.thresholds(g.GREEN, (0.9, g.ORANGE), (0.98, g.RED))),
     )
@@ -53,7 +59,7 @@ def context_panels() -> list[tuple[g.Json, int, int]]:
     tokens = g.timeseries(
         "KV tokens: used vs pool",
         "KV tokens in use against the pool's capacity (max_total_num_tokens) per endpoint. A small pool relative "
-        "to context_length makes every long request risky.",
+        "to context_length makes every long request risky. " + _NEEDS_TARGET,
         g.targets((_per_target("sglang_oom_target_used_tokens"), "{{target}} used"),
                   (_per_target("sglang_oom_target_max_total_tokens"), "{{target}} pool")),
         g.field_config("short"),
@@ -61,7 +67,7 @@ def context_panels() -> list[tuple[g.Json, int, int]]:
     requests = g.timeseries(
         "Running and queued requests",
         "Requests in the running batch and waiting in the queue per endpoint. A running batch that keeps growing "
-        "until an OOM says --max-running-requests is too high for the pool.",
+        "until an OOM says --max-running-requests is too high for the pool. " + _NEEDS_TARGET,
         g.targets((_per_target("sglang_oom_target_running_requests"), "{{target}} running"),
                   (_per_target("sglang_oom_target_queued_requests"), "{{target}} queued")),
         g.field_config("short"),
@@ -70,7 +76,9 @@ def context_panels() -> list[tuple[g.Json, int, int]]:
         "Retracted requests",
         "Requests retracted to free KV slots, per second: from the SGLang endpoint's own counter (0.5.8+) and "
         "from the retraction lines in the logs (every version). Sustained retractions are the warning before a "
-        "decode OOM: raise --schedule-conservativeness or lower --max-running-requests.",
+        "decode OOM: raise --schedule-conservativeness or lower --max-running-requests. The logs' series needs "
+        "nothing more; the endpoint's needs an SGLang endpoint the exporter scrapes (--sglang-url, targets: or "
+        "Kubernetes discovery).",
         g.targets(
             (f"sum by (target) ({scoped('rate(sglang_oom_target_retracted_requests_total[$__rate_interval])')})",
              "{{target}} (endpoint)"),
@@ -82,7 +90,7 @@ def context_panels() -> list[tuple[g.Json, int, int]]:
     aborted = g.timeseries(
         "Aborted requests",
         "Requests the SGLang endpoint aborted, per second (SGLang 0.4.8+). A burst at an OOM mark is the "
-        "user-visible damage: those requests failed.",
+        "user-visible damage: those requests failed. " + _NEEDS_TARGET,
         [g.target(f"sum by (target) ({scoped('rate(sglang_oom_target_aborted_requests_total[$__rate_interval])')})",
                   "{{target}}")],
         g.field_config("reqps"),
@@ -160,7 +168,8 @@ def health_panels() -> list[tuple[g.Json, int, int]]:
         "SGLang scrape errors by reason",
         "Failed scrapes of the SGLang endpoints' /metrics and /server_info per $__rate_interval window, by "
         "reason (refused, timeout, http_status, not_metrics...). Empty when every scrape worked. /metrics "
-        "errors cost events their KV context; /server_info errors cost them their concrete flag values.",
+        "errors cost events their KV context; /server_info errors cost them the flag changes that start from the "
+        "server's current values.",
         g.targets(
             (f"sum by (target, reason) "
              f"({scoped('increase(sglang_oom_target_scrape_errors_total[$__rate_interval])')}) > 0",

@@ -125,7 +125,8 @@ class Routes:
 
     def _events_json(self, query: dict[str, list[str]], headers: Message) -> Response:
         items = [
-            {**event_json(s.event, self.catalog), "labels": dict(s.labels)} for s in self._events.entries(_limit(query))
+            {**event_json(s.event, self.catalog), "labels": dict(s.labels), "seen": s.seen, "restored": s.restored}
+            for s in self._events.entries(_limit(query))
         ]
         body = json.dumps({"events": items}, default=str).encode()
         return Response(200, "application/json", body)
