@@ -36,7 +36,7 @@ _POOL_TOTAL = regex.compile(
 # 2026 pool names have dashes ([mamba-active], [mamba-int8]); the busy-time check prints the same shape (11.1, 11.3).
 _LEAK_POOL = regex.compile(r"\[(?P<name>\w[\w-]*)\] ?(?P<pairs>total ?= ?\d+(?:, ?\w+ ?= ?-?\d+)*)")
 # Earlier busy-time checks (facts 11.1): what the check counted versus the capacity, then the pool's own pairs:
-# "full_total=T vs self.full_tokens_per_layer=N, full_available=A, ..."; "total_tokens=T vs self.max_total_num_tokens=N".
+# "full_total=T vs self.full_tokens_per_layer=N, full_available=A, ..."; "total_tokens=T vs self.max_total_num_tokens=N"
 _COUNTED_POOL = regex.compile(
     r"(?:(?P<name>full|swa)_total|total_tokens) ?= ?(?P<counted>\d+),? vs\.? "
     r"self\.(?:\w+_tokens_per_layer|max_total_num_tokens) ?= ?(?P<total>\d+)(?P<pairs>(?:, ?[\w.()]+ ?= ?-?\d+)*)"
