@@ -7,6 +7,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any, Protocol
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.samples import Sample
 
 from .. import __version__
 from ..sources.http import REASONS as SCRAPE_REASONS
@@ -29,6 +30,7 @@ class TargetView(Protocol):
     @property
     def info_errors_total(self) -> Mapping[str, int]: ...
     def snapshot_values(self) -> Mapping[str, float]: ...
+    def snapshot_labels(self) -> Mapping[str, str]: ...
     def server_args(self) -> Mapping[str, Any]: ...
 
 
@@ -46,7 +48,14 @@ TARGET_VALUES = {
     "new_token_ratio": ("new_token_ratio", "gauge", "The scheduler's new-token ratio (jumps after a retraction)."),
     "retracted_requests_total": ("retracted_requests", "counter", "Requests retracted (SGLang 0.5.8+)."),
     "aborted_requests_total": ("aborted_requests", "counter", "Requests aborted (SGLang 0.4.8+)."),
-}
+    "pending_prealloc_token_usage": ("pending_prealloc_token_usage", "gauge",
+                                     "PD decode: KV tokens promised to transfers, not yet allocated, over capacity."),
+    "decode_prealloc_queue_requests": ("decode_prealloc_queue_requests", "gauge",
+                                       "PD decode: requests waiting for their KV pre-allocation."),
+}  # fmt: skip
+# SGLang labels the mirrored values keep, when SGLang gave them: engine_type (unified | prefill | decode) says
+# which role of a PD deployment the numbers are from. A label SGLang did not give is left out, not empty.
+TARGET_LABELS = ("engine_type",)
 SERVER_ARGS = ("chunked_prefill_size", "max_prefill_tokens", "max_running_requests", "mem_fraction_static",
                "page_size", "context_length", "max_total_num_tokens", "speculative_num_draft_tokens",
                "schedule_conservativeness", "cuda_graph_max_bs")  # fmt: skip
@@ -75,9 +84,13 @@ def target_families(targets: Iterable[TargetView]) -> Iterator[Metric]:
         for reason in SCRAPE_REASONS:
             errors.add_metric([t.url, reason], float(t.errors_total.get(reason, 0)))
             info_errors.add_metric([t.url, reason], float(t.info_errors_total.get(reason, 0)))
+        extra = {k: v for k, v in t.snapshot_labels().items() if k in TARGET_LABELS and v}
         for key, value in t.snapshot_values().items():
             if key in values:
-                values[key].add_metric([t.url], value)
+                # Samples added by hand: a label SGLang did not give is left out rather than exported empty.
+                metric = values[key]
+                suffix = "_total" if isinstance(metric, CounterMetricFamily) else ""
+                metric.samples.append(Sample(metric.name + suffix, {"target": t.url, **extra}, value))
         for arg, value in t.server_args().items():
             if arg in SERVER_ARGS and isinstance(value, int | float) and not isinstance(value, bool):
                 args.add_metric([t.url, arg], float(value))
