@@ -204,11 +204,12 @@ def crash_loop_alert(pack: Mapping[str, Any], job: str) -> AlertSpec:
 def near_full_alert(pack: Mapping[str, Any], job: str) -> AlertSpec:
     """SGLangKVCacheNearFull: little of SGLang's KV cache is left, read from what the exporter scrapes.
 
-    "Used" is what cannot be had back: 1 - (free + evictable) / capacity, from SGLang's kv_available_tokens and
-    kv_evictable_tokens gauges (0.5.16+; evictable radix cache is reclaimable), plus, on a PD decode server, the
-    share already promised to transfers and not yet pre-allocated (pending_prealloc_token_usage). Older SGLang
-    without those gauges falls back to its token_usage (the same quantity, max over pools), plus the promised
-    share where exported. Per target, the gauges win when present.
+    "Used" is what an allocation cannot get back: 1 - (free + evictable) / capacity from SGLang's
+    kv_available_tokens and kv_evictable_tokens gauges (0.5.16+; evictable radix cache is reclaimable), or
+    SGLang's token_usage (the same quantity; every release, the worst rank and pool). On a PD decode server the
+    share already promised to transfers and not yet pre-allocated (pending_prealloc_token_usage) counts as used
+    too. Either reading above the threshold warns: the gauges are summed over data-parallel groups, so with DP
+    attention token_usage (the worst group, the one that runs out) can be the higher one.
     """
     spec = pack["kv_near_full"]
     threshold = float(spec["threshold"])
@@ -218,12 +219,12 @@ def near_full_alert(pack: Mapping[str, Any], job: str) -> AlertSpec:
     capacity = sel("sglang_oom_target_max_total_tokens", job=job)
     promised = sel("sglang_oom_target_pending_prealloc_token_usage", job=job)
     up = sel("sglang_oom_target_up", job=job)
+    by = f"max by ({label_list(*TARGET_LABELS)})"
     expr = (
-        f"(\n  max by ({label_list(*TARGET_LABELS)}) (\n"
-        f"    (\n      1 - ({free} + {evictable}) / {capacity}\n      + ({promised} or {free} * 0)\n    )\n"
-        f"    or\n"
-        f"    (\n      {usage}\n      + ({promised} or {usage} * 0)\n    )\n"
-        f"  ) > {fmt(threshold)}\n)\n"
+        f"(\n  {by} (\n    1 - ({free} + {evictable}) / {capacity}\n    + ({promised} or {free} * 0)\n"
+        f"  ) > {fmt(threshold)}\n"
+        f"  or\n"
+        f"  {by} (\n    {usage}\n    + ({promised} or {usage} * 0)\n  ) > {fmt(threshold)}\n)\n"
         f"and on (instance, target)\n({up} == 1)\n"
     )
     description = (

@@ -53,11 +53,13 @@ def context_panels() -> list[tuple[g.Json, int, int]]:
         "KV cache token usage",
         "SGLang's token usage per endpoint (used, not evictable, over the pool; worst rank). Near 100% just "
         "before an OOM (red marks) means the pool was full: lower the batch (--max-running-requests, "
-        "--chunked-prefill-size) or give the pool more memory. \"in use or promised\" is what the near-full "
+        '--chunked-prefill-size) or give the pool more memory. "in use or promised" is what the near-full '
         "alert reads: 1 - (free + evictable) / pool from SGLang 0.5.16's gauges, plus on a PD decode server the "
         "share promised to transfers not yet pre-allocated.",
-        g.targets((_per_target("sglang_oom_target_token_usage"), "{{target}}"),
-                  (_per_target(f"({_IN_USE_OR_PROMISED})"), "{{target}} in use or promised")),
+        g.targets(
+            (_per_target("sglang_oom_target_token_usage"), "{{target}}"),
+            (_per_target(f"({_IN_USE_OR_PROMISED})"), "{{target}} in use or promised"),
+        ),
         g.field_config("percentunit", min=0, max=1, steps=g.thresholds(g.GREEN, (0.9, g.ORANGE), (0.98, g.RED))),
     )
     usage["fieldConfig"]["defaults"]["custom"]["thresholdsStyle"] = {"mode": "line"}
