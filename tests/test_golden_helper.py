@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from sglang_oom_exporter.scan import scan_paths
@@ -42,3 +44,16 @@ def test_write_golden_refuses_a_kind_the_catalog_does_not_have(tmp_path):
     event = {"kind": "no_such_kind", "line": 1, "fatal": True, "ranks": [], "time": None}
     with pytest.raises(ValueError, match="unknown kind"):
         write_golden("case", LINE, "x", [event], directory=tmp_path)
+
+
+def test_every_section_11_case_named_in_the_facts_exists_and_every_2026_case_is_named():
+    from pathlib import Path
+
+    from tests.helpers import LOGS_DIR
+
+    facts = (Path(__file__).parent.parent / "docs" / "sglang-facts.md").read_text(encoding="utf-8")
+    table = facts[facts.index("### 11.13") :]
+    named = set(re.findall(r"`([a-z0-9_]*_2026[a-z0-9_]*)`", table))
+    on_disk = {p.stem for p in LOGS_DIR.glob("*2026*.log")}
+    assert len(named) == 10
+    assert named == on_disk
