@@ -23,12 +23,13 @@ _PACK_TEXT: dict[str, dict[str, str]] = {
     },
     "kv_near_full": {
         "meaning": "SGLang reports that its KV cache (the GPU memory holding every running request's tokens) has "
-        'stayed almost completely used. "Used" is what cannot be had back: from SGLang 0.5.16, 1 - (free + '
-        "evictable) / capacity, from its `kv_available_tokens`, `kv_evictable_tokens` and `max_total_num_tokens` "
-        "(evictable prefix cache is reclaimable, so it counts as free); older releases give `token_usage`, the same "
-        "quantity. On a PD decode server the share of the pool already promised to incoming transfers "
-        "(`pending_prealloc_token_usage`) counts as used too. The exporter mirrors these from SGLang's /metrics, "
-        "under either spelling of their names (`sglang:` or the escaped `sglang_`).",
+        'stayed almost completely used. "Used" is what cannot be had back: 1 - (free + evictable) / capacity '
+        "from SGLang 0.5.16's `kv_available_tokens`, `kv_evictable_tokens` and `max_total_num_tokens` (evictable "
+        "prefix cache is reclaimable, so it counts as free), or SGLang's `token_usage` (every release; the worst "
+        "rank and pool, so with DP attention the fullest group), whichever is higher. On a PD decode server the "
+        "share of the pool already promised to incoming transfers (`pending_prealloc_token_usage`) counts as used "
+        "too. The exporter mirrors these from SGLang's /metrics, under either spelling of their names (`sglang:` "
+        "or the escaped `sglang_`).",
         "impact": "Nothing failed yet. New requests queue, running ones get retracted and recomputed, and the next "
         "large prefill or decode step may fail with a fatal OOM.",
         "mitigation": "Admit less work per server or give the KV cache more room: lower `--max-running-requests` "
