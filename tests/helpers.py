@@ -113,3 +113,41 @@ def openssl_cert(directory: Path, name: str = "server") -> tuple[Path, Path]:
         capture_output=True,
     )
     return cert, key
+
+
+LOGS_DIR = Path(__file__).parent / "data" / "logs"
+# What every golden event states (tests/test_golden.py checks them): the rest (numbers, pools, suggestions) is optional.
+GOLDEN_CORE = ("kind", "line", "fatal", "ranks", "time")
+
+
+def write_golden(
+    case: str, log: str, description: str, events: list[dict[str, Any]], directory: Path = LOGS_DIR
+) -> tuple[Path, Path]:
+    """Write a golden case, <case>.log and <case>.expected.yaml, from what its author expects: the facts.
+
+    The expected file is built from `events` alone (the counts per catalog kind and the retraction totals are
+    derived from them), never from a scan of the log, so a golden can disagree with the parser: that is its
+    job. Each event states at least GOLDEN_CORE; numbers go under `numbers:` (or at the top level when
+    `scan --format json` has them there, as requested_tokens). CONTRIBUTING.md "Add an OOM kind" shows its use.
+    """
+    kinds = {k.id for k in CATALOG.kinds}
+    counts = {k.id: 0 for k in CATALOG.kinds}
+    for i, event in enumerate(events):
+        missing = [key for key in GOLDEN_CORE if key not in event]
+        if missing or event["kind"] not in kinds:
+            raise ValueError(f"event {i}: missing {missing} or unknown kind {event.get('kind')!r}")
+        counts[event["kind"]] += 1
+    retract = [e for e in events if e["kind"] == CATALOG.retraction_kind]
+    expected = {
+        "description": description,
+        "counts": counts,
+        "retractions": {
+            "events": len(retract),
+            "retracted_requests": sum(int(e.get("numbers", {}).get("retracted_requests", 0)) for e in retract),
+        },
+        "events": events,
+    }
+    log_path, expected_path = directory / f"{case}.log", directory / f"{case}.expected.yaml"
+    log_path.write_text(log if log.endswith("\n") else log + "\n", encoding="utf-8")
+    expected_path.write_text(dump_yaml(expected), encoding="utf-8")
+    return log_path, expected_path

@@ -240,3 +240,10 @@ def test_load_catalog_validates_the_pre_parsed_tree_like_the_yaml(monkeypatch):
     ]
     assert fast.alert_pack == slow.alert_pack
     assert fast.phase_kinds == slow.phase_kinds
+
+
+def test_every_event_field_has_a_known_type():
+    from sglang_oom_exporter.catalog.vocabulary import FIELD_KINDS, FIELD_TYPES
+
+    assert set(FIELD_TYPES.values()) <= set(FIELD_KINDS)
+    assert frozenset(FIELD_TYPES) == EVENT_FIELDS

@@ -255,7 +255,7 @@ def test_exclusions_stay_narrow(dash):
 
 def test_every_expression_parses_with_grafanas_all_values(dash):
     exprs = list(_exprs(dash))
-    assert len(exprs) == 29  # 28 panel targets and the annotation
+    assert len(exprs) == 31  # 30 panel targets and the annotation
     for expr in exprs:
         concrete = interpolate(expr, GRAFANA_ALL)
         assert "$" not in concrete, concrete

@@ -24,7 +24,15 @@ from tests.dashboard_lint import interpolate, load_exclusions, panels
 from tests.fake_sglang import FakeSGLang
 from tests.promstack import Prometheus, require_binaries, wait_until
 from tests.test_serve_e2e import Daemon, append
-from tests.test_targets_e2e import INFO, METRICS, PREFILL
+from tests.test_targets_e2e import INFO, PREFILL
+from tests.test_targets_e2e import METRICS as METRICS_0_5_16
+
+# SGLang 0.5.4+ exports the PD pre-allocation gauge on every server (0 when not a PD decode server, as in the
+# 0.5.6 fixture); the dashboard reads it, so the live exposition must carry it.
+METRICS = METRICS_0_5_16 + (
+    b"# TYPE sglang:pending_prealloc_token_usage gauge\n"
+    b'sglang:pending_prealloc_token_usage{dp_rank="0",engine_type="unified",tp_rank="0"} 0.0\n'
+)
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(60)]
 
@@ -115,8 +123,10 @@ def test_oom_and_suggestion_panels_return_the_event_and_the_flag_change(stack):
     assert _one(prom, _grafana(_queries("Sources followed")[0])) == 1.0
     assert _one(prom, _grafana(_queries("SGLang targets up")[0])) == 1.0
     assert prom.query(_grafana(_queries("SGLang targets down")[0])) == []  # shown as the panel's noValue "0"
-    (usage_expr,) = _queries("KV cache token usage")
+    usage_expr, promised_expr = _queries("KV cache token usage")
     assert _series(prom, _grafana(usage_expr), "target") == {(fake.url,): 0.99}
+    # The near-full alert's gauge reading: 1 - (15000 + 6000) / 240000, summed over the two DP groups.
+    assert _series(prom, _grafana(promised_expr), "target") == {(fake.url,): pytest.approx(0.9125)}
 
     _events_over_time(prom)
     _exclusions_match_the_real_labels(daemon)

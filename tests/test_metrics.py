@@ -36,8 +36,25 @@ class FakeTarget:
     def snapshot_values(self):
         return {"token_usage": 0.97, "max_total_num_tokens": 61440.0, "retracted_requests_total": 12.0, "time": 5.0}
 
+    def snapshot_labels(self):
+        return {}
+
     def server_args(self):
         return {"chunked_prefill_size": 16384, "model_path": "m", "speculative_algorithm": None}
+
+
+class DecodeTarget(FakeTarget):
+    """A 2026 PD decode server: engine_type and the pre-allocation gauges."""
+
+    url = "http://10.0.0.5:30000"
+    up = True
+
+    def snapshot_values(self):
+        return {"kv_available_tokens": 52000.0, "kv_evictable_tokens": 17000.0, "pending_prealloc_token_usage": 0.06,
+                "decode_prealloc_queue_requests": 7.0, "retracted_requests_total": 35.0}  # fmt: skip
+
+    def snapshot_labels(self):
+        return {"engine_type": "decode", "model_name": "not kept"}
 
 
 def _registry(counts: EventCounts, stats: list[SourceStats], targets: list | None = None) -> CollectorRegistry:
@@ -161,3 +178,21 @@ def test_promtool_accepts_the_exposition():
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert proc.stdout.strip() == "", proc.stdout
     assert proc.stderr.strip() == "", proc.stderr
+
+
+def test_target_values_keep_sglangs_engine_type_only_when_it_was_given():
+    counts = EventCounts(CATALOG.ids, ("source",), CATALOG.retraction_kind, fatal_kinds=fatal_kinds(CATALOG))
+    registry = _registry(counts, [], [FakeTarget(), DecodeTarget()])
+    decode = {"target": DecodeTarget.url, "engine_type": "decode"}
+    assert _sample(registry, "sglang_oom_target_pending_prealloc_token_usage", **decode) == 0.06
+    assert _sample(registry, "sglang_oom_target_decode_prealloc_queue_requests", **decode) == 7.0
+    assert _sample(registry, "sglang_oom_target_kv_available_tokens", **decode) == 52000.0
+    assert _sample(registry, "sglang_oom_target_kv_evictable_tokens", **decode) == 17000.0
+    assert _sample(registry, "sglang_oom_target_retracted_requests_total", **decode) == 35.0
+    assert _sample(registry, "sglang_oom_target_up", target=DecodeTarget.url) == 1.0  # health keeps its labels
+    # the older server gave no engine_type: its series have no such label at all
+    assert _sample(registry, "sglang_oom_target_token_usage", target=FakeTarget.url) == 0.97
+    names = {s.name for m in registry.collect() for s in m.samples if s.labels.get("target") == FakeTarget.url}
+    assert "sglang_oom_target_token_usage" in names
+    assert all("engine_type" not in s.labels for m in registry.collect() for s in m.samples
+               if s.labels.get("target") == FakeTarget.url)  # fmt: skip

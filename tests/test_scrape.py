@@ -336,3 +336,27 @@ def test_loop_start_twice_is_an_error():
             loop.start()
     finally:
         assert loop.stop()
+
+
+def test_parse_metrics_prefers_the_colon_spelling_when_a_body_has_both():
+    # A page that carries both spellings of one series (a federation, a proxy that adds the escaped copy) must
+    # not count the tokens twice; a name only in the escaped spelling is still read.
+    body = (
+        b'sglang:num_used_tokens{tp_rank="0"} 100.0\nsglang_num_used_tokens{tp_rank="0"} 100.0\n'
+        b'sglang_num_queue_reqs{tp_rank="0"} 4.0\n'
+    )
+    assert parse_metrics(body, "t", 0.0).as_dict() == {
+        "target": "t", "time": 0.0, "num_used_tokens": 100.0, "queued_requests": 4.0
+    }  # fmt: skip
+
+
+def test_parse_metrics_never_reads_the_exporters_own_page_as_sglangs():
+    body = b"# TYPE sglang_oom_target_token_usage gauge\nsglang_oom_target_token_usage 0.99\n"
+    with pytest.raises(ScrapeError) as err:
+        parse_metrics(body, "t", 0.0)
+    assert err.value.reason == "not_metrics"
+
+
+def test_parse_metrics_joins_several_engine_types_in_a_fixed_order():
+    body = b'sglang:token_usage{engine_type="prefill"} 0.2\nsglang:token_usage{engine_type="decode"} 0.3\n'
+    assert parse_metrics(body, "t", 0.0).engine_type == "decode+prefill"

@@ -50,7 +50,7 @@ CASES = [
     ("cuda-oom", _event("cuda_oom"), {"mem_fraction_static": 0.88}, {}, [("--mem-fraction-static", 0.88, 0.83)]),
     ("startup-from-message", _event("startup", mem_fraction_static=0.62), {}, {},
      [("--mem-fraction-static", 0.62, 0.67)]),
-    ("startup-cuda-graph", _event("startup", message="Capture cuda graph failed: boom"), {"cuda_graph_max_bs": 160},
+    ("startup-cuda-graph", _event("startup", message="Capture cuda graph failed: CUDA out of memory. Tried to allocate 2.00 GiB."), {"cuda_graph_max_bs": 160},
      {}, [("--cuda-graph-max-bs", 160, 80)]),
     ("pool-smaller-than-context", _event("prefill", requested_tokens=70000, available_tokens=61000),
      {"chunked_prefill_size": 8192, "max_total_num_tokens": 61440, "context_length": 131072}, {},

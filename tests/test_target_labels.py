@@ -23,6 +23,9 @@ class _View:
     def snapshot_values(self) -> dict[str, float]:
         return {"token_usage": 0.5}
 
+    def snapshot_labels(self) -> dict[str, str]:
+        return {"engine_type": "decode"} if "a" in self.url else {}
+
     def server_args(self) -> dict[str, object]:
         return {"chunked_prefill_size": 8192}
 
@@ -64,5 +67,8 @@ def test_every_target_family_carries_the_workload_labels_beside_target():
         {"target": "http://a:30000", "namespace": "llm", "pod": "llama-0", "arg": "chunked_prefill_size"},
         {"target": "http://b:30000", "arg": "chunked_prefill_size"},
     ]
-    assert _samples(families, "sglang_oom_target_token_usage")[0] == {"target": "http://a:30000", "namespace": "llm",
-                                                                      "pod": "llama-0"}  # fmt: skip
+    # The mirrored values also keep SGLang's engine_type where it gives one, beside the workload labels.
+    assert _samples(families, "sglang_oom_target_token_usage") == [
+        {"target": "http://a:30000", "namespace": "llm", "pod": "llama-0", "engine_type": "decode"},
+        {"target": "http://b:30000"},
+    ]

@@ -107,7 +107,8 @@ def test_a_hanging_endpoint_does_not_slow_log_tailing(daemon, fake):
     print(f"\nlatency with a hanging target: {elapsed:.2f}s")
 
 
-ERAS = ["v0.3.6.prom", "v0.4.8.prom", "v0.4.10.prom", "v0.5.6.prom", "v0.5.16-dp2.prom", "v0.5.23-hybrid.prom"]
+ERAS = ["v0.3.6.prom", "v0.4.8.prom", "v0.4.10.prom", "v0.5.6.prom", "v0.5.16-dp2.prom", "v0.5.23-hybrid.prom",
+        "v0.5.16-openmetrics-escaped.prom", "main-2026-engine-metrics-escaped.prom"]  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -140,6 +141,14 @@ def test_every_era_of_metrics_is_mirrored(era_daemon, era):
     import yaml
 
     expected = yaml.safe_load(open(os.path.join(HERE, "data", "scrape", era[:-5] + ".expected.yaml")))
+    from sglang_oom_exporter.metrics.collector import TARGET_VALUES
+
     wait_for(lambda: _metric(d, "sglang_oom_target_up", target=fake.url) == 1.0, what="target up")
-    usage = _metric(d, "sglang_oom_target_token_usage", target=fake.url)
-    assert usage == pytest.approx(expected["token_usage"])
+    # Mirrored values carry SGLang's engine_type when the era gives one, and no such label otherwise.
+    labels = {"target": fake.url, **({"engine_type": expected["engine_type"]} if "engine_type" in expected else {})}
+    values = {k: v for k, v in expected.items() if k != "engine_type"}
+    assert "token_usage" in values
+    for key, want in values.items():
+        name, typ, _ = TARGET_VALUES[key]
+        got = _metric(d, f"sglang_oom_target_{name}{'_total' if typ == 'counter' else ''}", **labels)
+        assert got == pytest.approx(want), (key, got)

@@ -25,8 +25,19 @@ def _mem_fraction(event: OomEvent, args: Mapping[str, Any]) -> float | None:
 
 
 def mem_fraction_up(event: OomEvent, args: Mapping[str, Any], _kv: Mapping[str, Any]) -> list[Suggestion]:
-    """A higher --mem-fraction-static (the KV pool could not even be set up)."""
+    """A higher --mem-fraction-static (the KV pool could not even be set up).
+
+    When SGLang computed the value itself (the 2026 start-up check: "Raise --mem-fraction-static above S"),
+    its number S is the suggestion, unchanged and credited to SGLang: it is arithmetic on the memory SGLang
+    saw, which the exporter cannot see.
+    """
     current = _mem_fraction(event, args)
+    floor = num(event.numbers, "mem_fraction_floor")
+    if floor is not None:
+        viable = num(event.numbers, "mem_fraction_viable")
+        rule = f"above {floor:g}: SGLang's own number from its start-up check (arithmetic on the GPU memory it saw"
+        rule += f"; minimum viable {viable:g})" if viable is not None else ")"
+        return [Suggestion("--mem-fraction-static", current, floor, rule)]
     if current is None:
         return [Suggestion("--mem-fraction-static", None, None, "raise it (the current value is unknown)")]
     # Rounded toward the current value: two decimals, never more than one step away.

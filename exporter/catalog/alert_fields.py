@@ -74,8 +74,10 @@ class AlertFields:
             self._fields(alert, where, {"for", "window", "keep_firing_for"}, {"for", "window", "keep_firing_for",
                                                                             "non_fatal"})  # fmt: skip
         elif "threshold_per_minute" in alert:
+            # requests_threshold_per_minute: the rate of SGLang's retracted-requests counter that stands in
+            # where no retraction logs are read (optional; the tick threshold when absent).
             self._fields(alert, where, {"for", "window", "threshold_per_minute"}, {"for", "window",
-                                                                                  "threshold_per_minute"})  # fmt: skip
+                         "threshold_per_minute", "requests_threshold_per_minute"})  # fmt: skip
         else:
             self._fields(alert, where, set(), {"for", "window"})
         non_fatal = alert.get("non_fatal")
@@ -103,7 +105,7 @@ class AlertFields:
         if "severity" in spec and spec["severity"] not in self._severities:
             choices = ", ".join(self._severities)
             self.v.err(spec, f"{where}.severity", f"{spec['severity']!r} is not one of {choices}")
-        for key in ("threshold_per_minute", "threshold", "count"):
+        for key in ("threshold_per_minute", "requests_threshold_per_minute", "threshold", "count"):
             value = spec.get(key)
             if key in spec and (isinstance(value, bool) or not isinstance(value, int | float) or value <= 0):
                 self.v.err(spec, f"{where}.{key}", "must be a positive number")

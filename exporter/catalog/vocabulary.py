@@ -6,28 +6,44 @@ from __future__ import annotations
 
 import re
 
-# Named groups a pattern may capture: the numeric and textual fields of an event. Anything else is a typo.
-EVENT_FIELDS = frozenset(
-    {
-        "requested_tokens",
-        "available_tokens",
-        "req_slots_available",
-        "req_slots_requested",
-        "retracted_requests",
-        "aborted_retracted_requests",
-        "new_tokens_gained",
-        "mamba_num_gained",
-        "new_token_ratio_from",
-        "new_token_ratio_to",
-        "rid",
-        "mem_fraction_static",
-        "tried_to_allocate",
-        "leak_available",
-        "leak_total",
-        "leaked_full_pages",
-        "leaked_mamba_pages",
-    }
-)
+# Named groups a pattern may capture: the numeric and textual fields of an event, each with its type. Anything
+# else is a typo. Types: int (a count of tokens, slots, pages or requests), float (a ratio or fraction), text
+# (kept as logged: a request id, "2.00 GiB"), count (a logged set such as "{3, 7}", counted: 2; "None" is 0).
+FIELD_TYPES: dict[str, str] = {
+    "requested_tokens": "int",
+    "available_tokens": "int",
+    "req_slots_available": "int",
+    "req_slots_requested": "int",
+    "retracted_requests": "int",
+    "aborted_retracted_requests": "int",
+    "new_tokens_gained": "int",
+    "mamba_num_gained": "int",
+    "new_token_ratio_from": "float",
+    "new_token_ratio_to": "float",
+    "rid": "text",
+    "mem_fraction_static": "float",
+    # SGLang's own start-up arithmetic (2026 wording): raise --mem-fraction-static above this, and its
+    # "minimum viable" value (facts 11.10).
+    "mem_fraction_floor": "float",
+    "mem_fraction_viable": "float",
+    "tried_to_allocate": "text",
+    "leak_available": "int",
+    "leak_total": "int",
+    "leaked_full_pages": "count",
+    "leaked_mamba_pages": "count",
+    # KV page invariants (facts 11.2): the sub-pool and its duplicate pages; owner page refs found free.
+    "sub_pool": "int",
+    "double_free_pages": "int",
+    "use_after_free_refs": "int",
+    # PD decode pre-allocation (facts 11.4) and DP-attention aborts (facts 11.6).
+    "page_size": "int",
+    "dp_rank": "int",
+    # Host-pool retraction backup smaller than the device pool (facts 11.5).
+    "host_slots": "int",
+    "device_slots": "int",
+}
+FIELD_KINDS = ("int", "float", "text", "count")
+EVENT_FIELDS = frozenset(FIELD_TYPES)
 SEVERITIES = ("critical", "warning", "info")
 PHASES = ("prefill", "decode", "frames", "none")
 PHASE_GROUPS = ("spec_verify", "decode", "prefill")

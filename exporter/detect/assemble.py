@@ -52,13 +52,16 @@ DETAIL_LINES: tuple[tuple[str, str | None, bool], ...] = (
     (r"(?:KV cache|Memory) pool leak detected!", None, True),  # 0.1.x: the warning's numbers come first
     (r"[\w.()\[\] ]*?[\w)\]] ?= ?-?\d", "evictable", True),  # name=value pairs (0.4.5 paged, leak checks)
 )
+# The busy-time checker's INFO lines ("[Mem Check (BUSY)] [full] total=...", every iteration at level > 1; facts
+# 11.1) look like a leak check's pool lines but are their own records: never a detail line of another record.
+_NOT_DETAIL = r"(?!\[Mem Check)"
 DETAIL_LITERALS = tuple(dict.fromkeys(lit for _, lit, _ in DETAIL_LINES if lit))
 
 
 def _detail_regex(last_only: bool) -> regex.Pattern[str]:
     alternatives = "|".join(rx for rx, _, last in DETAIL_LINES if last or not last_only)
     # Possessive: a line of blanks must not be split between \s and the name=value class (quadratic otherwise).
-    return regex.compile(r"^\s*+(?:" + alternatives + ")")
+    return regex.compile(r"^\s*+" + _NOT_DETAIL + "(?:" + alternatives + ")")
 
 
 _DETAIL = _detail_regex(False)

@@ -18,6 +18,7 @@ from typing import Any
 import regex
 
 from ..catalog.loader import Catalog, OomKind, Pattern
+from ..catalog.vocabulary import FIELD_TYPES
 from ..detect.model import PoolState, Record, Report
 
 MAX_EXCERPT_LINES = 8
@@ -31,8 +32,19 @@ _POOL_TOTAL = regex.compile(
     r": ?(?P<total>\d+)"
     r"(?: ?\((?:[\w ]*?)available[\w ]*?= ?(?P<free>\d+) ?\+ ?(?:[\w ]*?)evictable[\w ]*?= ?(?P<evictable>\d+)\))?"
 )
-# 0.5.18+ leak check, one pool per line: "[full] total=T, available=A, evictable=E, protected=P, ..." (facts 10.2)
-_LEAK_POOL = regex.compile(r"\[(?P<name>\w+)\] ?(?P<pairs>total ?= ?\d+(?:, ?\w+ ?= ?-?\d+)*)")
+# 0.5.18+ leak check, one pool per line: "[full] total=T, available=A, evictable=E, protected=P, ..." (facts 10.2);
+# 2026 pool names have dashes ([mamba-active], [mamba-int8]); the busy-time check prints the same shape (11.1, 11.3).
+_LEAK_POOL = regex.compile(r"\[(?P<name>\w[\w-]*)\] ?(?P<pairs>total ?= ?\d+(?:, ?\w+ ?= ?-?\d+)*)")
+# Earlier busy-time checks (facts 11.1): what the check counted versus the capacity, then the pool's own pairs:
+# "full_total=T vs self.full_tokens_per_layer=N, full_available=A, ..."; "total_tokens=T vs self.max_total_num_tokens=N"
+_COUNTED_POOL = regex.compile(
+    r"(?:(?P<name>full|swa)_total|total_tokens) ?= ?(?P<counted>\d+),? vs\.? "
+    r"self\.(?:\w+_tokens_per_layer|max_total_num_tokens) ?= ?(?P<total>\d+)(?P<pairs>(?:, ?[\w.()]+ ?= ?-?\d+)*)"
+)
+# The byte-pool reporter (facts 11.3): "[joint] stale available_size memo: cached=C, actual=A".
+_MEMO_POOL = regex.compile(
+    r"\[(?P<name>\w[\w-]*)\] ?stale available[_ ]size memo: ?cached ?= ?(?P<cached>\d+), ?actual ?= ?(?P<actual>\d+)"
+)
 _PAIR = regex.compile(r"(\w+) ?= ?(-?\d+)")
 # The leak check's words for the PoolState fields: its "available" is the allocator's free slots.
 _LEAK_FIELDS = {"total": "total", "available": "free", "evictable": "evictable", "protected": "protected",
@@ -41,9 +53,6 @@ _PAGED_AVAILABLE = regex.compile(r"token[_ ]to[_ ]kv[_ ]pool(?:[_ ]allocator)?\.
 _PAGED_EVICTABLE = regex.compile(r"tree[_ ]cache\.evictable[_ ]size\(\) ?= ?(\d+)")
 _POOL_NAMES = {"tokens": "full", "full tokens": "full", "swa tokens": "swa", "swa": "swa", "mamba": "mamba"}
 _DIGITS = regex.compile(r"\d+")
-_FLOAT_FIELDS = frozenset({"new_token_ratio_from", "new_token_ratio_to", "mem_fraction_static"})
-_TEXT_FIELDS = frozenset({"rid", "tried_to_allocate"})
-_COUNT_FIELDS = frozenset({"leaked_full_pages", "leaked_mamba_pages"})  # "{3, 7}" -> 2, "None" -> 0
 SHORTFALL_NOTE = (
     "paged allocators fail on whole pages and round each request up to a page, so a real failure can ask for "
     "no more than was available"
@@ -228,12 +237,14 @@ def _looks_cut(groups: list[list[str]]) -> bool:
 
 
 def _convert(name: str, value: str) -> Any:
-    if name in _TEXT_FIELDS:
+    """A captured field as its vocabulary type says: text as logged, a set counted ("{3, 7}" -> 2), a number."""
+    kind = FIELD_TYPES.get(name, "int")
+    if kind == "text":
         return value
-    if name in _COUNT_FIELDS:
+    if kind == "count":
         return len(_DIGITS.findall(value))
     try:
-        return float(value) if name in _FLOAT_FIELDS else int(value)
+        return float(value) if kind == "float" else int(value)
     except ValueError:
         return value
 
@@ -276,6 +287,19 @@ def _pools(text: str) -> tuple[PoolState, ...]:
         if name not in pools:
             fields = {_LEAK_FIELDS[k]: int(v) for k, v in _PAIR.findall(m.group("pairs")) if k in _LEAK_FIELDS}
             pools[name] = PoolState(name, **fields)
+    for m in _COUNTED_POOL.finditer(text):
+        name = m.group("name") or "full"
+        if name not in pools:
+            fields = {}
+            for key, value in _PAIR.findall(m.group("pairs")):
+                word = key.removeprefix(f"{name}_").removesuffix("_size")
+                if word in _LEAK_FIELDS and word != "total":
+                    fields[_LEAK_FIELDS[word]] = int(value)
+            pools[name] = PoolState(name, total=int(m.group("total")), counted=int(m.group("counted")), **fields)
+    for m in _MEMO_POOL.finditer(text):
+        name = m.group("name")
+        if name not in pools:
+            pools[name] = PoolState(name, free=int(m.group("actual")), cached=int(m.group("cached")))
     return tuple(pools.values())
 
 

@@ -74,7 +74,9 @@ class PoolState:
     Each field means what SGLang's own words mean: available is what an allocation could get, free
     plus evictable ("Available tokens: T"); free is the allocator's free slots (available_size); total
     is the pool's capacity, which only the leak check prints. protected, session_held and uncached
-    come from the 0.5.18+ leak check.
+    come from the 0.5.18+ leak check; counted is what an earlier busy-time check summed up against the
+    capacity ("full_total=T vs self.full_tokens_per_layer=N": counted T, total N), and cached the stale
+    available-size memo of the byte-pool check (its actual value is free).
     """
 
     name: str
@@ -85,12 +87,14 @@ class PoolState:
     protected: int | None = None
     session_held: int | None = None
     uncached: int | None = None
+    counted: int | None = None
+    cached: int | None = None
 
     def as_dict(self) -> dict[str, Any]:
         """Plain data for JSON: the base fields always, the leak check's terms when it gave them."""
         out: dict[str, Any] = {"pool": self.name, "total": self.total, "available": self.available,
                                "evictable": self.evictable, "free": self.free}  # fmt: skip
-        for key in ("protected", "session_held", "uncached"):
+        for key in ("protected", "session_held", "uncached", "counted", "cached"):
             value = getattr(self, key)
             if value is not None:
                 out[key] = value

@@ -29,6 +29,7 @@ class TargetView(Protocol):
     @property
     def info_errors_total(self) -> Mapping[str, int]: ...
     def snapshot_values(self) -> Mapping[str, float]: ...
+    def snapshot_labels(self) -> Mapping[str, str]: ...
     def server_args(self) -> Mapping[str, Any]: ...
 
 
@@ -46,7 +47,14 @@ TARGET_VALUES = {
     "new_token_ratio": ("new_token_ratio", "gauge", "The scheduler's new-token ratio (jumps after a retraction)."),
     "retracted_requests_total": ("retracted_requests", "counter", "Requests retracted (SGLang 0.5.8+)."),
     "aborted_requests_total": ("aborted_requests", "counter", "Requests aborted (SGLang 0.4.8+)."),
-}
+    "pending_prealloc_token_usage": ("pending_prealloc_token_usage", "gauge",
+                                     "PD decode: KV tokens promised to transfers, not yet allocated, over capacity."),
+    "decode_prealloc_queue_requests": ("decode_prealloc_queue_requests", "gauge",
+                                       "PD decode: requests waiting for their KV pre-allocation."),
+}  # fmt: skip
+# SGLang labels the mirrored values keep, when SGLang gave them: engine_type (unified | prefill | decode) says
+# which role of a PD deployment the numbers are from. A label SGLang did not give is left out, not empty.
+TARGET_LABELS = ("engine_type",)
 SERVER_ARGS = ("chunked_prefill_size", "max_prefill_tokens", "max_running_requests", "mem_fraction_static",
                "page_size", "context_length", "max_total_num_tokens", "speculative_num_draft_tokens",
                "schedule_conservativeness", "cuda_graph_max_bs")  # fmt: skip
@@ -78,9 +86,11 @@ def target_families(
         for reason in SCRAPE_REASONS:
             _add(errors, {**labels, "reason": reason}, float(t.errors_total.get(reason, 0)))
             _add(info_errors, {**labels, "reason": reason}, float(t.info_errors_total.get(reason, 0)))
+        # A label SGLang did not give (engine_type before 0.4.3) is left out rather than exported empty.
+        extra = {k: v for k, v in t.snapshot_labels().items() if k in TARGET_LABELS and v}
         for key, value in t.snapshot_values().items():
             if key in values:
-                _add(values[key], labels, value)
+                _add(values[key], {**labels, **extra}, value)
         for arg, value in t.server_args().items():
             if arg in SERVER_ARGS and isinstance(value, int | float) and not isinstance(value, bool):
                 _add(args, {**labels, "arg": arg}, float(value))

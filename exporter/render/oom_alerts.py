@@ -14,6 +14,9 @@ from ..catalog import OomKind
 from .alertspec import CRASH_LOOP, NEAR_FULL, OOM_GROUP, RETRACTIONS_HIGH, AlertSpec, alert_name, pack_alert
 from .promql import SOURCE_LABELS, fmt, indent, label_list, new_events, recent_event, sel
 
+# What the alerts on SGLang's scraped values group by: the pod (sidecar mode), the exporter and the SGLang URL.
+TARGET_LABELS = ("namespace", "pod", "source", "instance", "target")
+
 # Templating shared by the OOM alerts' descriptions. Prometheus prepends `$labels` and `$value`.
 WHO = (
     "{{ if $labels.pod }}pod {{ $labels.namespace }}/{{ $labels.pod }}"
@@ -130,17 +133,37 @@ def non_fatal_alert(kind: OomKind, job: str) -> AlertSpec:
 
 
 def retraction_alert(kind: OomKind, job: str) -> AlertSpec:
-    """SGLangKVCacheRetractionsHigh: warn on a sustained rate of the retraction kind's events."""
+    """SGLangKVCacheRetractionsHigh: warn on a sustained rate of the retraction kind's events.
+
+    The retraction lines in the logs count ticks (facts 8). Where an exporter reads no logs at all (it has no
+    series of the retraction kind) but scrapes SGLang 0.5.8+, SGLang's own counter of retracted requests
+    stands in, with its own threshold: it counts requests, and one tick retracts one or more.
+    """
     alert = kind.alert
     window = str(alert["window"])
     per_minute = float(alert["threshold_per_minute"])
+    requests_per_minute = float(alert.get("requests_threshold_per_minute", per_minute))
     series = sel("sglang_oom_events_total", job=job, kind=kind.id)
-    expr = f"max by ({label_list(*SOURCE_LABELS)}) (\n  rate({series}[{window}])\n) * 60 > {fmt(per_minute)}\n"
+    requests = sel("sglang_oom_target_retracted_requests_total", job=job)
+    expr = (
+        f"max by ({label_list(*SOURCE_LABELS)}) (\n  rate({series}[{window}])\n) * 60 > {fmt(per_minute)}\n"
+        "or\n"
+        f"(\n  max by ({label_list(*TARGET_LABELS)}) (\n    rate({requests}[{window}])\n  ) * 60"
+        f" > {fmt(requests_per_minute)}\n"
+        f"  unless on (instance)\n  max by (instance) ({series})\n)\n"
+    )
     description = (
         _selector_var(job, kind.id)
+        + "{{ if $labels.target }}"
+        + 'SGLang at {{ $labels.target }} retracted {{ $value | printf "%.1f" }} requests a minute over the '
+        + f"last {window} by its own counter (alert above {fmt(requests_per_minute)}; exporter "
+        + "{{ $labels.instance }} reads no retraction logs)"
+        + "{{ else }}"
         + f'SGLang on {WHO} retracted running requests {{{{ $value | printf "%.1f" }}}} times a minute over the '
-        + f"last {window} (alert above {fmt(per_minute)}): its KV cache keeps filling up, retracted requests are "
-        + "recomputed and slow down, and a fatal decode OOM may follow. "
+        + f"last {window} (alert above {fmt(per_minute)})"
+        + "{{ end }}"
+        + ": its KV cache keeps filling up, retracted requests are recomputed and slow down, and a fatal decode "
+        + "OOM may follow. "
         + _fix_text(kind)
     )
     return AlertSpec(
@@ -179,13 +202,29 @@ def crash_loop_alert(pack: Mapping[str, Any], job: str) -> AlertSpec:
 
 
 def near_full_alert(pack: Mapping[str, Any], job: str) -> AlertSpec:
-    """SGLangKVCacheNearFull: SGLang's own token usage (scraped by the exporter) above the threshold."""
+    """SGLangKVCacheNearFull: little of SGLang's KV cache is left, read from what the exporter scrapes.
+
+    "Used" is what an allocation cannot get back: 1 - (free + evictable) / capacity from SGLang's
+    kv_available_tokens and kv_evictable_tokens gauges (0.5.16+; evictable radix cache is reclaimable), or
+    SGLang's token_usage (the same quantity; every release, the worst rank and pool). On a PD decode server the
+    share already promised to transfers and not yet pre-allocated (pending_prealloc_token_usage) counts as used
+    too. Either reading above the threshold warns: the gauges are summed over data-parallel groups, so with DP
+    attention token_usage (the worst group, the one that runs out) can be the higher one.
+    """
     spec = pack["kv_near_full"]
     threshold = float(spec["threshold"])
     usage = sel("sglang_oom_target_token_usage", job=job)
+    free = sel("sglang_oom_target_kv_available_tokens", job=job)
+    evictable = sel("sglang_oom_target_kv_evictable_tokens", job=job)
+    capacity = sel("sglang_oom_target_max_total_tokens", job=job)
+    promised = sel("sglang_oom_target_pending_prealloc_token_usage", job=job)
     up = sel("sglang_oom_target_up", job=job)
+    by = f"max by ({label_list(*TARGET_LABELS)})"
     expr = (
-        f"(max by (namespace, pod, source, instance, target) ({usage}) > {fmt(threshold)})\n"
+        f"(\n  {by} (\n    1 - ({free} + {evictable}) / {capacity}\n    + ({promised} or {free} * 0)\n"
+        f"  ) > {fmt(threshold)}\n"
+        f"  or\n"
+        f"  {by} (\n    {usage}\n    + ({promised} or {usage} * 0)\n  ) > {fmt(threshold)}\n)\n"
         f"and on (instance, target)\n({up} == 1)\n"
     )
     description = (

@@ -35,6 +35,14 @@ def scoped(expr: str) -> str:
     return f"{expr} and {SCOPE}"
 
 
+# The near-full alert's "used": what an allocation cannot get back, plus what PD transfers were promised.
+_IN_USE_OR_PROMISED = (
+    "1 - (sglang_oom_target_kv_available_tokens + sglang_oom_target_kv_evictable_tokens) "
+    "/ sglang_oom_target_max_total_tokens "
+    "+ (sglang_oom_target_pending_prealloc_token_usage or sglang_oom_target_kv_available_tokens * 0)"
+)
+
+
 def _per_target(expr: str) -> str:
     return f"max by (target) ({scoped(expr)})"
 
@@ -51,17 +59,25 @@ def context_panels() -> list[tuple[g.Json, int, int]]:
         "KV cache token usage",
         "SGLang's token usage per endpoint (used, not evictable, over the pool; worst rank). Near 100% just "
         "before an OOM (red marks) means the pool was full: lower the batch (--max-running-requests, "
-        "--chunked-prefill-size) or give the pool more memory. " + _NEEDS_TARGET,
-        [g.target(_per_target("sglang_oom_target_token_usage"), "{{target}}")],
+        '--chunked-prefill-size) or give the pool more memory. "in use or promised" is what the near-full '
+        "alert reads: 1 - (free + evictable) / pool from SGLang 0.5.16's gauges, plus on a PD decode server the "
+        "share promised to transfers not yet pre-allocated. " + _NEEDS_TARGET,
+        g.targets(
+            (_per_target("sglang_oom_target_token_usage"), "{{target}}"),
+            (_per_target(f"({_IN_USE_OR_PROMISED})"), "{{target}} in use or promised"),
+        ),
         g.field_config("percentunit", min=0, max=1, steps=g.thresholds(g.GREEN, (0.9, g.ORANGE), (0.98, g.RED))),
     )
     usage["fieldConfig"]["defaults"]["custom"]["thresholdsStyle"] = {"mode": "line"}
     tokens = g.timeseries(
         "KV tokens: used vs pool",
-        "KV tokens in use against the pool's capacity (max_total_num_tokens) per endpoint. A small pool relative "
-        "to context_length makes every long request risky. " + _NEEDS_TARGET,
+        "KV tokens in use against the pool's capacity (max_total_num_tokens) per endpoint, and what an allocation "
+        "could still get: free plus evictable prefix cache (SGLang 0.5.16+). A small pool relative to "
+        "context_length makes every long request risky. " + _NEEDS_TARGET,
         g.targets((_per_target("sglang_oom_target_used_tokens"), "{{target}} used"),
-                  (_per_target("sglang_oom_target_max_total_tokens"), "{{target}} pool")),
+                  (_per_target("sglang_oom_target_max_total_tokens"), "{{target}} pool"),
+                  (_per_target("(sglang_oom_target_kv_available_tokens + sglang_oom_target_kv_evictable_tokens)"),
+                   "{{target}} free + evictable")),
         g.field_config("short"),
     )  # fmt: skip
     requests = g.timeseries(

@@ -23,7 +23,13 @@ _PACK_TEXT: dict[str, dict[str, str]] = {
     },
     "kv_near_full": {
         "meaning": "SGLang reports that its KV cache (the GPU memory holding every running request's tokens) has "
-        "stayed almost completely used. The exporter mirrors SGLang's own `token_usage` from its /metrics.",
+        'stayed almost completely used. "Used" is what cannot be had back: 1 - (free + evictable) / capacity '
+        "from SGLang 0.5.16's `kv_available_tokens`, `kv_evictable_tokens` and `max_total_num_tokens` (evictable "
+        "prefix cache is reclaimable, so it counts as free), or SGLang's `token_usage` (every release; the worst "
+        "rank and pool, so with DP attention the fullest group), whichever is higher. On a PD decode server the "
+        "share of the pool already promised to incoming transfers (`pending_prealloc_token_usage`) counts as used "
+        "too. The exporter mirrors these from SGLang's /metrics, under either spelling of their names (`sglang:` "
+        "or the escaped `sglang_`).",
         "impact": "Nothing failed yet. New requests queue, running ones get retracted and recomputed, and the next "
         "large prefill or decode step may fail with a fatal OOM.",
         "mitigation": "Admit less work per server or give the KV cache more room: lower `--max-running-requests` "
@@ -92,6 +98,10 @@ _PACK_SERIES = {
     "kv_near_full": [
         "sglang_oom_target_token_usage",
         "sglang_oom_target_kv_available_tokens",
+        "sglang_oom_target_kv_evictable_tokens",
+        "sglang_oom_target_max_total_tokens",
+        "sglang_oom_target_pending_prealloc_token_usage",
+        "sglang_oom_target_decode_prealloc_queue_requests",
         "sglang_oom_target_running_requests",
         "sglang_oom_target_queued_requests",
     ],
@@ -126,9 +136,11 @@ def pack_page(spec: AlertSpec, catalog: Catalog, options: RenderOptions) -> str:
         commands = (
             "```sh\n# The exporter's mirror of SGLang's KV state (sidecar mode: the exporter runs in the SGLang pod):\n"
             f"kubectl port-forward -n NAMESPACE pod/POD {PORT} &\n"
-            f"curl -s http://127.0.0.1:{PORT}/metrics | grep -E '^sglang_oom_target_(token_usage|kv_|running|queued)'\n"
+            f"curl -s http://127.0.0.1:{PORT}/metrics | grep -E "
+            "'^sglang_oom_target_(token_usage|kv_|max_total|pending_prealloc|decode_prealloc|running|queued)'\n"
             "# SGLang's own view (start it with --enable-metrics), from a pod that reaches it:\n"
-            "curl -s http://SGLANG_HOST:30000/metrics | grep -E 'token_usage|num_running_reqs|num_queue_reqs'\n"
+            "curl -s http://SGLANG_HOST:30000/metrics | grep -E "
+            "'token_usage|kv_(available|evictable)_tokens|prealloc|num_running_reqs|num_queue_reqs'\n"
             "kubectl logs -n NAMESPACE POD -c CONTAINER --since=15m | grep -E 'token usage|Retract'\n```\n"
         )
     elif spec.role in ("exporter_down", "exporter_no_logs", "state_errors", "target_down"):

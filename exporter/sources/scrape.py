@@ -185,6 +185,11 @@ class TargetScraper:
             return {}
         return {k: float(v) for k, v in snap.as_dict().items() if isinstance(v, int | float) and k != "time"}
 
+    def snapshot_labels(self) -> dict[str, str]:
+        """SGLang labels of the last good snapshot the mirrored values keep (metrics.TargetView): engine_type."""
+        snap = self.snapshot
+        return {"engine_type": snap.engine_type} if snap is not None and snap.engine_type else {}
+
     def server_args(self) -> dict[str, Any]:
         """The last server info's args (metrics.TargetView)."""
         info = self.server_info

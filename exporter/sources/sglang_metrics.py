@@ -12,6 +12,12 @@ Aggregation when one SGLang name has several series (ranks, DP groups, processes
 Counters are read from their `_total` samples; sglang:total_retracted_reqs (0.4.10, cumulative although
 typed gauge) feeds retracted_requests_total like the 0.5.8+ counter. Nothing here exports: metrics/ reads
 the scrapers and yields the values under sglang_oom_target_* names, never SGLang's `sglang:` ones.
+
+Both spellings of SGLang's names are read (facts 11.7): `sglang:token_usage` as SGLang writes it, and
+`sglang_token_usage` after name escaping (OpenMetrics `escaping=underscores`, the router's /engine_metrics).
+When a body has both spellings of one name, the `sglang:` one is used, so nothing is counted twice. An
+OpenMetrics body (it ends with `# EOF`) is parsed as OpenMetrics. engine_type (unified, prefill, decode;
+0.4.3+) is SGLang's label for the server's role; the snapshot keeps it for the mirrored series' label.
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ from dataclasses import dataclass, fields
 from types import MappingProxyType
 from typing import Any
 
+from prometheus_client.openmetrics.parser import text_string_to_metric_families as openmetrics_families
 from prometheus_client.parser import text_string_to_metric_families
 
 from .http import ScrapeError
@@ -55,6 +62,9 @@ class KvSnapshot:
     retracted_reqs: float | None = None
     aborted_requests_total: float | None = None
     new_token_ratio: float | None = None
+    pending_prealloc_token_usage: float | None = None
+    decode_prealloc_queue_requests: float | None = None
+    engine_type: str | None = None  # SGLang's label: unified | prefill | decode (| dynamic); several joined by "+"
 
     def as_dict(self) -> dict[str, Any]:
         """Target, time and the values that are present."""
@@ -76,7 +86,14 @@ _SOURCES: dict[str, tuple[str, tuple[str, ...]]] = {
     "retracted_reqs": (_COUNT, ("sglang:num_retracted_reqs",)),
     "aborted_requests_total": (_COUNT, ("sglang:num_aborted_requests_total",)),
     "new_token_ratio": (_MAX, ("sglang:new_token_ratio",)),
+    # PD decode servers (0.5.4+ / facts 11.8): tokens promised to transfers not yet pre-allocated, over capacity,
+    # and the requests waiting for a pre-allocation.
+    "pending_prealloc_token_usage": (_MAX, ("sglang:pending_prealloc_token_usage",)),
+    "decode_prealloc_queue_requests": (_COUNT, ("sglang:num_decode_prealloc_queue_reqs",)),
 }
+PREFIX, ESCAPED_PREFIX = "sglang:", "sglang_"
+# Our own names share the escaped prefix: an exporter page is never read as SGLang's.
+_NOT_SGLANG = "sglang_oom_"
 _Series = list[tuple[dict[str, str], float]]
 
 
@@ -89,24 +106,44 @@ def parse_metrics(body: bytes, target: str, now: float) -> KvSnapshot:
     head = text.lstrip()[:512].lower()
     if head.startswith("<") or "<html" in head:
         raise ScrapeError("not_metrics", "body is HTML")
+    # SGLang's name (colon spelling) -> its series; the escaped spelling's series apart, used only when the
+    # colon spelling of that name is absent.
     series: defaultdict[str, _Series] = defaultdict(list)
+    escaped: defaultdict[str, _Series] = defaultdict(list)
     families = 0
+    engine_types: set[str] = set()
+    parse = openmetrics_families if text.rstrip().endswith("# EOF") else text_string_to_metric_families
     try:
-        for family in text_string_to_metric_families(text):
-            families += family.name.startswith("sglang:")
+        for family in parse(text):
+            families += _sglang_name(family.name) is not None
             for sample in family.samples:
-                if sample.name.startswith("sglang:") and not math.isnan(sample.value):
-                    series[sample.name].append((sample.labels, sample.value))
+                name = _sglang_name(sample.name)
+                if name is None or math.isnan(sample.value):
+                    continue
+                (series if sample.name.startswith(PREFIX) else escaped)[name].append((sample.labels, sample.value))
+                if sample.labels.get("engine_type"):
+                    engine_types.add(sample.labels["engine_type"])
     except Exception as exc:  # the parser raises several types; any of them means "not metrics"
         raise ScrapeError("not_metrics", f"unparsable: {str(exc)[:120]}") from exc
-    if not families and not series:
-        raise ScrapeError("not_metrics", "no sglang: metric family")
-    values: dict[str, float] = {}
+    if not families and not series and not escaped:
+        raise ScrapeError("not_metrics", "no sglang: (or sglang_) metric family")
+    values: dict[str, Any] = {}
     for field, (rule, names) in _SOURCES.items():
-        found = next((series[n] for n in names if series.get(n)), None)
+        found = next((s[n] for n in names for s in (series, escaped) if s.get(n)), None)
         if found:
             values[field] = _aggregate(found, rule)
+    if engine_types:
+        values["engine_type"] = "+".join(sorted(engine_types))
     return KvSnapshot(target, now, **values)
+
+
+def _sglang_name(name: str) -> str | None:
+    """SGLang's name in its colon spelling ("sglang:token_usage"), from either spelling; None for other names."""
+    if name.startswith(PREFIX):
+        return name
+    if name.startswith(ESCAPED_PREFIX) and not name.startswith(_NOT_SGLANG):
+        return PREFIX + name[len(ESCAPED_PREFIX) :]
+    return None
 
 
 def _aggregate(series: _Series, rule: str) -> float:
