@@ -113,10 +113,13 @@ def _run(args: argparse.Namespace, app: App, server: ExporterServer, waker: Wake
     # The handlers run on the relay's thread, never inside the main thread's locks (signals.py).
     relay = SignalRelay({signal.SIGTERM: on_stop, signal.SIGINT: on_stop, signal.SIGHUP: on_hup})
     relay.install()
+    # Saved before anything else, before binding HTTP: a start killed after this point is known to the next one.
+    app.loop.begin()
     try:
         server.start()
     except OSError as exc:
         relay.close()
+        app.sources.close()
         print(f"sglang-oom-exporter: cannot listen on {app.config.listen}: {exc}", file=sys.stderr)
         return 2
     log.info("serving on %s port=%d paths=%d kubernetes=%s state_dir=%s tls=%s", app.config.listen, server.port,
