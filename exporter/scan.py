@@ -6,6 +6,7 @@ Also the golden-test harness: tests call scan_paths() and compare its JSON with 
 from __future__ import annotations
 
 import gzip
+import logging
 import os
 import sys
 from collections.abc import Iterable, Mapping
@@ -18,6 +19,8 @@ from .detect.match import Matcher
 from .detect.model import OomEvent
 from .detect.pipeline import Pipeline, PipelineStats
 from .sources.fileid import open_binary
+
+log = logging.getLogger(__name__)
 
 CHUNK = 4 * 1024 * 1024
 # Below this many bytes in all, --jobs N scans in this process: starting and feeding a pool of workers costs
@@ -36,6 +39,7 @@ class ScanResult:
     catalog: Catalog
     events: list[OomEvent] = field(default_factory=list)
     stats: list[tuple[str, PipelineStats]] = field(default_factory=list)
+    errors: list[tuple[str, str]] = field(default_factory=list)  # inputs whose scan failed: (path, why)
 
     def counts(self) -> dict[str, int]:
         """Events per kind, every catalog kind present."""
@@ -55,7 +59,9 @@ class ScanResult:
     def to_json(self) -> dict[str, Any]:
         """The documented `scan --format json` object."""
         retract = self.retractions()
+        errors = {"errors": [{"path": p, "error": why} for p, why in self.errors]} if self.errors else {}
         return {
+            **errors,
             "counts": self.counts(),
             "retractions": {
                 "events": len(retract),
@@ -191,22 +197,32 @@ def scan_paths(
         try:
             done = scan_parallel(catalog, matcher, paths, jobs=jobs, options=options,
                                  range_size=range_size or MIN_RANGE, start_method=start_method)  # fmt: skip
+            if done is not None:
+                for name, events, stats in done:
+                    result.events.extend(sink.enrich(e, context) for e in events)
+                    result.stats.append((name, stats))
+                return result
         except OSError as exc:
             raise InputError(f"error reading: {exc}") from exc
-        if done is not None:
-            for name, events, stats in done:
-                result.events.extend(sink.enrich(e, context) for e in events)
-                result.stats.append((name, stats))
-            return result
+        except Exception:  # a failure in one input: the serial scan below tells which, and scans the others
+            log.debug("parallel scan failed; scanning serially", exc_info=True)
+            result = ScanResult(catalog)
     for path in paths:
         name, fh = open_input(path)
         try:
             events, stats = scan_stream(catalog, matcher, name, fh, prefilter=prefilter,
                                         extra_prefixes=extra_prefixes, chunk=chunk, finder=finder)  # fmt: skip
+            enriched = [sink.enrich(e, context) for e in events]
+        except InputError:
+            raise
+        except Exception as exc:  # a bug met by one input must not hide what the other inputs hold
+            log.debug("scan failed path=%s", name, exc_info=True)
+            result.errors.append((name, f"{type(exc).__name__}: {exc}"))
+            continue
         finally:
             if name != "-":
                 fh.close()
-        result.events.extend(sink.enrich(e, context) for e in events)
+        result.events.extend(enriched)
         result.stats.append((name, stats))
     return result
 

@@ -104,6 +104,7 @@ class App:
             "state_saves_total": float(self.keeper.saves),
             "state_errors_total": float(self.keeper.errors + self.sources.bad_positions),
             "event_sink_errors_total": float(self.sink.errors),
+            "numbers_dropped_total": float(self.sources.matcher.numbers_dropped),
             "source_errors_total": float(self.sources.errors),
             "loop_timestamp_seconds": self.loop.last_loop(),
             "pending_events": float(self.loop.pending),  # as of the loop's last pass: a scrape never waits for it

@@ -144,7 +144,9 @@ class SourceSet:
         """
         with self.lock:
             self.config, self.catalog = config, catalog
+            dropped = self.matcher.numbers_dropped
             self.matcher = Matcher(catalog)
+            self.matcher.numbers_dropped = dropped  # a counter: never goes back
             self._kfilter = kubernetes_filter(config)
             self._watch_dirs = None
             wanted = set(expand(config.paths))
