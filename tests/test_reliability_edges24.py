@@ -6,9 +6,12 @@ from __future__ import annotations
 
 import glob
 import os
+import subprocess
+import sys
 
 import pytest
 
+from sglang_oom_exporter.config import load_config
 from tests.test_app import _app
 from tests.test_reliability_state import _state_path, _write_state
 from tests.test_serve_e2e import Daemon
@@ -36,3 +39,33 @@ def test_serve_starts_on_a_state_file_nested_100000_levels_deep(tmp_path):
         assert d.metrics("sglang_oom_exporter_state_errors")[("sglang_oom_exporter_state_errors_total", ())] == 1
     finally:
         assert d.stop() == 0
+
+
+def _check_config(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "sglang_oom_exporter", "serve", "--check-config", *args],
+                          capture_output=True, text=True, timeout=30, check=False)  # fmt: skip
+
+
+def test_check_config_names_a_non_utf8_file_without_a_traceback(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_bytes(b'paths: ["/var/log/\xff\xfe.log"]\n')
+    proc = _check_config("--config", str(path))
+    assert proc.returncode == 1
+    assert proc.stderr == f"sglang-oom-exporter: bad configuration:\n{path}: not UTF-8 text: byte 0xff at offset 18\n"
+
+
+@pytest.mark.parametrize("text", ["", "# nothing yet\n", "poll_interval: 1s\n"], ids=["empty", "comment", "no-paths"])
+def test_check_config_rejects_what_a_reload_rejects(tmp_path, text):
+    path = tmp_path / "c.yaml"
+    path.write_text(text)
+    proc = _check_config("--config", str(path))
+    assert proc.returncode == 1  # was 0: "configuration ok: 0 path(s)", then SIGHUP refused the same file
+    assert "the configuration names no log path and no Kubernetes log root" in proc.stderr
+    app, _ = _app(tmp_path)
+    assert app.reload(load_config(str(path), env={}), app.catalog) == "failed"
+
+
+def test_check_config_passes_a_path_a_log_root_or_stdin(tmp_path):
+    assert _check_config("x.log").returncode == 0
+    assert _check_config("--kubernetes-logs", str(tmp_path)).returncode == 0
+    assert _check_config("-").returncode == 0

@@ -45,6 +45,9 @@ def _load_yaml(builder: Builder, path: str) -> dict[str, Any] | None:
     except OSError as exc:
         builder.problems.append(f"{path}: cannot read: {exc.strerror or exc}")
         return None
+    except UnicodeDecodeError as exc:
+        builder.problems.append(f"{path}: not UTF-8 text: byte {exc.object[exc.start]:#04x} at offset {exc.start}")
+        return None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"{path}:{mark.line + 1}" if mark is not None else path

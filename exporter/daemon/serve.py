@@ -14,7 +14,7 @@ from dataclasses import replace
 from typing import Any, BinaryIO
 
 from ..catalog.loader import Catalog, CatalogError, load_catalog
-from ..config import Config, ConfigError, load_config, parse_listen, unknown_env
+from ..config import Config, ConfigError, load_config, nothing_to_follow, parse_listen, unknown_env
 from ..metrics import PageRegistry
 from ..sources.handles import raise_open_file_limit
 from ..sources.watch import Waker
@@ -59,6 +59,10 @@ def serve(args: argparse.Namespace) -> int:
         if unknown and args.check_config:
             # A typo would be silently ignored: --check-config fails on it, serve warns and runs.
             raise ConfigError([f"{name}: unknown variable (no setting reads it)" for name in unknown])
+        problem = nothing_to_follow(config, stdin="-" in args.paths)
+        if problem and args.check_config:
+            # What a SIGHUP reload refuses, --check-config rejects (serve itself starts, and /healthz says why).
+            raise ConfigError([problem])
     except _LOAD_ERRORS as exc:
         print(f"sglang-oom-exporter: bad configuration:\n{exc}", file=sys.stderr)
         return 1 if args.check_config else 2
