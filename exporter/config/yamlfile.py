@@ -10,7 +10,7 @@ import yaml
 
 from .keys import FILE_KEYS, SCALAR_KEYS, Builder, bounded_duration
 from .model import DiscoverTargetsConfig, KubernetesConfig
-from .values import URL, parse_bool
+from .values import FILTER_NAME_MAX, URL, filter_problem, parse_bool
 
 _K8S_KEYS = frozenset({"logs_root", "namespace", "pod", "container"})
 _DISCOVER_KEYS = frozenset({"enabled", "port", "port_annotation", "interval", "service_account_dir"})
@@ -118,7 +118,9 @@ def _kubernetes(builder: Builder, where: str, raw: Any) -> None:
         builder.problems.append(f"{where}.{key}: unknown key")
     for key in ("namespace", "pod", "container"):
         if key in raw:
-            builder.check_regex(f"{where}.{key}", str(raw[key]))
+            problem = filter_problem(f"{where}.{key}", str(raw[key]), FILTER_NAME_MAX[key])
+            if problem is not None:
+                builder.problems.append(problem)
     discover = _discover_targets(builder, f"{where}.discover_targets", raw.get("discover_targets"))
     builder.values["kubernetes"] = KubernetesConfig(
         **{k: str(v) for k, v in raw.items() if k in _K8S_KEYS}, discover_targets=discover
