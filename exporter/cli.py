@@ -319,6 +319,10 @@ def _scan(args: argparse.Namespace) -> int:
         sys.stdout.write(json.dumps(result.to_json()) + "\n")
     else:
         sys.stdout.write(format_text(result))
+    for path, why in result.errors:
+        _fail(f"cannot scan {path} (the other inputs are reported): {why}")
+    if result.errors:
+        return EXIT_USAGE
     if args.fail_on_oom and result.fatal_count():
         return EXIT_OOM
     return EXIT_OK

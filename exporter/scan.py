@@ -6,6 +6,7 @@ Also the golden-test harness: tests call scan_paths() and compare its JSON with 
 from __future__ import annotations
 
 import gzip
+import logging
 import os
 import sys
 from collections.abc import Callable, Iterable, Mapping
@@ -21,6 +22,8 @@ from .sources.fileid import GZIP_MAGIC, open_binary
 
 if TYPE_CHECKING:
     from .progress import Progress
+
+log = logging.getLogger(__name__)
 
 CHUNK = 4 * 1024 * 1024
 # Below this many bytes in all, --jobs N scans in this process: starting and feeding a pool of workers costs
@@ -39,6 +42,7 @@ class ScanResult:
     catalog: Catalog
     events: list[OomEvent] = field(default_factory=list)
     stats: list[tuple[str, PipelineStats]] = field(default_factory=list)
+    errors: list[tuple[str, str]] = field(default_factory=list)  # inputs whose scan failed: (path, why)
 
     def counts(self) -> dict[str, int]:
         """Events per kind, every catalog kind present."""
@@ -58,7 +62,9 @@ class ScanResult:
     def to_json(self) -> dict[str, Any]:
         """The documented `scan --format json` object."""
         retract = self.retractions()
+        errors = {"errors": [{"path": p, "error": why} for p, why in self.errors]} if self.errors else {}
         return {
+            **errors,
             "counts": self.counts(),
             "retractions": {
                 "events": len(retract),
@@ -208,13 +214,16 @@ def scan_paths(
         try:
             done = scan_parallel(catalog, matcher, paths, jobs=jobs, options=options, progress=progress,
                                  range_size=range_size or MIN_RANGE, start_method=start_method)  # fmt: skip
+            if done is not None:
+                for name, events, stats in done:
+                    result.events.extend(sink.enrich(e, context) for e in events)
+                    result.stats.append((name, stats))
+                return result
         except OSError as exc:
             raise InputError(f"error reading: {exc}") from exc
-        if done is not None:
-            for name, events, stats in done:
-                result.events.extend(sink.enrich(e, context) for e in events)
-                result.stats.append((name, stats))
-            return result
+        except Exception:  # a failure in one input: the serial scan below tells which, and scans the others
+            log.debug("parallel scan failed; scanning serially", exc_info=True)
+            result = ScanResult(catalog)
     before = [0, 0]  # bytes and events of the inputs already read, for the progress line
     for index, path in enumerate(paths):
         name, fh = open_input(path)
@@ -222,6 +231,13 @@ def scan_paths(
         try:
             events, stats = scan_stream(catalog, matcher, name, fh, prefilter=prefilter, on_chunk=meter,
                                         extra_prefixes=extra_prefixes, chunk=chunk, finder=finder)  # fmt: skip
+            enriched = [sink.enrich(e, context) for e in events]
+        except InputError:
+            raise
+        except Exception as exc:  # a bug met by one input must not hide what the other inputs hold
+            log.debug("scan failed path=%s", name, exc_info=True)
+            result.errors.append((name, f"{type(exc).__name__}: {exc}"))
+            continue
         finally:
             if name != "-":
                 fh.close()
@@ -229,7 +245,7 @@ def scan_paths(
         before[1] += len(events)
         if progress is not None:
             progress.update(before[0], before[1], index + 1)
-        result.events.extend(sink.enrich(e, context) for e in events)
+        result.events.extend(enriched)
         result.stats.append((name, stats))
     return result
 

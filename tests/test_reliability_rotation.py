@@ -106,9 +106,9 @@ def test_a_reload_removed_path_keeps_its_position_across_a_restart(tmp_path):
     app.sources.close()
     _append(log, BLOCK.format(s=4))  # written while it was not followed
     app = _restarted(tmp_path)  # the original config names it again
-    # The reload dropped a.log's series (and its count) with it; resumed where it stopped, only the OOM written
-    # since is counted. Without its saved position it would be read from 0: 2.
-    assert app.counts.total("decode") == 1
+    # The reload kept a.log's counter (issue 24: within the retention it goes on); resumed where it stopped, only
+    # the OOM written since is counted on top. Without its saved position it would be read from 0: 3.
+    assert app.counts.total("decode") == 2
 
 
 def _fields(config: Config) -> dict:

@@ -13,7 +13,7 @@ listing each key path (and the file's line where there is one), so `--check-conf
 from __future__ import annotations
 
 from .keys import ENV_PREFIX, bounded_duration, unknown_env
-from .load import ConfigError, load_config
+from .load import ConfigError, load_config, nothing_to_follow
 from .model import DEFAULT_LISTEN, DEFAULT_PORT, Config, DiscoverTargetsConfig, EventsConfig, KubernetesConfig
 from .values import parse_duration, parse_listen
 
@@ -28,6 +28,7 @@ __all__ = [
     "KubernetesConfig",
     "bounded_duration",
     "load_config",
+    "nothing_to_follow",
     "parse_duration",
     "parse_listen",
     "unknown_env",

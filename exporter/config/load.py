@@ -42,6 +42,17 @@ def load_config(
     return Config(**builder.values)
 
 
+def nothing_to_follow(config: Config, *, stdin: bool) -> str:
+    """Why a config would follow nothing ("" when it names a log path, a Kubernetes log root, or stdin is read).
+
+    A SIGHUP reload refuses such a config (an empty or truncated file, an editor mid-save, would otherwise stop
+    every source at once), and `--check-config` rejects it for the same reason: one rule for both.
+    """
+    if config.paths or config.kubernetes is not None or stdin:
+        return ""
+    return "the configuration names no log path and no Kubernetes log root"
+
+
 def _with_logs_root(builder: Builder, root: str) -> None:
     base = builder.values.get("kubernetes")
     builder.values["kubernetes"] = replace(base, logs_root=root) if base else KubernetesConfig(root)

@@ -10,7 +10,7 @@ import yaml
 
 from .keys import FILE_KEYS, SCALAR_KEYS, Builder, bounded_duration
 from .model import DiscoverTargetsConfig, EventsConfig, KubernetesConfig
-from .values import URL, parse_bool
+from .values import FILTER_NAME_MAX, URL, filter_problem, parse_bool
 
 _K8S_KEYS = frozenset({"logs_root", "namespace", "pod", "container"})
 _DISCOVER_KEYS = frozenset({"enabled", "port", "port_annotation", "interval", "service_account_dir"})
@@ -45,6 +45,9 @@ def _load_yaml(builder: Builder, path: str) -> dict[str, Any] | None:
             data = yaml.safe_load(fh)
     except OSError as exc:
         builder.problems.append(f"{path}: cannot read: {exc.strerror or exc}")
+        return None
+    except UnicodeDecodeError as exc:
+        builder.problems.append(f"{path}: not UTF-8 text: byte {exc.object[exc.start]:#04x} at offset {exc.start}")
         return None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
@@ -116,7 +119,9 @@ def _kubernetes(builder: Builder, where: str, raw: Any) -> None:
         builder.problems.append(f"{where}.{key}: unknown key")
     for key in ("namespace", "pod", "container"):
         if key in raw:
-            builder.check_regex(f"{where}.{key}", str(raw[key]))
+            problem = filter_problem(f"{where}.{key}", str(raw[key]), FILTER_NAME_MAX[key])
+            if problem is not None:
+                builder.problems.append(problem)
     discover = _discover_targets(builder, f"{where}.discover_targets", raw.get("discover_targets"))
     events = _events(builder, f"{where}.events", raw.get("events"))
     builder.values["kubernetes"] = KubernetesConfig(

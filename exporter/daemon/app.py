@@ -21,7 +21,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, BinaryIO
 
 from ..catalog.loader import Catalog
-from ..config import Config
+from ..config import Config, nothing_to_follow
 from ..metrics import EventCounts, ExporterCollector, fatal_kinds, label_names_for
 from ..sources.stdin import StdinPump
 from .loop import Loop, Service
@@ -124,6 +124,7 @@ class App:
             "state_saves_total": float(self.keeper.saves),
             "state_errors_total": float(self.keeper.errors + self.sources.bad_positions),
             "event_sink_errors_total": float(self.sink.errors),
+            "numbers_dropped_total": float(self.sources.matcher.numbers_dropped),
             "source_errors_total": float(self.sources.errors),
             "loop_timestamp_seconds": self.loop.last_loop(),
             "pending_events": float(self.loop.pending),  # as of the loop's last pass: a scrape never waits for it
@@ -136,9 +137,10 @@ class App:
 
     def reload(self, config: Config, catalog: Catalog) -> str:
         """Apply a new config and catalog (SIGHUP); returns applied, partial (a part needs a restart) or failed."""
-        if not config.paths and config.kubernetes is None and self.stdin is None:
+        problem = nothing_to_follow(config, stdin=self.stdin is not None)
+        if problem:
             # An empty or truncated file (an editor mid-save) would otherwise stop every source at once.
-            self.reload_failed("the new configuration names no log path and no Kubernetes log root")
+            self.reload_failed(f"the new {problem.removeprefix('the ')}")
             return "failed"
         refused = [key for key in RESTART_ONLY if getattr(config, key) != getattr(self.config, key)]
         config = replace(config, **{key: getattr(self.config, key) for key in RESTART_ONLY})

@@ -131,6 +131,7 @@ class LogSource:
             pos = TailPosition(
                 pos.path, pos.dev, pos.ino, min(offset, pos.offset), pos.fingerprint, pos.fingerprint_len
             )
+        pos = self.tailer.marked(pos)
         return {
             "position": pos.to_dict(), "lineno": lineno, "epoch": self.epoch,
             "dedupe": self.pipeline.export_state(), "sglang": self.evidence.identified,

@@ -6,8 +6,9 @@
     stop services, save the state, close the files
 
 Every decision takes the time from an injected clock, so tests drive step() without threads or sleeps.
-The one thread started elsewhere is the HTTP edge's: serve binds it before anything else, so that a port in
-use fails at once with exit status 2.
+The one thread started elsewhere is the HTTP edge's: serve binds it right after begin() has saved the starting
+positions (a kill before that save would make the next start a first start again), and a port in use fails
+with exit status 2.
 """
 
 from __future__ import annotations
@@ -94,6 +95,7 @@ class Loop:
         # Not ready until run() has saved the starting positions. True from construction: serve binds the HTTP
         # edge and starts services before run() primes the files, and /healthz must say `starting` meanwhile.
         self._starting = True
+        self._begun = False  # the starting positions are saved (begin() or run())
         self._health = HealthWatch(sources, keeper)
         self._health.state_dir = config.state_dir
         self._published = Publisher(sources)  # read statistics, handed to the metrics page as files are read
@@ -248,8 +250,9 @@ class Loop:
             for service in services:
                 service.start()
                 started.append(service)
-            self._starting = True
-            self._start()
+            if not self._begun:
+                self._start()
+            self._starting = False
             while not stop.is_set():
                 self.step()
                 if waker is None:
@@ -262,6 +265,16 @@ class Loop:
             self.keeper.save()
             self.sources.close()
             sys.setswitchinterval(interval)
+
+    def begin(self) -> None:
+        """The first thing a start does, before the HTTP edge binds: save where each file will be read from.
+
+        Until that save, a SIGKILL leaves no trace of this start, and the next one is a first start again, which
+        reads existing files from their end: what was written in between is lost. The shorter that window, the
+        better; binding HTTP and starting the file watcher and the scrapers come after it.
+        """
+        self._start()
+        self._starting = True  # /healthz is ready once run() has started the services too
 
     def _start(self) -> None:
         """Load the state, find the files, and save where each will be read from before its first byte is read.
@@ -277,6 +290,7 @@ class Loop:
                 if source.tailer is not None:
                     source.tailer.prime()
         self.keeper.save()
+        self._begun = True
         self._starting = False
 
     def _wait(self, waker: Wakeups, reload: Callable[[], None]) -> None:

@@ -14,7 +14,7 @@ from dataclasses import replace
 from typing import Any, BinaryIO
 
 from ..catalog.loader import Catalog, CatalogError, load_catalog
-from ..config import Config, ConfigError, load_config, parse_listen, unknown_env
+from ..config import Config, ConfigError, load_config, nothing_to_follow, parse_listen, unknown_env
 from ..metrics import PageRegistry
 from ..sources.handles import raise_open_file_limit
 from ..sources.watch import Waker
@@ -59,6 +59,10 @@ def serve(args: argparse.Namespace) -> int:
         if unknown and args.check_config:
             # A typo would be silently ignored: --check-config fails on it, serve warns and runs.
             raise ConfigError([f"{name}: unknown variable (no setting reads it)" for name in unknown])
+        problem = nothing_to_follow(config, stdin="-" in args.paths)
+        if problem and args.check_config:
+            # What a SIGHUP reload refuses, --check-config rejects (serve itself starts, and /healthz says why).
+            raise ConfigError([problem])
     except _LOAD_ERRORS as exc:
         print(f"sglang-oom-exporter: bad configuration:\n{exc}", file=sys.stderr)
         return 1 if args.check_config else 2
@@ -117,10 +121,13 @@ def _run(args: argparse.Namespace, app: App, server: ExporterServer, waker: Wake
     # The handlers run on the relay's thread, never inside the main thread's locks (signals.py).
     relay = SignalRelay({signal.SIGTERM: on_stop, signal.SIGINT: on_stop, signal.SIGHUP: on_hup})
     relay.install()
+    # Saved before anything else, before binding HTTP: a start killed after this point is known to the next one.
+    app.loop.begin()
     try:
         server.start()
     except OSError as exc:
         relay.close()
+        app.sources.close()
         print(f"sglang-oom-exporter: cannot listen on {app.config.listen}: {exc}", file=sys.stderr)
         return 2
     log.info("serving on %s port=%d paths=%d kubernetes=%s state_dir=%s tls=%s", app.config.listen, server.port,

@@ -69,6 +69,8 @@ class SourceSet:
         self.bad_positions = 0  # saved positions that could not be used (a state error)
         self._discovered_once = False
         self._watch_dirs: set[str] | None = None
+        # Series of sources a reload let go: (kept until, the page's scrape count then), by label values.
+        self._released: dict[tuple[str, ...], tuple[float, int]] = {}
         self._kfilter = kubernetes_filter(config)
         # Container directories (a pod's <namespace>_<pod>_<uid>/<container>) whose logs showed SGLang: a new run of
         # the container (the next <n>.log) is SGLang's from its first byte.
@@ -148,7 +150,9 @@ class SourceSet:
         """
         with self.lock:
             self.config, self.catalog = config, catalog
+            dropped = self.matcher.numbers_dropped
             self.matcher = Matcher(catalog)
+            self.matcher.numbers_dropped = dropped  # a counter: never goes back
             self._kfilter = kubernetes_filter(config)
             self._watch_dirs = None
             wanted = set(expand(config.paths))
@@ -167,24 +171,32 @@ class SourceSet:
                 self.by_path[path] = self._new_source(path, source.labels, source.label_map)
 
     def _let_go(self, path: str, source: LogSource) -> None:
-        """Stop following a file a reload removed: count what it had pending, keep its position, drop its series."""
+        """Stop following a file a reload removed: count what it had pending, keep its position and its series."""
         source.pipeline.finish()
         saved = source.state()
         if saved is not None:
             self.saved[path] = saved
-        self._drop(path, source)
+        self._forget(path, source)
+        if not any(s.labels == source.labels for s in self.by_path.values()):
+            # Kept as a deleted file's are, for the retention: a reload that names it again continues its counter
+            # (a config flipping between two versions showed 12 of 165 events), and what it had pending, counted
+            # just now, is on the page until a scrape has shown it.
+            self._released[source.labels] = (self._clock() + self.config.source_retention, self.counts.page.scrapes)
         log.info("source dropped path=%s: the reloaded configuration no longer names it", path)
 
     def _drop(self, path: str, source: LogSource) -> None:
         """Stop following path: close it, forget it, and drop its series unless another file has its labels."""
+        self._forget(path, source)
+        if not any(s.labels == source.labels for s in self.by_path.values()):
+            self.counts.drop(source.labels)
+
+    def _forget(self, path: str, source: LogSource) -> None:
         if source.tailer is not None:
             source.tailer.close()
         del self.by_path[path]
         self._watch_dirs = None
         if not any(s.directory == source.directory for s in self.by_path.values()):
             self.sglang_dirs.discard(source.directory)  # the pod is gone (kubelet keeps a live pod's last run)
-        if not any(s.labels == source.labels for s in self.by_path.values()):
-            self.counts.drop(source.labels)
 
     # --- statistics --------------------------------------------------------------------------
 
@@ -309,6 +321,14 @@ class SourceSet:
         Runs at discovery's pace, not every pass: it costs a stat per file. A configured plain path is
         never retired (it is followed even while missing).
         """
+        if self._released:
+            followed = {s.labels for s in self.by_path.values()}
+            for labels, (until, scrapes) in list(self._released.items()):
+                if labels in followed:
+                    del self._released[labels]  # named again within the retention: its counter goes on
+                elif now >= until and self.counts.page.scrapes > scrapes:
+                    del self._released[labels]
+                    self.counts.drop(labels)
         for path, source in list(self.by_path.items()):
             configured = path in found and path in self.config.paths
             if path == STDIN or source.tailer is None or configured or os.path.exists(path):

@@ -142,6 +142,10 @@ def _parse(raw: bytes) -> tuple[dict[str, Any] | None, str]:
         doc = json.loads(raw.decode("utf-8"), parse_constant=_refuse_constant)
     except (UnicodeDecodeError, ValueError) as exc:
         return None, f"not valid JSON: {exc}"
+    except RecursionError:
+        # Nested deeper than the parser's recursion limit (100,000 brackets): no state file of ours is; a crash
+        # here would stop every start.
+        return None, "nested too deeply to be a state file"
     if not _finite(doc):
         return None, "a number is out of range (1e400 reads as Infinity)"
     if not isinstance(doc, dict):

@@ -11,6 +11,8 @@ request echoed by --log-requests, is never an event.
 
 from __future__ import annotations
 
+import logging
+import math
 from collections.abc import Iterable, Sequence
 from dataclasses import replace
 from typing import Any
@@ -21,7 +23,14 @@ from ..catalog.loader import Catalog, OomKind, Pattern
 from ..catalog.vocabulary import FIELD_TYPES
 from ..detect.model import PoolState, Record, Report
 
+log = logging.getLogger(__name__)
+
 MAX_EXCERPT_LINES = 8
+# The largest number an event field (or a pool's) may hold. SGLang's counts are far below it, and past it a
+# float (the metrics, the suggestions' arithmetic, JSON readers) no longer holds an integer exactly: a bigger
+# one (a 400-digit "Try to allocate") is dropped from the event, which is kept and counted.
+MAX_NUMBER = 2**53
+_MAX_DIGITS = len(str(MAX_NUMBER))  # longer digit runs are out of range without parsing them
 MAX_EXCERPT_LINE = 300
 _KV_PHASES = ("prefill", "decode", "frames")
 _SUBPHASES = {"spec_verify": "decode"}  # a phase-frames group that is a step of a phase: speculative verify
@@ -70,6 +79,7 @@ class Matcher:
             (g, _frame_specs(catalog.phase_frames.get(g, ()))) for g in ("spec_verify", "decode", "prefill")
         ]
         self._allocators = dict(catalog.allocator_frames)
+        self.numbers_dropped = 0  # numbers out of range left out of events (numbers_dropped_total)
 
     def match_line(self, line: str) -> tuple[OomKind, Pattern, regex.Match[str]] | None:
         """The first kind whose pattern starts this line's message, or None."""
@@ -109,8 +119,11 @@ class Matcher:
         kind, pattern, m = found
         first = group[0]
         text = "\n".join(group)
-        numbers = _numbers(m.groupdict(), kind.extract, text)
-        pools = _pools(text)
+        dropped: list[str] = []
+        numbers = _numbers(m.groupdict(), kind.extract, text, dropped)
+        pools = _pools(text, dropped)
+        if dropped:
+            self._dropped(kind.id, record, dropped)
         if pools and kind.phase in _KV_PHASES and "available_tokens" not in numbers:
             _add_limiting_pool(numbers, pools)
         raised = record.kind == "traceback" or _RAISED.match(first) is not None
@@ -164,6 +177,16 @@ class Matcher:
             numbers={},
             pools=(),
         )
+
+    def _dropped(self, kind: str, record: Record, names: list[str]) -> None:
+        """Count numbers left out of an event; a WARNING at the 1st, 10th, 100th... (hostile input repeats)."""
+        before, self.numbers_dropped = self.numbers_dropped, self.numbers_dropped + len(names)
+        if len(str(self.numbers_dropped)) > len(str(before)) or before == 0:
+            log.warning(
+                "event kind=%s line=%d: %s out of range (above %d), left out of the event, which is kept; "
+                "%d such number(s) so far (sglang_oom_exporter_numbers_dropped_total)",
+                kind, record.lineno, ", ".join(sorted(set(names))), MAX_NUMBER, self.numbers_dropped,
+            )  # fmt: skip
 
     def _frames_phase(self, frames: Iterable[tuple[str, str]]) -> str | None:
         frames = tuple(frames)
@@ -236,6 +259,9 @@ def _looks_cut(groups: list[list[str]]) -> bool:
     return not last.endswith((".", ")", ",", "]", ":")) and ": " in groups[-1][0] and len(last) < 60
 
 
+_OUT_OF_RANGE = object()
+
+
 def _convert(name: str, value: str) -> Any:
     """A captured field as its vocabulary type says: text as logged, a set counted ("{3, 7}" -> 2), a number."""
     kind = FIELD_TYPES.get(name, "int")
@@ -243,13 +269,19 @@ def _convert(name: str, value: str) -> Any:
         return value
     if kind == "count":
         return len(_DIGITS.findall(value))
+    digits = value.strip().lstrip("+-")
+    if digits.isdigit() and len(digits.lstrip("0")) > _MAX_DIGITS:
+        return _OUT_OF_RANGE  # never parsed: int() of thousands of digits is slow, past 4,300 an error
     try:
-        return float(value) if kind == "float" else int(value)
+        number = float(value) if kind == "float" else int(value)
     except ValueError:
         return value
+    return number if math.isfinite(number) and abs(number) <= MAX_NUMBER else _OUT_OF_RANGE
 
 
-def _numbers(groups: dict[str, str | Any], extract: Iterable[regex.Pattern[str]], text: str) -> dict[str, Any]:
+def _numbers(
+    groups: dict[str, str | Any], extract: Iterable[regex.Pattern[str]], text: str, dropped: list[str]
+) -> dict[str, Any]:
     numbers = {k: _convert(k, v) for k, v in groups.items() if isinstance(v, str)}
     for rx in extract:
         m = rx.search(text)
@@ -257,35 +289,51 @@ def _numbers(groups: dict[str, str | Any], extract: Iterable[regex.Pattern[str]]
             for k, v in m.groupdict().items():
                 if isinstance(v, str) and k not in numbers:
                     numbers[k] = _convert(k, v)
+    for k in [k for k, v in numbers.items() if v is _OUT_OF_RANGE]:
+        dropped.append(k)
+        del numbers[k]
     return numbers
 
 
-def _pools(text: str) -> tuple[PoolState, ...]:
+def _int(value: str | None, name: str, dropped: list[str]) -> int | None:
+    """A pool's number, or None when absent or out of range (then named in dropped)."""
+    if not value:
+        return None
+    number = _convert(name, value)
+    if isinstance(number, int):
+        return number
+    dropped.append(name)
+    return None
+
+
+def _pools(text: str, dropped: list[str]) -> tuple[PoolState, ...]:
     """Every pool the message describes, any era (facts 2, 10.2), each field as its name says."""
     pools: dict[str, PoolState] = {}
     for m in _POOL_TOTAL.finditer(text):
         name = "swa" if m.group("swa") else _POOL_NAMES[m.group("name")]
         if name in pools:
             continue
-        free, evict = m.group("free"), m.group("evictable")
         pools[name] = PoolState(
             name,
-            available=int(m.group("total")),
-            evictable=int(evict) if evict else None,
-            free=int(free) if free else None,
+            available=_int(m.group("total"), f"{name}.available", dropped),
+            evictable=_int(m.group("evictable"), f"{name}.evictable", dropped),
+            free=_int(m.group("free"), f"{name}.free", dropped),
         )
     a, e = _PAGED_AVAILABLE.search(text), _PAGED_EVICTABLE.search(text)
     if a or e:
         full = pools.get("full", PoolState("full"))
         pools["full"] = replace(
             full,
-            free=full.free if full.free is not None else (int(a.group(1)) if a else None),
-            evictable=full.evictable if full.evictable is not None else (int(e.group(1)) if e else None),
+            free=full.free if full.free is not None else _int(a.group(1) if a else None, "full.free", dropped),
+            evictable=full.evictable
+            if full.evictable is not None
+            else _int(e.group(1) if e else None, "full.evictable", dropped),
         )
     for m in _LEAK_POOL.finditer(text):
         name = m.group("name")
         if name not in pools:
-            fields = {_LEAK_FIELDS[k]: int(v) for k, v in _PAIR.findall(m.group("pairs")) if k in _LEAK_FIELDS}
+            fields = {_LEAK_FIELDS[k]: _int(v, f"{name}.{_LEAK_FIELDS[k]}", dropped)
+                      for k, v in _PAIR.findall(m.group("pairs")) if k in _LEAK_FIELDS}  # fmt: skip
             pools[name] = PoolState(name, **fields)
     for m in _COUNTED_POOL.finditer(text):
         name = m.group("name") or "full"
@@ -294,12 +342,15 @@ def _pools(text: str) -> tuple[PoolState, ...]:
             for key, value in _PAIR.findall(m.group("pairs")):
                 word = key.removeprefix(f"{name}_").removesuffix("_size")
                 if word in _LEAK_FIELDS and word != "total":
-                    fields[_LEAK_FIELDS[word]] = int(value)
-            pools[name] = PoolState(name, total=int(m.group("total")), counted=int(m.group("counted")), **fields)
+                    fields[_LEAK_FIELDS[word]] = _int(value, f"{name}.{_LEAK_FIELDS[word]}", dropped)
+            total = _int(m.group("total"), f"{name}.total", dropped)
+            counted = _int(m.group("counted"), f"{name}.counted", dropped)
+            pools[name] = PoolState(name, total=total, counted=counted, **fields)
     for m in _MEMO_POOL.finditer(text):
         name = m.group("name")
         if name not in pools:
-            pools[name] = PoolState(name, free=int(m.group("actual")), cached=int(m.group("cached")))
+            free = _int(m.group("actual"), f"{name}.free", dropped)
+            pools[name] = PoolState(name, free=free, cached=_int(m.group("cached"), f"{name}.cached", dropped))
     return tuple(pools.values())
 
 

@@ -170,6 +170,7 @@ _EXTRA_HELP = {
     "busy_sources": "Sources still joining lines or events; a second of quiet closes them (0: caught up).",
     "sources_waiting": "Configured log files that do not exist yet (SGLang not started, or a wrong path).",
     "event_sink_errors_total": "Events that could not be recorded.",
+    "numbers_dropped_total": "Numbers in OOM messages out of range (above 2^53), left out of their events.",
     "source_errors_total": "Unexpected errors while reading a source (the loop goes on).",
     "open_files": "Log files open now (at most a bound under the open-file limit; the others are parked).",
     "file_handle_parks_total": "Idle log files closed to stay under the open-file bound, reopened when they change.",

@@ -173,6 +173,7 @@ class Page:
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self._families: list[Family] = []
+        self.scrapes = 0  # pages served: a series on its way out stays until a scrape has shown its last value
 
     def family(self, name: str, typ: str, doc: str, label_names: Sequence[str] = ()) -> Family:
         """Add a family at the end of the page."""
@@ -184,11 +185,13 @@ class Page:
     def parts(self, openmetrics: bool, names: frozenset[str] | None = None) -> list[Part]:
         """The page's parts for one scrape (names: only families with these sample names)."""
         with self.lock:
+            self.scrapes += 1
             return [p for f in self._families if names is None or f.sample_name in names for p in f.parts(openmetrics)]
 
     def metrics(self) -> list[Metric]:
         """Every family as a prometheus_client Metric."""
         with self.lock:
+            self.scrapes += 1
             return [f.metric() for f in self._families]
 
 

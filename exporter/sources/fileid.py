@@ -24,9 +24,13 @@ RESET_REASONS = (ROTATED, TRUNCATED, RECREATED, DELETED)
 
 @dataclass(frozen=True, slots=True)
 class TailPosition:
-    """Where a file was read up to: identity, resume offset and a fingerprint of its first bytes.
+    """Where a file was read up to: identity, resume offset, a fingerprint of its first bytes and one of the
+    bytes just before offset (the mark).
 
-    offset is just past the last newline delivered, so a resumed tail re-reads a partial last line whole.
+    offset is just past the last newline delivered, so a resumed tail re-reads a partial last line whole. The
+    mark tells an in-place truncation while the daemon was down when the new content begins with the old
+    one's first bytes (a start-up banner): the head matches, the bytes before the offset do not. Positions
+    saved before the mark existed have mark_len 0, and are checked by their head alone, as before.
     """
 
     path: str
@@ -35,10 +39,12 @@ class TailPosition:
     offset: int
     fingerprint: str
     fingerprint_len: int
+    mark: str = ""
+    mark_len: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         """Return a JSON-ready dict."""
-        return {
+        out: dict[str, Any] = {
             "path": self.path,
             "dev": self.dev,
             "ino": self.ino,
@@ -46,6 +52,9 @@ class TailPosition:
             "fingerprint": self.fingerprint,
             "fingerprint_len": self.fingerprint_len,
         }
+        if self.mark_len:
+            out["mark"], out["mark_len"] = self.mark, self.mark_len
+        return out
 
     @classmethod
     def from_dict(cls, raw: Mapping[str, Any]) -> TailPosition:
@@ -66,7 +75,14 @@ class TailPosition:
             ints[key] = value
         if ints["fingerprint_len"] > FINGERPRINT_BYTES:
             raise ValueError(f"position.fingerprint_len must be at most {FINGERPRINT_BYTES}")
-        return cls(path, ints["dev"], ints["ino"], ints["offset"], fingerprint, ints["fingerprint_len"])
+        mark, mark_len = raw.get("mark", ""), raw.get("mark_len", 0)
+        if not isinstance(mark, str) or not _is_hex(mark):
+            raise ValueError("position.mark must be a hex string")
+        if not isinstance(mark_len, int) or isinstance(mark_len, bool) or not 0 <= mark_len <= FINGERPRINT_BYTES:
+            raise ValueError(f"position.mark_len must be an integer from 0 to {FINGERPRINT_BYTES}")
+        if mark_len > ints["offset"]:
+            raise ValueError("position.mark_len must not exceed position.offset")
+        return cls(path, ints["dev"], ints["ino"], ints["offset"], fingerprint, ints["fingerprint_len"], mark, mark_len)
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,6 +153,17 @@ def open_binary(path: str) -> io.BufferedIOBase:
         return fh
     fh.close()
     return gzip.open(path, "rb")
+
+
+def bytes_before(path: str, offset: int, size: int) -> bytes | None:
+    """The size bytes that end at offset in a plain or .gz file, or None when it is shorter or unreadable."""
+    try:
+        with open_binary(path) as stream:
+            stream.seek(offset - size)  # gzip decompresses up to there in bounded memory
+            data = stream.read(size)
+    except (OSError, EOFError, zlib.error, ValueError):
+        return None
+    return data if len(data) == size else None
 
 
 def head_bytes(path: str, size: int) -> bytes | None:

@@ -26,6 +26,7 @@ from .fileid import (
     TailPosition,
     TailReset,
     TailStats,
+    bytes_before,
     fingerprint,
     head_bytes,
     open_binary,
@@ -254,9 +255,15 @@ class Reopen:
 
 
 def matches(path: str, pos: TailPosition) -> bool:
-    """Whether the file at path begins with the saved generation's first bytes (plain or .gz)."""
+    """Whether the file at path holds the saved generation (plain or .gz): its first bytes, and its bytes just
+    before the saved offset when the position has that mark (a new file may begin with the same banner)."""
     head = head_bytes(path, pos.fingerprint_len)
-    return head is not None and fingerprint(head) == pos.fingerprint
+    if head is None or fingerprint(head) != pos.fingerprint:
+        return False
+    if not pos.mark_len:
+        return True
+    before = bytes_before(path, pos.offset, pos.mark_len)
+    return before is not None and fingerprint(before) == pos.mark
 
 
 def find_rotated(path: str, pos: TailPosition) -> str | None:

@@ -14,6 +14,7 @@ import logging
 import os
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 
 from .fileid import (
     DELETED,
@@ -82,6 +83,7 @@ class FileTailer(Reopen):
         self._commit = 0  # just past the last newline delivered; what a restart resumes from
         self._fp = fingerprint(b"")
         self._fp_len = 0
+        self._mark: tuple[int, int, int, str, int] | None = None  # (dev, ino, offset, mark, mark_len) last taken
         self._seen = (-1, -1)  # (size, mtime_ns) at the last look; unchanged means nothing to do
         self._error_logged = False
         self._closed = False
@@ -95,6 +97,26 @@ class FileTailer(Reopen):
                 return TailPosition(self.path, p.dev, p.ino, p.commit, p.fp, p.fp_len)
             return self._restore or self._ended
         return TailPosition(self.path, self._dev, self._ino, self._commit, self._fp, self._fp_len)
+
+    def marked(self, pos: TailPosition) -> TailPosition:
+        """pos with the mark (fingerprint of the bytes just before its offset) while its generation is at hand.
+
+        One pread per new offset, at save time; an idle or parked file reuses the mark taken at its offset.
+        """
+        memo = self._mark
+        if memo is not None and memo[:3] == (pos.dev, pos.ino, pos.offset):
+            return replace(pos, mark=memo[3], mark_len=memo[4])
+        if pos.mark_len or pos.offset == 0 or self._fd is None or (pos.dev, pos.ino) != (self._dev, self._ino):
+            return pos
+        size = min(FINGERPRINT_BYTES, pos.offset)
+        try:
+            data = os.pread(self._fd, size, pos.offset - size)
+        except OSError:
+            return pos
+        if len(data) != size:
+            return pos
+        self._mark = (pos.dev, pos.ino, pos.offset, fingerprint(data), size)
+        return replace(pos, mark=self._mark[3], mark_len=size)
 
     def prime(self) -> None:
         """Open the path and take the starting offset without reading, so the state can hold it first."""

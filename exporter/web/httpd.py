@@ -37,6 +37,7 @@ MAX_HEAD_BYTES = 16 * 1024  # request line plus headers; a GET needs a few hundr
 MAX_CONNECTIONS = 64  # open connections (one thread each); past it, evict a slow head or wait for a slot
 EVICT_AFTER = 1.0  # seconds a connection may take over its head before a new one at the cap may evict it
 LISTEN_BACKLOG = 1024  # connections the kernel queues while every slot is busy (Python's default is 5)
+THREAD_FAILURE_LOG_EVERY = 60.0  # seconds between WARNINGs while connection threads keep failing to start
 ALLOWED_METHODS = ("GET", "HEAD")
 
 
@@ -149,6 +150,9 @@ class HTTPServer(ThreadingHTTPServer):
         self._active_lock = threading.Lock()
         self.closing = threading.Event()
         self.evicted = 0  # slow heads closed to make room (read by tests)
+        self.thread_failures = 0  # connections closed unanswered: their thread could not start
+        self.last_thread_failure: float | None = None  # time.monotonic() of the last one
+        self._failures_logged = (0, float("-inf"))  # (thread_failures, when) at the last WARNING
         super().__init__(address, Handler)
 
     def server_bind(self) -> None:
@@ -167,7 +171,30 @@ class HTTPServer(ThreadingHTTPServer):
         )
         with self._active_lock:
             self._active[thread] = _Conn(request, time.monotonic())
-        thread.start()
+        try:
+            thread.start()
+        except (RuntimeError, MemoryError) as exc:
+            # "can't start new thread" (a memory, pids or threads limit): the slot must come back, or after
+            # max_connections of these nothing is ever answered again. This one connection goes unanswered.
+            with self._active_lock:
+                self._active.pop(thread, None)
+            self._slots.release()
+            self._thread_failed(client_address, exc)
+            self.shutdown_request(request)
+
+    def _thread_failed(self, client_address: Any, exc: BaseException) -> None:
+        """Count a connection thread that could not start; a WARNING per streak, then one a minute at most."""
+        now = time.monotonic()
+        self.thread_failures += 1
+        self.last_thread_failure = now
+        logged, when = self._failures_logged
+        if now - when >= THREAD_FAILURE_LOG_EVERY:
+            _LOG.warning(
+                "client=%s closed unanswered: cannot start a connection thread (%s); %d such connection(s) "
+                "since the last warning (sglang_oom_exporter_http_thread_start_failures_total)",
+                client_address, exc, self.thread_failures - logged,
+            )  # fmt: skip
+            self._failures_logged = (self.thread_failures, now)
 
     def _take_slot(self) -> bool:
         """A free slot: at once, by evicting the slowest head past EVICT_AFTER, or by waiting for one.
@@ -243,4 +270,5 @@ class HTTPServer(ThreadingHTTPServer):
                 conn.sock.shutdown(socket.SHUT_RDWR)
         deadline = time.monotonic() + timeout
         for thread in active:
-            thread.join(max(deadline - time.monotonic(), 0))
+            if thread.ident is not None:  # recorded just before its start(): not started yet (or never)
+                thread.join(max(deadline - time.monotonic(), 0))

@@ -15,13 +15,17 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry
+from prometheus_client.core import CounterMetricFamily
+from prometheus_client.registry import Collector
 
 from ..catalog.loader import Catalog
 from ..daemon.store import EventStore, Health
+from ..metrics.names import SELF
 from .httpd import EVICT_AFTER, LISTEN_BACKLOG, MAX_CONNECTIONS, MAX_HEAD_BYTES, REQUEST_TIMEOUT, HTTPServer
 from .routes import DEFAULT_LIMIT, MAX_LIMIT, Response, Routes
 from .webconfig import BasicAuth, WebConfig
@@ -31,6 +35,7 @@ if TYPE_CHECKING:
 
 
 _LOG = logging.getLogger(__name__)
+THREAD_FAILURE_HEALTH_SECONDS = 60.0  # /healthz is not ok for this long after a connection thread failed to start
 __all__ = [  # tests and serve import these
     "DEFAULT_LIMIT", "EVICT_AFTER", "LISTEN_BACKLOG", "MAX_CONNECTIONS", "MAX_HEAD_BYTES", "MAX_LIMIT",
     "ExporterServer",
@@ -53,7 +58,9 @@ class ExporterServer:
         max_connections: int = MAX_CONNECTIONS,
     ) -> None:
         self._address = address
-        self.routes = Routes(registry=registry, catalog=catalog, events=events, health=health)
+        self._health = health
+        self.routes = Routes(registry=registry, catalog=catalog, events=events, health=self.health)
+        registry.register(_EdgeCollector(self))
         self._web_config = web_config or WebConfig()
         users = web_config.basic_auth_users if web_config is not None else {}
         self.auth = BasicAuth(users) if users else None
@@ -61,6 +68,26 @@ class ExporterServer:
         self._max_connections = max_connections
         self._httpd: HTTPServer | None = None
         self._thread: threading.Thread | None = None
+
+    @property
+    def thread_failures(self) -> int:
+        """Connections closed unanswered because their handler thread could not start."""
+        return self._httpd.thread_failures if self._httpd is not None else 0
+
+    def health(self) -> Health:
+        """The daemon's health, and not ok for a while after a connection thread could not start."""
+        health = self._health()
+        httpd = self._httpd
+        last = httpd.last_thread_failure if httpd is not None else None
+        if last is None or time.monotonic() - last >= THREAD_FAILURE_HEALTH_SECONDS:
+            return health
+        ago = time.monotonic() - last
+        reason = (
+            f"{httpd.thread_failures if httpd else 0} HTTP connection(s) closed unanswered: a connection thread "
+            f"could not start {ago:.0f}s ago (memory, pids or threads limit; "
+            "sglang_oom_exporter_http_thread_start_failures_total)"
+        )
+        return Health(False, f"{reason}; {health.reason}" if health.reason else reason)
 
     def set_catalog(self, catalog: Catalog) -> None:
         """A reloaded catalog: titles and remediations of new kinds show on /events and the page."""
@@ -109,3 +136,22 @@ class ExporterServer:
     def respond(self, path: str, headers: Message) -> Response:
         """The response to a GET of path (auth is checked by the caller)."""
         return self.routes.respond(path, headers)
+
+
+class _EdgeCollector(Collector):
+    """The HTTP edge's own numbers, read at scrape time."""
+
+    def __init__(self, server: ExporterServer) -> None:
+        self._server = server
+
+    def describe(self) -> Iterable[CounterMetricFamily]:
+        """Nothing up front: the registry then never calls collect() at registration."""
+        return []
+
+    def collect(self) -> Iterable[CounterMetricFamily]:
+        """The failed connection-thread starts."""
+        yield CounterMetricFamily(
+            f"{SELF}_http_thread_start_failures",
+            "HTTP connections closed unanswered because their handler thread could not start (memory or pids limit).",
+            value=self._server.thread_failures,
+        )

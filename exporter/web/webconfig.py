@@ -21,7 +21,6 @@ from __future__ import annotations
 import base64
 import binascii
 import hashlib
-import hmac
 import re
 import ssl
 import threading
@@ -57,9 +56,11 @@ _TLS_KEYS = frozenset({"cert_file", "key_file", "client_ca_file", "client_auth_t
 _BCRYPT_RE = re.compile(r"^\$2[aby]?\$\d\d\$[./A-Za-z0-9]{53}$")
 # bcrypt only looks at the first 72 bytes; a longer password is refused rather than silently truncated.
 _BCRYPT_MAX_PASSWORD = 72
-# Checked against when the user is unknown, so a wrong user name costs as long as a wrong password.
-_DUMMY_HASH = b"$2b$10$ciFN.OQ8fPd38.3wrojOe.kHJhhF3MjTjtzPr23wgy.kHF8OIqE/K"
-_CACHE_LIMIT = 1024
+_CACHE_LIMIT = 1024  # cached outcomes of each polarity; a full cache of failures drops its oldest tenth
+# bcrypt checks at once: each takes a core for tens of milliseconds (more at a higher cost), and wrong passwords
+# from many clients must not take the cores the daemon reads logs with. A check waits this long for its turn.
+_HASH_CHECKS_AT_ONCE = 1
+_HASH_WAIT_SECONDS = 5.0
 
 
 class WebConfigError(ProblemsError):
@@ -210,16 +211,27 @@ def _check_loadable(config: WebConfig, problems: list[str]) -> None:
 
 
 class BasicAuth:
-    """Checks `Authorization: Basic` headers against bcrypt hashes; successful checks are cached."""
+    """Checks `Authorization: Basic` headers against bcrypt hashes, at a bounded cost.
+
+    As exporter-toolkit's handler does: the outcome of each (user, hash, password) is cached, so a scraper
+    with a stale password costs one bcrypt check, not one per scrape; bcrypt runs one check at a time; and an
+    unknown user is checked against a dummy hash of the configured users' cost, so a check costs the same
+    whether the user exists or not (user names cannot be told apart by timing).
+    """
 
     realm = "sglang-oom-exporter"
 
     def __init__(self, users: Mapping[str, str]) -> None:
         self._users = {u: h.encode("ascii") for u, h in users.items()}
         self._lock = threading.Lock()
-        # Digests of (user, password, hash) that passed: bcrypt is slow on purpose, a scrape every few
-        # seconds should not pay for it every time. The hash is in the key so a changed hash needs a new check.
+        # sha256 of (user, hash, password) -> outcome. The hash is in the key, so a changed hash needs a new
+        # check. Failures have their own bound: a flood of wrong passwords cannot evict the good credentials.
         self._ok: set[bytes] = set()
+        self._bad: dict[bytes, None] = {}
+        self._hashing = threading.BoundedSemaphore(_HASH_CHECKS_AT_ONCE)
+        # Unknown users are checked against a dummy hash of the highest configured cost, made on first use.
+        self._dummy_cost = max((int(h.split(b"$")[2]) for h in self._users.values()), default=10)
+        self._dummy: bytes | None = None
 
     def check(self, authorization: str | None) -> bool:
         """Whether the header carries a known user and that user's password."""
@@ -228,17 +240,40 @@ class BasicAuth:
             return False
         user, password = creds
         hashed = self._users.get(user)
-        key = hashlib.sha256(b"\0".join((user.encode(), password, hashed or b""))).digest()
+        key = hashlib.sha256(b"\0".join((user.encode(), hashed or b"", password))).digest()
         with self._lock:
-            if hashed is not None and any(hmac.compare_digest(key, k) for k in self._ok):
-                return True
-        ok = _bcrypt_check(password, hashed or _DUMMY_HASH) and hashed is not None
-        if ok:
-            with self._lock:
+            if key in self._ok:
+                return hashed is not None
+            if key in self._bad:
+                return False
+        if not self._hashing.acquire(timeout=_HASH_WAIT_SECONDS):
+            return False  # too many checks queued: refused, not cached
+        try:
+            ok = self._bcrypt(password, hashed) and hashed is not None
+        finally:
+            self._hashing.release()
+        with self._lock:
+            if ok:
                 if len(self._ok) >= _CACHE_LIMIT:
                     self._ok.clear()
                 self._ok.add(key)
+            else:
+                if len(self._bad) >= _CACHE_LIMIT:
+                    for old in list(self._bad)[: _CACHE_LIMIT // 10]:
+                        del self._bad[old]
+                self._bad[key] = None
         return ok
+
+    def _bcrypt(self, password: bytes, hashed: bytes | None) -> bool:
+        """One bcrypt computation at the user's cost, or at the dummy's for an unknown user."""
+        if hashed is not None or len(password) > _BCRYPT_MAX_PASSWORD:
+            return hashed is not None and _bcrypt_check(password, hashed)
+        if self._dummy is None:
+            # Making the dummy costs what a check costs: this first unknown user pays it instead of a check.
+            self._dummy = bcrypt.hashpw(password, bcrypt.gensalt(rounds=self._dummy_cost))
+            return False
+        _bcrypt_check(password, self._dummy)
+        return False
 
 
 def _parse_basic(authorization: str | None) -> tuple[str, bytes] | None:
