@@ -178,7 +178,7 @@ def test_daemonset_pod_counts_an_oom_keeps_it_across_a_restart_and_runs_as_rende
         assert served.count(**labels) == 2
         assert stop_pod(podman, name) == {"oom-exporter": 0}
     finally:
-        podman("pod", "rm", "--force", name, check=False, timeout=120)
+        podman("pod", "rm", "--force", "--time=0", name, check=False, timeout=120)
 
 
 # ----------------------------------------------------------------------------------------------------- sidecar
@@ -271,9 +271,12 @@ def test_sidecar_snippet_beside_a_stand_in_sglang_pages_the_flag_suggestion(podm
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=5) as r:
             page = r.read().decode()
         assert f"<code>{first['flag']}</code> {first['current']} &rarr; {first['suggested']}" in page
-        assert stop_pod(podman, name)["oom-exporter"] == 0
+        # The exporter stops on SIGTERM and saves its state. (The snippet's SGLang container would wait out the
+        # grace period: bash, its PID 1, ignores SIGTERM while it waits for its `| tee` pipeline.)
+        podman("stop", "--time=30", f"{name}-oom-exporter", timeout=120)
+        assert podman("inspect", "--format={{.State.ExitCode}}", f"{name}-oom-exporter").stdout.strip() == "0"
     finally:
-        podman("pod", "rm", "--force", name, check=False, timeout=120)
+        podman("pod", "rm", "--force", "--time=0", name, check=False, timeout=120)
 
 
 def _metric(served: Served, name: str, **labels: str) -> float | None:
