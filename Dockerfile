@@ -3,17 +3,19 @@
 # Runs as a non-root user (uid 65532) with nothing to write but the state directory, so it works with a
 # read-only root filesystem. The Helm chart's DaemonSet runs it as uid 0 instead, because kubelet's pod logs
 # under /var/log/pods are root-owned and not world-readable (every capability is still dropped there).
-ARG PYTHON_VERSION=3.12
+# BASE_IMAGE: any image with python3 (3.10+) and its venv module; CI builds with a Debian root filesystem
+# made by mmdebstrap (docs/container-image.md), because it can pull no image.
+ARG BASE_IMAGE=python:3.12-slim
 
-FROM python:${PYTHON_VERSION}-slim AS build
+FROM ${BASE_IMAGE} AS build
 WORKDIR /src
 COPY pyproject.toml README.md LICENSE ./
 COPY exporter ./exporter
-RUN python -m venv /opt/sglang-oom-exporter \
+RUN python3 -m venv /opt/sglang-oom-exporter \
  && /opt/sglang-oom-exporter/bin/pip install --no-cache-dir --disable-pip-version-check . \
  && /opt/sglang-oom-exporter/bin/sglang-oom-exporter scan --sample >/dev/null
 
-FROM python:${PYTHON_VERSION}-slim
+FROM ${BASE_IMAGE}
 ARG VERSION=0.1.0
 LABEL org.opencontainers.image.title="sglang-oom-exporter" \
       org.opencontainers.image.description="SGLang KV-cache OOM events from logs as Prometheus metrics, with the fix for each." \

@@ -79,3 +79,26 @@ def _no_leaked_threads():
         leaked[0].join(deadline - time.monotonic())
         leaked = [t for t in leaked if t.is_alive()]
     assert not leaked, f"test leaked threads: {leaked}"
+
+
+@pytest.fixture(scope="session")
+def podman(tmp_path_factory, _shared_dir):
+    """podman confined to this test run (tests/podman.py); skips with the reason where it cannot run."""
+    from tests import helpers
+    from tests.podman import Podman, skip_reason
+
+    reason = skip_reason()
+    if reason:
+        pytest.skip(reason)
+    root = helpers.SHARED_DIR / "podman" if helpers.SHARED_DIR else tmp_path_factory.mktemp("podman")
+    return Podman(root)
+
+
+@pytest.fixture(scope="session")
+def image(podman) -> str:
+    """The project's image built from the Dockerfile, once per test run; its name."""
+    from tests.podman import built_image
+
+    built = built_image(podman)
+    print(f"\nimage built: seconds per step {built['seconds']}")
+    return str(built["image"])

@@ -20,13 +20,24 @@ Modes (set `mode` at any time; it applies to every path):
   slow_headers  even the status line arrives one byte every drip_seconds.
 Every handler thread ends promptly on stop(): waits watch one event and stop() shuts open sockets, so
 the thread-leak guard in conftest stays quiet.
+
+Run as a program (standard library only, so any python3 runs it, e.g. inside the exporter's image) it is a
+stand-in SGLang server for the container tests: it prints SGLang's startup log lines to stdout, serves a
+captured SGLang `/metrics` body and a server-info JSON, and prints a fatal prefill OOM block with its traceback
+each time `/fake/oom` is requested (a path no SGLang serves; the test's trigger):
+
+    python3 fake_sglang.py --port 30000 --metrics v0.5.16-dp2.prom --info info.json --info-path /get_server_info
 """
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import socket
+import sys
 import threading
+import time
+from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 HUGE_BYTES = 50 * 1000 * 1000
@@ -42,6 +53,7 @@ class FakeSGLang:
         metrics_body: bytes = b"# TYPE sglang:token_usage gauge\nsglang:token_usage 0.0\n",
         info_body: bytes = b'{"version": "0.0.0-fake"}',
         info_path: str | None = "/server_info",
+        port: int = 0,
     ) -> None:
         self.metrics_body = metrics_body
         self.info_body = info_body
@@ -51,11 +63,12 @@ class FakeSGLang:
         self.huge_declares_length = False
         self.drip_seconds = 0.5
         self.requests: list[str] = []  # paths in arrival order
+        self.actions: dict[str, Callable[[], None]] = {}  # path -> called, then 200 "ok" (in mode ok)
         self._lock = threading.Lock()
         self._stopping = threading.Event()
         self._release = threading.Event()
         self._open: set[socket.socket] = set()
-        self._server = _Server(("127.0.0.1", 0), _Handler)
+        self._server = _Server(("127.0.0.1", port), _Handler)
         self._server.fake = self
         self._thread: threading.Thread | None = None
         self.port = self._server.server_address[1]
@@ -144,6 +157,9 @@ class _Handler(BaseHTTPRequestHandler):
             body, ctype = fake.metrics_body, "text/plain; version=0.0.4; charset=utf-8"
         elif fake.info_path is not None and self.path == fake.info_path:
             body, ctype = fake.info_body, "application/json"
+        elif self.path in fake.actions:
+            fake.actions[self.path]()
+            body, ctype = b"ok\n", "text/plain"
         else:
             self._send(404, b'{"detail":"Not Found"}', "application/json")
             return
@@ -208,3 +224,65 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _mode_unknown(self, fake: FakeSGLang) -> None:
         self._send(500, f"fake_sglang: unknown mode {fake.mode!r}".encode())
+
+
+# ------------------------------------------------------------------------------------------- the stand-in server
+
+
+def _stamp(rank: str = "TP0") -> str:
+    """SGLang's log prefix: [date time rank]."""
+    return time.strftime(f"[%Y-%m-%d %H:%M:%S {rank}]", time.gmtime())
+
+
+def prefill_oom_block(tokens: int = 16384, available: int = 6100) -> str:
+    """A fatal prefill OOM as SGLang logs it: the logged block, then the scheduler's traceback."""
+    text = (
+        "Prefill out of memory. Try to lower your batch size.\n"
+        f"Try to allocate {tokens} tokens.\n"
+        f"Available tokens: {available} (available_size={available - 120} + evictable_size=120)\n"
+    )
+    stamp = _stamp()
+    return (
+        f"{stamp} {text}\n"
+        f"{stamp} Scheduler hit an exception: Traceback (most recent call last):\n"
+        '  File "/sgl-workspace/sglang/python/sglang/srt/managers/scheduler.py", line 2104, in get_new_batch_prefill\n'
+        "    new_batch.prepare_for_extend()\n"
+        '  File "/sgl-workspace/sglang/python/sglang/srt/managers/schedule_batch.py", line 1311, in prepare_for_extend\n'
+        "    out_cache_loc = alloc_for_extend(self)\n"
+        f"RuntimeError: {text}\n\n"
+    )
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Serve until killed (SIGTERM ends the process; nothing to save)."""
+    parser = argparse.ArgumentParser(description="A stand-in SGLang server for the container tests.")
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--metrics", required=True, help="file with a captured SGLang /metrics body")
+    parser.add_argument("--info", required=True, help="file with the server-info JSON")
+    parser.add_argument("--info-path", default="/get_server_info")
+    args = parser.parse_args(argv)
+    with open(args.metrics, "rb") as fh:
+        metrics = fh.read()
+    with open(args.info, "rb") as fh:
+        info = fh.read()
+    fake = FakeSGLang(metrics_body=metrics, info_body=info, info_path=args.info_path, port=args.port)
+
+    def oom() -> None:
+        sys.stdout.write(prefill_oom_block())
+        sys.stdout.flush()
+
+    fake.actions["/fake/oom"] = oom
+    sys.stdout.write(f"{_stamp()} Load weight end. type=LlamaForCausalLM, dtype=torch.bfloat16, avail mem=21.33 GB\n")
+    sys.stdout.write(
+        f"{_stamp()} max_total_num_tokens=61440, chunked_prefill_size=16384, max_prefill_tokens=16384, "
+        "max_running_requests=256, context_len=32768, available_gpu_mem=5.12 GB\n"
+    )
+    fake.start()
+    sys.stdout.write(f"INFO:     Uvicorn running on http://127.0.0.1:{args.port} (Press CTRL+C to quit)\n")
+    sys.stdout.write(f"{_stamp()} The server is fired up and ready to roll!\n")
+    sys.stdout.flush()
+    threading.Event().wait()
+
+
+if __name__ == "__main__":
+    main()

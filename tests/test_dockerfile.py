@@ -1,9 +1,11 @@
-"""The container image: the Dockerfile's essentials, and the same `pip install .` it runs, in a fresh venv.
+"""The Dockerfile's defaults a build here cannot exercise, and the same `pip install .` it runs, in a fresh venv.
 
-No container engine runs here, so the Dockerfile is checked as text (slim base, non-root numeric USER, OCI
-labels, EXPOSE, exec-form ENTRYPOINT of the console script, nothing ignored that it copies), and the install it
-performs is repeated in a new virtual environment whose console script then runs `scan --sample` and `serve`,
-with a check that nothing was written outside the state directory (the image runs with a read-only root).
+tests/test_image.py builds the image with podman and runs it (configuration, user, labels, read-only root), but
+from a stand-in Debian base, because no registry image can be pulled here. What only the published build uses is
+checked as text: the default BASE_IMAGE is the official slim Python image, for both stages, and .dockerignore
+keeps what the build copies. The install the Dockerfile performs is repeated in a new virtual environment whose
+console script then runs `scan --sample` and `serve`, with a check that nothing was written outside the state
+directory (the image runs with a read-only root).
 """
 
 from __future__ import annotations
@@ -24,10 +26,8 @@ from pathlib import Path
 import pytest
 
 from sglang_oom_exporter import __version__
-from sglang_oom_exporter.project import PROJECT_URL
 
 ROOT = Path(__file__).resolve().parent.parent
-STATE_DIR = "/var/lib/sglang-oom-exporter"
 
 
 def instructions() -> list[tuple[str, str]]:
@@ -42,74 +42,12 @@ def instructions() -> list[tuple[str, str]]:
     return out
 
 
-def stages() -> list[list[tuple[str, str]]]:
-    """The instructions per build stage (the ARGs before the first FROM are left out)."""
-    result: list[list[tuple[str, str]]] = []
-    for word, rest in instructions():
-        if word == "FROM":
-            result.append([])
-        if result:
-            result[-1].append((word, rest))
-    return result
-
-
-def test_every_stage_uses_a_slim_python_base():
+def test_both_stages_default_to_the_official_slim_python_image():
     froms = [rest for word, rest in instructions() if word == "FROM"]
-    assert len(froms) == 2
+    assert froms == ["${BASE_IMAGE} AS build", "${BASE_IMAGE}"]
     args = dict(rest.split("=", 1) for word, rest in instructions() if word == "ARG" and "=" in rest)
-    for base in froms:
-        image = base.split()[0].replace("${PYTHON_VERSION}", args["PYTHON_VERSION"])
-        assert re.fullmatch(r"python:3\.(1[0-9])-slim", image), image
-
-
-def test_the_package_is_installed_from_the_repository():
-    build = stages()[0]
-    copies = [rest for word, rest in build if word == "COPY"]
-    assert copies == ["pyproject.toml README.md LICENSE ./", "exporter ./exporter"]
-    (run,) = [rest for word, rest in build if word == "RUN"]
-    assert re.search(r"/bin/pip install [^&]* \.(\s|$)", run), run
-    assert "sglang-oom-exporter scan --sample" in run  # the build fails if the installed script does not work
-
-
-def test_the_final_stage_runs_as_a_numeric_non_root_user():
-    final = stages()[-1]
-    users = [rest for word, rest in final if word == "USER"]
-    assert users == ["65532:65532"]
-    uid, gid = users[0].split(":")
-    assert int(uid) != 0
-    assert int(gid) != 0
-    # Nothing runs as root after USER, and the state directory belongs to that user.
-    words = [w for w, _ in final]
-    assert "RUN" not in words[words.index("USER") :]
-    (run,) = [rest for word, rest in final if word == "RUN"]
-    assert run == f"mkdir -p {STATE_DIR} && chown 65532:65532 {STATE_DIR}"
-
-
-def test_oci_labels():
-    labels: dict[str, str] = {}
-    for word, rest in stages()[-1]:
-        if word == "LABEL":
-            labels.update(dict(re.findall(r'(\S+?)="([^"]*)"', rest)))
-    assert labels == {
-        "org.opencontainers.image.title": "sglang-oom-exporter",
-        "org.opencontainers.image.description": "SGLang KV-cache OOM events from logs as Prometheus metrics, with the fix for each.",
-        "org.opencontainers.image.source": PROJECT_URL,  # pyproject.toml [project.urls] (tests/test_links.py)
-        "org.opencontainers.image.licenses": "Apache-2.0",
-        "org.opencontainers.image.version": "${VERSION}",
-    }
-    args = dict(rest.split("=", 1) for word, rest in stages()[-1] if word == "ARG")
+    assert re.fullmatch(r"python:3\.(1[0-9])-slim", args["BASE_IMAGE"]), args["BASE_IMAGE"]
     assert args["VERSION"] == __version__
-
-
-def test_port_entrypoint_and_read_only_settings():
-    final = dict((w, r) for w, r in stages()[-1] if w in ("EXPOSE", "ENTRYPOINT", "CMD", "ENV"))
-    assert final["EXPOSE"] == "9877"
-    tomllib = pytest.importorskip("tomllib", reason="tomllib needs Python 3.11")
-    scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
-    assert json.loads(final["ENTRYPOINT"]) == ["sglang-oom-exporter"]
-    assert "sglang-oom-exporter" in scripts
-    assert json.loads(final["CMD"]) == ["serve", f"--state-dir={STATE_DIR}", "--kubernetes-logs=/var/log/pods"]
-    assert "PYTHONDONTWRITEBYTECODE=1" in final["ENV"]
 
 
 def test_dockerignore_keeps_what_the_build_copies():

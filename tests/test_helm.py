@@ -658,7 +658,9 @@ def test_reuse_values_with_null_subtrees_renders_with_defaults():
     pr = one(docs, "PrometheusRule")
     assert pr["spec"]["groups"] == yaml.safe_load(RULES_FILE.read_text())["groups"]
     ds = workload(docs)
-    assert ds["spec"]["template"]["spec"]["containers"][0]["image"] == f"sglang-oom-exporter:{__version__}"
+    assert ds["spec"]["template"]["spec"]["containers"][0]["image"] == (
+        f"ghcr.io/sglang-oom-exporter/sglang-oom-exporter:{__version__}"
+    )
 
 
 def test_dashboards_are_configmaps_with_the_sidecar_label_and_untouched_json():

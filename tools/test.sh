@@ -22,6 +22,8 @@ have() { command -v "$1" >/dev/null 2>&1; }
 { have amtool && { have prometheus-alertmanager || have alertmanager; }; } || missing+=(prometheus-alertmanager)
 have chromium || missing+=(chromium)
 have mtail || missing+=(mtail)
+have podman || missing+=(podman runc catatonit)
+have mmdebstrap || missing+=(mmdebstrap)
 if [ "${#missing[@]}" -gt 0 ]; then
   echo "tools/test.sh: missing ${missing[*]}; their tests will skip (apt-get install ${missing[*]}, as .ci/run does)" >&2
 fi

@@ -60,9 +60,14 @@ metrics
 {{- end }}
 {{- end }}
 
+{{/* The image the release publishes; values.yaml names it too (kept here for --reuse-values from older releases). */}}
+{{- define "sglang-oom-exporter.publishedRepository" -}}
+ghcr.io/sglang-oom-exporter/sglang-oom-exporter
+{{- end }}
+
 {{- define "sglang-oom-exporter.image" -}}
 {{- $img := .Values.image | default dict }}
-{{- printf "%s:%s" ($img.repository | default "sglang-oom-exporter") ($img.tag | default .Chart.AppVersion) }}
+{{- printf "%s:%s" ($img.repository | default (include "sglang-oom-exporter.publishedRepository" .)) ($img.tag | default .Chart.AppVersion) }}
 {{- end }}
 
 {{- define "sglang-oom-exporter.serviceAccountName" -}}

@@ -1,0 +1,297 @@
+"""The chart's pods, as rendered, run with `podman kube play` on the image built from the Dockerfile.
+
+DaemonSet: `helm template` with the hostPaths pointed at a temporary /var/log/pods-shaped tree and state
+directory; its pod counts an OOM written to a pod log, runs with the rendered security context (checked in the
+kernel's view of the process: uid, capabilities, no_new_privs, seccomp, read-only mounts), and keeps its count
+across a pod restart (the pod deleted and played again, with an OOM written while it was down).
+
+Sidecar: the chart README's sidecar snippet, beside a stand-in SGLang container (tests/fake_sglang.py run in the
+same image behind the snippet's own `| tee` into the shared emptyDir) that serves SGLang's /metrics and
+/get_server_info; an OOM it logs reaches the exporter's /events, /metrics and page with the concrete flag
+suggestion, the same one `scan --server-args` gives for that log.
+
+What is changed before playing, and why (podman 4.3, Debian 12's, and this sandbox):
+  - host networking (`--network host`); the exporter listens on 127.0.0.1 at a free port (the chart's
+    `extraArgs`, the snippet's args), and the stand-in SGLang takes a free port instead of 30000;
+  - `ports` and the probes that name them are taken out: podman 4.3 turns every containerPort into a host
+    port mapping, which host networking refuses ("PortMappings can only be used with Bridge or slirp4netns
+    networking"); it runs no readiness probe at all, and liveness probes only from systemd timers, which this
+    machine lacks. The test requests each probe's path itself instead;
+  - annotation values over 63 characters (the chart's checksum/config) are dropped: podman 4.3 applies the
+    label-value limit to annotations ("value length exceeds Kubernetetes max 63"); Kubernetes does not.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import sys
+import urllib.request
+from pathlib import Path
+
+import pytest
+import yaml
+
+from sglang_oom_exporter import __version__
+from tests.podman import free_port, mount_options, proc_status
+from tests.test_helm import CHART, _helm
+from tests.test_image import Served, _started
+from tests.test_serve_e2e import append, cri, oom_block, settle, wait_for
+from tests.test_targets_e2e import INFO
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
+
+HERE = Path(__file__).resolve().parent
+PUBLISHED = f"ghcr.io/sglang-oom-exporter/sglang-oom-exporter:{__version__}"
+
+
+def playable(pod: dict) -> tuple[dict, list[tuple[str, int]]]:
+    """The pod with podman 4.3's limits worked around (module docstring), and the (path, port) of every
+    HTTP probe taken out, its named port resolved as Kubernetes does."""
+    pod = json.loads(json.dumps(pod))
+    annotations = pod["metadata"].get("annotations") or {}
+    for key in [k for k, v in annotations.items() if len(str(v)) > 63]:
+        del annotations[key]
+    probes = []
+    for container in pod["spec"]["containers"]:
+        named = {p["name"]: p["containerPort"] for p in container.pop("ports", []) if "name" in p}
+        for kind in ("readinessProbe", "livenessProbe", "startupProbe"):
+            get = (container.pop(kind, None) or {}).get("httpGet")
+            if get:
+                probes.append((get["path"], named.get(get["port"], get["port"])))
+    return pod, probes
+
+
+def play(podman, tmp_path: Path, docs: list[dict]) -> Path:
+    """`podman kube play` these documents on the host network; the file played (for a second play)."""
+    path = tmp_path / f"play-{len(list(tmp_path.glob('play-*.yaml')))}.yaml"
+    path.write_text(yaml.safe_dump_all(docs))
+    podman("kube", "play", "--network=host", str(path), timeout=180)
+    return path
+
+
+def stop_pod(podman, name: str) -> dict[str, int]:
+    """Stop the pod as a node drain would (SIGTERM, then the grace period); the exit code per container."""
+    podman("pod", "stop", "--time=30", name, timeout=120)
+    codes = {}
+    for line in podman("ps", "--all", f"--filter=pod={name}", "--format={{.Names}} {{.ExitCode}}").stdout.splitlines():
+        container, code = line.rsplit(" ", 1)
+        if not container.endswith("-infra"):
+            codes[container.removeprefix(f"{name}-")] = int(code)
+    return codes
+
+
+def assert_runs_as_rendered(podman, container: str, pod_sc: dict, sc: dict, mounts: list[dict]) -> None:
+    """The rendered security context, as the kernel applies it to the running process."""
+    pid = podman.pid(container)
+    status = proc_status(pid)
+    uid = sc.get("runAsUser", pod_sc.get("runAsUser"))
+    if uid is not None:
+        assert status["Uid"].split() == [str(uid)] * 4
+    if sc.get("runAsNonRoot", pod_sc.get("runAsNonRoot")):
+        assert status["Uid"].split()[0] != "0"
+    if sc.get("capabilities", {}).get("drop") == ["ALL"]:
+        for field in ("CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb"):
+            assert status[field] == "0000000000000000", (field, status[field])
+    if sc.get("allowPrivilegeEscalation") is False:
+        assert status["NoNewPrivs"] == "1"
+    if (sc.get("seccompProfile") or pod_sc.get("seccompProfile")) == {"type": "RuntimeDefault"}:
+        assert status["Seccomp"] == "2"  # a filter is applied
+    seen = mount_options(pid)
+    assert ("ro" in seen["/"]) is bool(sc.get("readOnlyRootFilesystem")), seen["/"]
+    for mount in mounts:
+        assert ("ro" if mount.get("readOnly") else "rw") in seen[mount["mountPath"]], mount
+
+
+def probe_paths_answer(probes: list[tuple[str, int]]) -> None:
+    """What kubelet would ask: every probe's path answers 200 on its port (none is fine: a pod may have none)."""
+    for path, port in probes:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as r:
+            assert r.status == 200, (path, port)
+
+
+def helm_template(tmp_path: Path, values: dict, *ci: str) -> list[dict]:
+    """`helm template` of the chart (release soe, namespace monitoring) with these values."""
+    path = tmp_path / "values.yaml"
+    path.write_text(yaml.safe_dump(values))
+    argv = [_helm(), "template", "soe", str(CHART), "--namespace=monitoring"]
+    for name in ci:
+        argv += ["-f", str(CHART / "ci" / name)]
+    proc = subprocess.run([*argv, "-f", str(path)], capture_output=True, text=True, timeout=60, check=False)
+    assert proc.returncode == 0, proc.stderr
+    return [d for d in yaml.safe_load_all(proc.stdout) if d]
+
+
+# --------------------------------------------------------------------------------------------------- DaemonSet
+
+
+def test_daemonset_pod_counts_an_oom_keeps_it_across_a_restart_and_runs_as_rendered(podman, image, tmp_path):
+    pods, state = tmp_path / "pods", tmp_path / "state"
+    log = pods / "llm_sglang-0_0d7c" / "sglang" / "0.log"
+    log.parent.mkdir(parents=True)
+    log.write_text(cri("[2026-03-14 22:00:00 TP0] Load weight end."))
+    coredns = pods / "kube-system_coredns-1_aa" / "coredns" / "0.log"
+    coredns.parent.mkdir(parents=True)
+    coredns.write_text(cri(oom_block()))  # the default filters skip kube-* namespaces
+    state.mkdir()
+    port = free_port()
+    repository, tag = image.rsplit(":", 1)
+    docs = helm_template(tmp_path, {
+        "image": {"repository": repository, "tag": tag},
+        "port": port,
+        "extraArgs": [f"--listen=127.0.0.1:{port}"],
+        "daemonset": {"logsHostPath": str(pods), "stateHostPath": str(state)},
+    })  # fmt: skip
+    (config_map,) = [d for d in docs if d["kind"] == "ConfigMap"]
+    (ds,) = [d for d in docs if d["kind"] == "DaemonSet"]
+    template = ds["spec"]["template"]
+    name = f"soe-node-{port}"
+    pod, probes = playable({"apiVersion": "v1", "kind": "Pod", "metadata": {**template["metadata"], "name": name},
+                            "spec": template["spec"]})  # fmt: skip
+    (container,) = pod["spec"]["containers"]
+    labels = {"namespace": "llm", "pod": "sglang-0", "container": "sglang"}
+    served = Served(port)
+    try:
+        play(podman, tmp_path, [config_map, pod])
+        wait_for(lambda: _started(served, podman, f"{name}-oom-exporter"), timeout=60, what="the DaemonSet pod")
+        assert_runs_as_rendered(podman, f"{name}-oom-exporter", pod["spec"]["securityContext"],
+                                container["securityContext"], container["volumeMounts"])  # fmt: skip
+        (inspected,) = json.loads(podman("inspect", f"{name}-oom-exporter").stdout)
+        limit = container["resources"]["limits"]["memory"]
+        assert inspected["HostConfig"]["Memory"] == int(limit[:-2]) * {"Mi": 2**20, "Gi": 2**30}[limit[-2:]]
+        assert {path for path, _ in probes} == {"/metrics"}
+        probe_paths_answer(probes)
+
+        append(log, cri(oom_block()))
+        settle(served, 1)
+        assert served.count(**labels) == 1
+        assert stop_pod(podman, name) == {"oom-exporter": 0}
+        podman("pod", "rm", name)
+        # The node keeps logging while the DaemonSet's pod is replaced.
+        append(log, cri(oom_block()))
+        assert (state / "monitoring.soe" / "state.json").is_file()
+
+        play(podman, tmp_path, [config_map, pod])
+        wait_for(lambda: _started(served, podman, f"{name}-oom-exporter"), timeout=60, what="the new pod")
+        settle(served, 2)
+        assert served.count(**labels) == 2
+        assert stop_pod(podman, name) == {"oom-exporter": 0}
+    finally:
+        podman("pod", "rm", "--force", "--time=0", name, check=False, timeout=120)
+
+
+# ----------------------------------------------------------------------------------------------------- sidecar
+
+
+def sidecar_snippet() -> dict:
+    """The pod of the chart README's sidecar snippet."""
+    text = (CHART / "README.md").read_text()
+    snippet = text.split("<!-- sidecar-snippet -->", 2)[1].split("```yaml\n", 1)[1].split("```", 1)[0]
+    return yaml.safe_load(snippet)
+
+
+def test_sidecar_snippet_beside_a_stand_in_sglang_pages_the_flag_suggestion(podman, image, tmp_path):
+    pod = sidecar_snippet()
+    # The chart's sidecar mode selects this pod and its port by the names the snippet uses.
+    docs = helm_template(tmp_path, {}, "sidecar-values.yaml")
+    (service,) = [d for d in docs if d["kind"] == "Service"]
+    assert service["spec"]["selector"].items() <= pod["metadata"]["labels"].items()
+    containers = {c["name"]: c for c in pod["spec"]["containers"]}
+    exporter, sglang = containers["oom-exporter"], containers["sglang"]
+    assert service["spec"]["ports"][0]["targetPort"] in {p["name"] for p in exporter["ports"]}
+    assert exporter["image"] == PUBLISHED
+
+    fake_dir = tmp_path / "fake-sglang"
+    fake_dir.mkdir()
+    shutil.copy(HERE / "fake_sglang.py", fake_dir)
+    shutil.copy(HERE / "data" / "scrape" / "v0.5.16-dp2.prom", fake_dir / "metrics.prom")
+    (fake_dir / "info.json").write_text(json.dumps(INFO))
+    sglang_port, port = free_port(), free_port()
+    while port == sglang_port:
+        port = free_port()
+    name = f"llm-{port}"
+    pod["metadata"]["name"] = name
+    # The stand-in SGLang in place of launch_server, behind the snippet's own pipe into the shared log file.
+    (script,) = sglang["args"]
+    stand_in = (f"python3 /opt/fake-sglang/fake_sglang.py --port {sglang_port} --metrics /opt/fake-sglang/metrics.prom "
+                "--info /opt/fake-sglang/info.json --info-path /get_server_info ")  # fmt: skip
+    script, replaced = re.subn(r"python3 -m sglang\.launch_server .*?(?=2>&1 \| tee )", stand_in, script)
+    assert replaced == 1, sglang["args"]
+    sglang["args"] = [script]
+    sglang["image"] = image
+    sglang["securityContext"] = {"runAsUser": 0}  # SGLang's images run as root
+    sglang["volumeMounts"].append({"name": "fake-sglang", "mountPath": "/opt/fake-sglang", "readOnly": True})
+    pod["spec"]["volumes"].append({"name": "fake-sglang", "hostPath": {"path": str(fake_dir), "type": "Directory"}})
+    exporter["image"] = image
+    url = "--sglang-url=http://127.0.0.1:30000"
+    assert url in exporter["args"]
+    exporter["args"] = [a.replace(url, f"--sglang-url=http://127.0.0.1:{sglang_port}") for a in exporter["args"]]
+    exporter["args"] += [f"--listen=127.0.0.1:{port}", "--scrape-interval=1s"]
+    exporter_named = {p["name"]: port for p in exporter["ports"]}
+    for p in exporter["ports"]:
+        p["containerPort"] = port
+    pod, probes = playable(pod)
+    assert all(p == port for _, p in probes), exporter_named
+    exporter = next(c for c in pod["spec"]["containers"] if c["name"] == "oom-exporter")
+
+    served = Served(port)
+    target = f"http://127.0.0.1:{sglang_port}"
+    try:
+        play(podman, tmp_path, [pod])
+        wait_for(lambda: _started(served, podman, f"{name}-oom-exporter"), timeout=60, what="the sidecar")
+        assert_runs_as_rendered(podman, f"{name}-oom-exporter", pod["spec"].get("securityContext") or {},
+                                exporter["securityContext"], exporter["volumeMounts"])  # fmt: skip
+        wait_for(lambda: _metric(served, "sglang_oom_target_up", target=target) == 1.0, timeout=60,
+                 what="the exporter to scrape the stand-in SGLang")  # fmt: skip
+        wait_for(lambda: _metric(served, "sglang_oom_target_server_arg", target=target, arg="chunked_prefill_size")
+                 == INFO["chunked_prefill_size"], what="the server args")  # fmt: skip
+        probe_paths_answer(probes)
+
+        with urllib.request.urlopen(f"http://127.0.0.1:{sglang_port}/fake/oom", timeout=5) as r:
+            assert r.read() == b"ok\n"
+        settle(served, 1)
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/events", timeout=5) as r:
+            (event,) = json.loads(r.read())["events"]
+        assert event["context"]["target"] == target
+        # The same suggestion as scan gives for the log the stand-in wrote, with the same server args.
+        logged = podman("logs", f"{name}-sglang").stdout  # the tee keeps `kubectl logs` working
+        lines = logged.splitlines(keepends=True)
+        block = "".join(lines[next(i for i, line in enumerate(lines) if "Prefill out of memory" in line) :])
+        scanned = _scan(tmp_path, block)
+        assert event["suggestions"] == scanned["suggestions"]
+        first = event["suggestions"][0]
+        assert (first["flag"], first["current"]) == ("--chunked-prefill-size", INFO["chunked_prefill_size"])
+        assert first["suggested"] < first["current"]
+        flag = first["flag"].removeprefix("--")
+        assert (
+            _metric(served, "sglang_oom_suggested_flag_value", kind="prefill", source="sglang", flag=flag)
+            == (first["suggested"])
+        )
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=5) as r:
+            page = r.read().decode()
+        assert f"<code>{first['flag']}</code> {first['current']} &rarr; {first['suggested']}" in page
+        # The exporter stops on SIGTERM and saves its state. (The snippet's SGLang container would wait out the
+        # grace period: bash, its PID 1, ignores SIGTERM while it waits for its `| tee` pipeline.)
+        podman("stop", "--time=30", f"{name}-oom-exporter", timeout=120)
+        assert podman("inspect", "--format={{.State.ExitCode}}", f"{name}-oom-exporter").stdout.strip() == "0"
+    finally:
+        podman("pod", "rm", "--force", "--time=0", name, check=False, timeout=120)
+
+
+def _metric(served: Served, name: str, **labels: str) -> float | None:
+    return served.metrics(name).get((name, tuple(sorted(labels.items()))))
+
+
+def _scan(tmp_path: Path, block: str) -> dict:
+    """scan's one event for this log text, with the stand-in's server args."""
+    (tmp_path / "scan.log").write_text(block)
+    (tmp_path / "server-args.json").write_text(json.dumps(INFO))
+    proc = subprocess.run(
+        [sys.executable, "-m", "sglang_oom_exporter", "scan", "--format=json",
+         f"--server-args={tmp_path / 'server-args.json'}", str(tmp_path / "scan.log")],
+        capture_output=True, text=True, timeout=60, check=True,
+    )  # fmt: skip
+    (event,) = json.loads(proc.stdout)["events"]
+    return event
