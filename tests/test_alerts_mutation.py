@@ -120,7 +120,9 @@ def test_the_check_fails_on_a_new_survivor_and_on_a_stale_entry(tmp_path):
 @pytest.mark.slow
 @pytest.mark.needs_promtool
 @needs_promtool
-@pytest.mark.timeout(170)
+# About 12 s alone on a quiet 2-core machine (`time python tools/mutate_alerts.py`), but in the suite it shares
+# the CPUs with six xdist workers: 170 s was exceeded once under a load average near 40.
+@pytest.mark.timeout(600)
 def test_the_mutation_check_of_the_pack_passes(tmp_path: Path):
     """The whole check, as CI runs it: at least 90 % killed, every survivor listed as equivalent."""
     report = mutate_alerts.check(work_dir=tmp_path)
