@@ -12,14 +12,19 @@ from typing import Any
 
 from ..catalog import OomKind
 from .alertspec import CRASH_LOOP, NEAR_FULL, OOM_GROUP, RETRACTIONS_HIGH, AlertSpec, alert_name, pack_alert
-from .promql import SOURCE_LABELS, fmt, indent, label_list, new_events, recent_event, sel
+from .promql import SOURCE_LABELS, Scope, fmt, indent, new_events, recent_event
+
 
 # Templating shared by the OOM alerts' descriptions. Prometheus prepends `$labels` and `$value`.
-WHO = (
-    "{{ if $labels.pod }}pod {{ $labels.namespace }}/{{ $labels.pod }}"
-    "{{ else if $labels.source }}source {{ $labels.source }}"
-    "{{ else }}container {{ $labels.container }}{{ end }}"
-)
+def who(scope: Scope) -> str:
+    """The source an alert is about, and its cluster when the series carry one."""
+    cluster = scope.template_label()
+    return (
+        "{{ if $labels.pod }}pod {{ $labels.namespace }}/{{ $labels.pod }}"
+        "{{ else if $labels.source }}source {{ $labels.source }}"
+        "{{ else }}container {{ $labels.container }}{{ end }}"
+        f"{{{{ if {cluster} }}}} in cluster {{{{ {cluster} }}}}{{{{ end }}}}"
+    )
 
 
 def _lower_first(text: str) -> str:
@@ -34,10 +39,12 @@ def _num(var: str) -> str:
     return f'{{{{ if ge {var} 1000.0 }}}}{{{{ printf "%.0f" {var} }}}}{{{{ else }}}}{{{{ {var} }}}}{{{{ end }}}}'
 
 
-def _selector_var(job: str, kind: str) -> str:
+def _selector_var(scope: Scope, kind: str) -> str:
     """Defines $sel: the matchers of this alert's series (a label the alert lacks matches series without it)."""
-    fmt_ = ",".join([f'job="{job}"', f'kind="{kind}"', *(f"{label}=%q" for label in SOURCE_LABELS)])
-    args = " ".join(f"$labels.{label}" for label in SOURCE_LABELS)
+    labels = (scope.cluster, *SOURCE_LABELS)
+    job = scope.job_selector.replace("%", "%%")
+    fmt_ = ",".join([job, f'kind="{kind}"', *(f"{label}=%q" for label in labels)])
+    args = " ".join(f"$labels.{label}" for label in labels)
     return f"{{{{ $sel := printf `{fmt_}` {args} }}}}"
 
 
@@ -63,19 +70,19 @@ def _fix_text(kind: OomKind) -> str:
     )
 
 
-def fatal_alert(kind: OomKind, job: str) -> AlertSpec:
+def fatal_alert(kind: OomKind, scope: Scope) -> AlertSpec:
     """`SGLang<Kind>OOM`: page on the first fatal event of the kind."""
     alert = kind.alert
     window = str(alert["window"])
-    series = sel("sglang_oom_fatal_events_total", job=job, kind=kind.id)
+    series = scope.sel("sglang_oom_fatal_events_total", kind=kind.id)
     expr = (
-        f"max by ({label_list(*SOURCE_LABELS, 'kind')}) (\n"
-        + indent(new_events(series, window, recent_event(job, window, kind.id)))
+        f"max {scope.by(*SOURCE_LABELS, 'kind')} (\n"
+        + indent(new_events(series, window, recent_event(scope, window, kind.id)))
         + "\n)\n"
     )
     description = (
-        _selector_var(job, kind.id)
-        + f'{{{{ $value | printf "%.0f" }}}} fatal {kind.id} OOM event(s) on {WHO} in the last {window}: '
+        _selector_var(scope, kind.id)
+        + f'{{{{ $value | printf "%.0f" }}}} fatal {kind.id} OOM event(s) on {who(scope)} in the last {window}: '
         + f"{_lower_first(kind.title)}. "
         + _numbers_text()
         + _fix_text(kind)
@@ -95,22 +102,23 @@ def fatal_alert(kind: OomKind, job: str) -> AlertSpec:
     )
 
 
-def non_fatal_alert(kind: OomKind, job: str) -> AlertSpec:
+def non_fatal_alert(kind: OomKind, scope: Scope) -> AlertSpec:
     """`SGLang<Kind><non_fatal.name>`: warn on the rate of the kind's non-fatal events (events minus fatal)."""
     spec = kind.alert["non_fatal"]
     window = str(spec["window"])
     per_minute = float(spec["threshold_per_minute"])
-    events = sel("sglang_oom_events_total", job=job, kind=kind.id)
-    fatal = sel("sglang_oom_fatal_events_total", job=job, kind=kind.id)
+    events = scope.sel("sglang_oom_events_total", kind=kind.id)
+    fatal = scope.sel("sglang_oom_fatal_events_total", kind=kind.id)
     expr = (
-        f"max by ({label_list(*SOURCE_LABELS, 'kind')}) (\n"
+        f"max {scope.by(*SOURCE_LABELS, 'kind')} (\n"
         f"  rate({events}[{window}]) - rate({fatal}[{window}])\n"
         f") * 60 > {fmt(per_minute)}\n"
     )
     description = (
-        _selector_var(job, kind.id)
-        + f'SGLang on {WHO} aborted {{{{ $value | printf "%.2f" }}}} requests a minute (over {window}) on non-fatal '
-        + f"{kind.id} OOMs: {_lower_first(kind.title)}. The server keeps running, but each aborted request failed. "
+        _selector_var(scope, kind.id)
+        + f'SGLang on {who(scope)} aborted {{{{ $value | printf "%.2f" }}}} requests a minute (over {window}) '
+        + f"on non-fatal {kind.id} OOMs: {_lower_first(kind.title)}. The server keeps running, "
+        + "but each aborted request failed. "
         + _numbers_text()
         + _fix_text(kind)
     )
@@ -129,16 +137,16 @@ def non_fatal_alert(kind: OomKind, job: str) -> AlertSpec:
     )
 
 
-def retraction_alert(kind: OomKind, job: str) -> AlertSpec:
+def retraction_alert(kind: OomKind, scope: Scope) -> AlertSpec:
     """SGLangKVCacheRetractionsHigh: warn on a sustained rate of the retraction kind's events."""
     alert = kind.alert
     window = str(alert["window"])
     per_minute = float(alert["threshold_per_minute"])
-    series = sel("sglang_oom_events_total", job=job, kind=kind.id)
-    expr = f"max by ({label_list(*SOURCE_LABELS)}) (\n  rate({series}[{window}])\n) * 60 > {fmt(per_minute)}\n"
+    series = scope.sel("sglang_oom_events_total", kind=kind.id)
+    expr = f"max {scope.by(*SOURCE_LABELS)} (\n  rate({series}[{window}])\n) * 60 > {fmt(per_minute)}\n"
     description = (
-        _selector_var(job, kind.id)
-        + f'SGLang on {WHO} retracted running requests {{{{ $value | printf "%.1f" }}}} times a minute over the '
+        _selector_var(scope, kind.id)
+        + f'SGLang on {who(scope)} retracted running requests {{{{ $value | printf "%.1f" }}}} times a minute over the '
         + f"last {window} (alert above {fmt(per_minute)}): its KV cache keeps filling up, retracted requests are "
         + "recomputed and slow down, and a fatal decode OOM may follow. "
         + _fix_text(kind)
@@ -158,18 +166,19 @@ def retraction_alert(kind: OomKind, job: str) -> AlertSpec:
     )
 
 
-def crash_loop_alert(pack: Mapping[str, Any], job: str) -> AlertSpec:
+def crash_loop_alert(pack: Mapping[str, Any], scope: Scope) -> AlertSpec:
     """SGLangOOMCrashLoop: `count` fatal OOMs of any kind on one source within the window."""
     spec = pack["crash_loop"]
     window = str(spec["window"])
     count = int(spec["count"])
-    series = sel("sglang_oom_fatal_events_total", job=job)
-    per_exporter = f"sum by ({label_list(*SOURCE_LABELS, 'job', 'instance')}) (\n" + indent(
-        new_events(series, window, recent_event(job, window))
+    series = scope.sel("sglang_oom_fatal_events_total")
+    per_exporter = f"sum {scope.by(*SOURCE_LABELS, 'job', 'instance')} (\n" + indent(
+        new_events(series, window, recent_event(scope, window))
     )
-    expr = f"max by ({label_list(*SOURCE_LABELS)}) (\n" + indent(per_exporter + "\n)") + f"\n) >= {count}\n"
+    expr = f"max {scope.by(*SOURCE_LABELS)} (\n" + indent(per_exporter + "\n)") + f"\n) >= {count}\n"
     description = (
-        f'SGLang on {WHO} had {{{{ $value | printf "%.0f" }}}} fatal OOMs in the last {window} (alert at {count}): '
+        f'SGLang on {who(scope)} had {{{{ $value | printf "%.0f" }}}} fatal OOMs in the last {window} '
+        f"(alert at {count}): "
         "SGLang restarts, runs out of memory again and restarts. The per-kind OOM alerts and the events "
         "say which allocation failed and which flag to change; until it is changed every restart fails the same way."
     )
@@ -178,19 +187,20 @@ def crash_loop_alert(pack: Mapping[str, Any], job: str) -> AlertSpec:
                       keep_firing_for=str(spec["keep_firing_for"]), threshold=count)  # fmt: skip
 
 
-def near_full_alert(pack: Mapping[str, Any], job: str) -> AlertSpec:
+def near_full_alert(pack: Mapping[str, Any], scope: Scope) -> AlertSpec:
     """SGLangKVCacheNearFull: SGLang's own token usage (scraped by the exporter) above the threshold."""
     spec = pack["kv_near_full"]
     threshold = float(spec["threshold"])
-    usage = sel("sglang_oom_target_token_usage", job=job)
-    up = sel("sglang_oom_target_up", job=job)
+    usage = scope.sel("sglang_oom_target_token_usage")
+    up = scope.sel("sglang_oom_target_up")
     expr = (
-        f"(max by (namespace, pod, source, instance, target) ({usage}) > {fmt(threshold)})\n"
-        f"and on (instance, target)\n({up} == 1)\n"
+        f"(max {scope.by('namespace', 'pod', 'source', 'instance', 'target')} ({usage}) > {fmt(threshold)})\n"
+        f"and {scope.on('instance', 'target')}\n({up} == 1)\n"
     )
     description = (
         "SGLang at {{ $labels.target }}{{ if $labels.pod }} (pod {{ $labels.namespace }}/{{ $labels.pod }})"
-        "{{ else if $labels.source }} (source {{ $labels.source }}){{ end }} has used "
+        "{{ else if $labels.source }} (source {{ $labels.source }}){{ end }}"
+        f"{{{{ if {scope.template_label()} }}}} in cluster {{{{ {scope.template_label()} }}}}{{{{ end }}}} has used "
         "{{ $value | humanizePercentage }} of its KV cache for "
         f"{spec['for']} (alert above {threshold:.0%}, read by exporter {{{{ $labels.instance }}}}). New requests "
         "wait or retract running ones, and the next large prefill or decode step may fail with an OOM. Lower "
