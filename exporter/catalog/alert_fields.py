@@ -77,13 +77,14 @@ class AlertFields:
 
     def scope(self, spec: dict[str, Any], where: str) -> None:
         """job_selector (label matchers, e.g. job=~"sglang-oom.*") and cluster_label (a label name), if set."""
+        where = f"{where}." if where else ""
         selector = spec.get("job_selector")
         if "job_selector" in spec and (not isinstance(selector, str) or not _MATCHERS.match(selector)
                                        or "`" in selector):  # fmt: skip
-            self.v.err(spec, f"{where}.job_selector", f'{selector!r} is not label matchers like job=~"sglang-oom.*"')
+            self.v.err(spec, f"{where}job_selector", f'{selector!r} is not label matchers like job=~"sglang-oom.*"')
         label = spec.get("cluster_label")
         if "cluster_label" in spec and (not isinstance(label, str) or not _LABEL_NAME.match(label)):
-            self.v.err(spec, f"{where}.cluster_label", f"{label!r} is not a Prometheus label name")
+            self.v.err(spec, f"{where}cluster_label", f"{label!r} is not a Prometheus label name")
 
     def _kind(self, raw: dict[str, Any], where: str) -> None:
         alert = raw["alert"]
@@ -109,6 +110,10 @@ class AlertFields:
         self._fields(non_fatal, f"{where}.non_fatal", keys, keys)
         if not re.match(r"^[A-Z][A-Za-z0-9]+$", str(non_fatal.get("name"))):
             self.v.err(non_fatal, f"{where}.non_fatal.name", "must be CamelCase (the alert name's ending)")
+
+    def fields(self, spec: dict[str, Any], where: str, required: set[str], allowed: set[str]) -> None:
+        """One alert block: no unknown or missing keys, durations, severity, numbers, `for` below the window."""
+        self._fields(spec, where, required, allowed)
 
     def _fields(self, spec: dict[str, Any], where: str, required: set[str], allowed: set[str]) -> None:
         for key in sorted(set(spec) - allowed - {"__line__"}):
