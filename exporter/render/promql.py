@@ -58,20 +58,25 @@ class Scope:
         return f"$labels.{self.cluster}"
 
 
-# How rendered text (rules, dashboards) moves from the default cluster label to another: the label as a word
-# in a `by`/`on`/`equal` list, a matcher or a legend, and as an alert template's $labels field. RE2 and Python
-# read them alike, so the Helm chart applies the same two (from files/render-defaults.yaml) with
-# regexReplaceAll; tests/test_overrides.py proves that a render with cluster_label set gives the same text.
-CLUSTER_WORD_RE = r"([^\w$-])cluster([,)\]=}])"
-CLUSTER_TEMPLATE_RE = r"\$labels\.cluster(\W)"
+# How rendered text (rules, dashboards) moves from one cluster label to another: the label as a word in a
+# `by`/`on`/`equal` list, a matcher or a legend, and as an alert template's $labels field. RE2 and Python read
+# these patterns alike, so the Helm chart applies the same two (files/render-defaults.yaml) with
+# regexReplaceAll; tests/test_overrides.py proves that the result equals a render with cluster_label set.
 
 
-def relabel_cluster(text: str, label: str) -> str:
-    """Text rendered with the default cluster label, moved to `label`."""
-    if label == DEFAULT_CLUSTER_LABEL:
+def cluster_patterns(label: str) -> dict[str, str]:
+    """The two patterns that find `label` in rendered text; group 1 (and 2) are kept around the new label."""
+    name = re.escape(label)
+    return {"word": rf"([^\w$-]){name}([,)\]=}}])", "template": rf"\$labels\.{name}(\W)"}
+
+
+def relabel_cluster(text: str, label: str, rendered: str = DEFAULT_CLUSTER_LABEL) -> str:
+    """Text rendered with the cluster label `rendered`, moved to `label`."""
+    if label == rendered:
         return text
-    text = re.sub(CLUSTER_WORD_RE, lambda m: f"{m.group(1)}{label}{m.group(2)}", text)
-    return re.sub(CLUSTER_TEMPLATE_RE, lambda m: f"$labels.{label}{m.group(1)}", text)
+    patterns = cluster_patterns(rendered)
+    text = re.sub(patterns["word"], lambda m: f"{m.group(1)}{label}{m.group(2)}", text)
+    return re.sub(patterns["template"], lambda m: f"$labels.{label}{m.group(1)}", text)
 
 
 def sel(metric: str, *raw: str, **matchers: str) -> str:
