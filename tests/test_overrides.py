@@ -215,3 +215,18 @@ def test_moving_rendered_text_to_another_cluster_label_equals_rendering_with_it(
     for path in (RULES_PATH, "alerts/alertmanager.example.yml", "dashboards/sglang-oom-overview.json"):
         assert relabel_cluster(default[path], label) == relabelled[path], path
         assert relabelled[path] != default[path], path
+
+
+def test_the_documented_overrides_example_renders_as_it_says(tmp_path):
+    """docs/multi-cluster.md's example file: valid, and each key does what the page says."""
+    doc = (Path(__file__).resolve().parent.parent / "docs" / "multi-cluster.md").read_text()
+    block = doc.split("<!-- overrides example: tests/test_overrides.py renders it -->\n```yaml\n", 1)[1]
+    path = tmp_path / "my-overrides.yaml"
+    path.write_text(block.split("```", 1)[0])
+    rules = _rules(load_with_overrides(str(path)))
+    assert all('job=~"sglang-oom.*"' in r["expr"] for r in rules.values())
+    assert "max by (k8s_cluster, namespace, pod, container, source, kind)" in rules["SGLangPrefillOOM"]["expr"]
+    assert "> 0.95)" in rules["SGLangKVCacheNearFull"]["expr"]
+    assert rules["SGLangKVCacheRetractionsHigh"]["expr"].endswith(" > 5\n")
+    assert (rules["SGLangPrefillOOM"]["for"], rules["SGLangPrefillOOM"]["keep_firing_for"]) == ("1m", "30m")
+    assert rules["SGLangOOMExporterNoLogs"]["labels"] == {"severity": "info"}
