@@ -295,14 +295,9 @@ def _scan(args: argparse.Namespace) -> int:
     if not paths:
         return _fail("scan: give at least one PATH, '-' for stdin, or --sample")
     try:
-        if args.overrides:
-            from .render.overrides import load_with_overrides
-
-            catalog = load_with_overrides(args.overrides, args.catalog)
-        else:
-            catalog = load_catalog(args.catalog)
+        catalog = load_catalog(args.catalog)
     except CatalogError as exc:
-        return _fail(("bad overrides or catalog:\n" if args.overrides else "bad catalog:\n") + str(exc))
+        return _fail("bad catalog:\n" + str(exc))
     for rx in args.prefix_regex:
         import regex
 
