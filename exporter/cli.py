@@ -104,6 +104,9 @@ def _render_parser(sub: Any) -> None:
     render.add_argument("out_dir", nargs="?", default=".", metavar="OUT_DIR", help="output root (default: .)")
     render.add_argument("--check", action="store_true", help="exit 1 if any generated file is stale; write nothing")
     render.add_argument("--catalog", metavar="FILE", help="use this catalog instead of the built-in one")
+    render.add_argument("--overrides", metavar="FILE",
+                        help="merge this small YAML onto the catalog: job_selector, cluster_label, and alerts: "
+                        "{<AlertName>: {threshold, for, ...}} (docs/multi-cluster.md)")  # fmt: skip
     render.add_argument("--runbook-base-url", metavar="URL",
                         help="where the runbook pages live (default: docs/runbooks on the main branch)")  # fmt: skip
     render.add_argument("--grafana-url", metavar="URL", default="",
@@ -252,9 +255,14 @@ def _render(args: argparse.Namespace) -> int:
     from .render.projecturl import checkout_project_url
 
     try:
-        catalog = load_catalog(args.catalog)
+        if args.overrides:
+            from .render.overrides import load_with_overrides
+
+            catalog = load_with_overrides(args.overrides, args.catalog)
+        else:
+            catalog = load_catalog(args.catalog)
     except CatalogError as exc:
-        return _fail("bad catalog:\n" + str(exc))
+        return _fail(("bad overrides or catalog:\n" if args.overrides else "bad catalog:\n") + str(exc))
     # In the checkout, pyproject.toml's URL wins over the installed copy (render rewrites that copy too).
     project_url = (is_checkout(catalog, args.out_dir) and checkout_project_url(args.out_dir)) or PROJECT_URL
     options = RenderOptions(

@@ -191,6 +191,7 @@ class Prometheus(_Daemon):
         alertmanager_url: str | None = None,
         extra_scrape_configs: Iterable[Mapping[str, Any]] = (),
         extra_args: Sequence[str] = (),
+        target_labels: Mapping[str, str] | None = None,
     ) -> None:
         super().__init__(workdir)
         self.rule_files = [Path(p) for p in rule_files]
@@ -200,6 +201,11 @@ class Prometheus(_Daemon):
         self.alertmanager_url = alertmanager_url
         self.extra_scrape_configs = [dict(c) for c in extra_scrape_configs]
         self.extra_args = list(extra_args)
+        self.target_labels = dict(target_labels or {})  # e.g. {"cluster": ...}, as a ruler over many sees them
+
+    def _static_config(self) -> dict[str, Any]:
+        """The targets of the job, with their target labels if any."""
+        return {"targets": self.targets, **({"labels": self.target_labels} if self.target_labels else {})}
 
     def config(self) -> dict[str, Any]:
         """The prometheus.yml this instance runs with."""
@@ -212,7 +218,7 @@ class Prometheus(_Daemon):
             },
             "rule_files": [str(rules_dir / f"{i:02d}-{p.name}") for i, p in enumerate(self.rule_files)],
             "scrape_configs": [
-                {"job_name": self.job, "static_configs": [{"targets": self.targets}]},
+                {"job_name": self.job, "static_configs": [self._static_config()]},
                 *self.extra_scrape_configs,
             ],
         }

@@ -125,7 +125,7 @@ def test_for_is_below_the_window_and_event_alerts_keep_firing():
 def test_every_expression_matches_the_catalog_job_and_oom_alerts_aggregate_exporters_away():
     for rule in _rules():
         assert f'job="{JOB}"' in rule["expr"], rule["alert"]
-    by = f"max by ({', '.join(SOURCE_LABELS)}"
+    by = f"max by (cluster, {', '.join(SOURCE_LABELS)}"
     for spec in SPECS:
         if spec.role in ("fatal", "non_fatal", "retraction", "crash_loop"):
             assert spec.expr.startswith(by), spec.name  # no instance: two exporters give one alert
@@ -232,18 +232,18 @@ def test_the_unit_tests_catch_a_rule_without_its_born_at_one_branch(tmp_path):
           "an exporter restart does not restart the hour of waiting",
           "a file missing from 11m on warns an hour and 15 minutes later"}),
         # The old "follows no file" branch (issue 18): every CPU node without pods would warn.
-        (lambda e: 'max by (job, instance) (sglang_oom_exporter_files_watched{job="sglang-oom-exporter"}) == 0\nor\n' + e,
+        (lambda e: 'max by (cluster, job, instance) (sglang_oom_exporter_files_watched{job="sglang-oom-exporter"}) == 0\nor\n' + e,
          {"a CPU node with no SGLang stays silent, with or without other containers",
           "a wrong hostPath on a GPU node with SGLang pages, naming the node and the exporter pod"}),
         # The line branch not scoped to exporters following SGLang: an idle CPU node would warn after an hour.
-        (lambda e: e.replace('  and on (job, instance)\n  max by (job, instance) (sglang_oom_exporter_sglang_sources{job="sglang-oom-exporter"} > 0)\n', ""),
+        (lambda e: e.replace('  and on (cluster, job, instance)\n  max by (cluster, job, instance) (sglang_oom_exporter_sglang_sources{job="sglang-oom-exporter"} > 0)\n', ""),
          {"no line read for hours where no SGLang source is followed is quiet",
           "a CPU node with no SGLang stays silent, with or without other containers"}),
         # Without the kube-state-metrics node branch, a wrong hostPath on the SGLang node is unseen.
-        (lambda e: _without_branch(e, "* on (exporter_namespace, exporter_pod) group_left (node)"),
+        (lambda e: _without_branch(e, "* on (cluster, exporter_namespace, exporter_pod) group_left (node)"),
          {"a wrong hostPath on a GPU node with SGLang pages, naming the node and the exporter pod"}),
         # Without the target branch, an answering SGLang whose log is not read is unseen.
-        (lambda e: _without_branch(e, "max by (job, instance) (sglang_oom_target_up"),
+        (lambda e: _without_branch(e, "max by (cluster, job, instance) (sglang_oom_target_up"),
          {"an SGLang endpoint that answers while its logs are not read warns; one that does not answer is quiet"}),
     ],
     ids=["no-whole-window-guard", "no-waiting-branch", "files-watched-zero", "idle-lines", "no-node-branch",
@@ -351,7 +351,7 @@ def test_dashboard_url_is_templated_from_the_alert_labels(tmp_path):
                         "summary": "The SGLang OOM exporter is down or not scraped, so no OOM alert can fire.",
                         "description": 'Prometheus has no target with job="sglang-oom-exporter" at all (for 10m). '
                         "OOMs on the servers it watches go uncounted until it is back: check the exporter pod or "
-                        'process, its logs, and that the scrape job is named "sglang-oom-exporter".',
+                        'process, its logs, and that the scrape job matches job="sglang-oom-exporter".',
                         "runbook_url": "https://runbooks.example.com/sglang/sglangoomexporterdown.md",
                         "dashboard_url": "https://grafana.example.com/d/sglang-oom-overview?from=now-3h&to=now",
                     }}]},
@@ -472,19 +472,19 @@ def test_the_example_inhibits_a_sources_warnings_while_its_oom_pages():
     warnings, near_full, near_full_source, no_logs = rules
     assert names(warnings["source_matchers"][0]) == pages
     assert names(warnings["target_matchers"][0]) == {"SGLangDecodeRequestsAborted", "SGLangKVCacheRetractionsHigh"}
-    assert warnings["equal"] == list(SOURCE_LABELS)
+    assert warnings["equal"] == ["cluster", *SOURCE_LABELS]
     assert names(near_full["source_matchers"][0]) == pages
     assert names(near_full["target_matchers"][0]) == {"SGLangKVCacheNearFull"}
     assert near_full["target_matchers"][1:] == ['pod=~".+"']
-    assert near_full["equal"] == ["namespace", "pod"]
+    assert near_full["equal"] == ["cluster", "namespace", "pod"]
     # A near-full warning by source (config targets) is quieted by its own source's page only (issue 18).
     assert names(near_full_source["source_matchers"][0]) == pages
     assert names(near_full_source["target_matchers"][0]) == {"SGLangKVCacheNearFull"}
     assert near_full_source["target_matchers"][1:] == ['pod=""', 'source=~".+"']
-    assert near_full_source["equal"] == ["source"]
+    assert near_full_source["equal"] == ["cluster", "source"]
     assert names(no_logs["source_matchers"][0]) == {"SGLangOOMExporterDown"}
     assert names(no_logs["target_matchers"][0]) == {"SGLangOOMExporterNoLogs"}
-    assert no_logs["equal"] == ["instance"]
+    assert no_logs["equal"] == ["cluster", "instance"]
 
 
 def test_the_alerts_page_names_every_alert_and_the_job():

@@ -40,7 +40,7 @@ DASHBOARD_FILES = sorted((ROOT / "dashboards").glob("*.json"))
 RULES = "alerts/sglang-oom.rules.yaml"
 FATAL_PANEL = "Fatal OOMs in the picked range, by kind"
 # Grafana's substitution for "All" on every filter variable, and the intervals of a 15s-scrape data source.
-GRAFANA_ALL = {"namespace": ".*", "pod": ".*", "source": ".*", "kind": ".*",
+GRAFANA_ALL = {"cluster": ".*", "namespace": ".*", "pod": ".*", "source": ".*", "kind": ".*",
                "__rate_interval": "1m", "__range": "21600s", "__interval": "15s"}  # fmt: skip
 
 
@@ -145,6 +145,7 @@ def test_every_exclusion_has_a_reason():
     exclusions = load_exclusions(LINT_FILE)
     assert set(exclusions) == {
         "template-namespace-rule", "template-pod-rule", "template-source-rule", "template-kind-rule",
+        "template-cluster-rule",
         "target-kind-rule", "target-namespace-rule", "target-pod-rule", "target-source-rule",
         "target-counter-agg-rule",
     }  # fmt: skip
@@ -309,14 +310,36 @@ def test_variables_are_datasource_plus_the_dashboard_url_ones(dash):
                                                                                   "prometheus")  # fmt: skip
     for v in variables[1:]:
         assert (v["type"], v["multi"], v["includeAll"], v["refresh"], v["allValue"]) == ("query", True, True, 2, ".*")
-        assert v["query"].startswith("label_values(sglang_oom_events_total"), v["query"]
+        if v["name"] == "cluster":  # every exporter reports it, with or without an OOM
+            assert v["query"] == "label_values(sglang_oom_exporter_files_watched, cluster)"
+        else:  # the other filters offer the selected clusters' values only
+            assert v["query"].startswith('label_values(sglang_oom_events_total{cluster=~"$cluster"'), v["query"]
 
 
 def test_every_selector_filters_by_the_variables_or_is_scoped_to_their_exporters(dash):
     """A series without source labels is kept to the exporters that follow the selected sources."""
     for expr in _exprs(dash):
         if "sglang_oom_target_" in expr or "sglang_oom_exporter_files_watched" in expr:
-            assert "and on (job, instance) group by (job, instance) (sglang_oom_exporter_file_lag_bytes{" in expr
+            assert (
+                "and on (cluster, job, instance) group by (cluster, job, instance) (sglang_oom_exporter_file_lag_bytes{"
+                in expr
+            )
+
+
+def test_every_aggregation_keeps_the_cluster_and_every_selector_filters_on_it(dash):
+    """Two clusters with the same namespace and pod names never add up, whatever the cluster variable says."""
+    aggregations = 0
+    for expr in _exprs(dash):
+        for m in re.finditer(r"\b(sum|max|min|count|avg)\b\s*(by\s*\(([^)]*)\))?\s*\(", expr):
+            assert m.group(3) is not None, (m.group(0), expr)
+            assert m.group(3).split(", ")[0] == "cluster", (m.group(0), expr)
+            aggregations += 1
+        for m in re.finditer(r"\bon\s*\(([^)]*)\)", expr):
+            assert m.group(1).split(", ")[0] == "cluster", expr
+        for m in re.finditer(r"\b(sglang_oom_[a-z_]+)(\{[^}]*\})?", expr):
+            assert m.group(2), (m.group(1), expr)
+            assert 'cluster=~"$cluster"' in m.group(2), (m.group(1), expr)
+    assert aggregations == 26  # every aggregation of the overview (a new panel or query adds its own)
 
 
 def test_layout_fits_the_grid_without_overlaps(dash):

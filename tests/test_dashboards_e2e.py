@@ -6,6 +6,11 @@ appended, the OOM and suggestion panels' queries, taken from the committed dashb
 Grafana does for "All" (allValue ".*", $__rate_interval for a 1s-scrape data source, $__range for the picked
 range), must return exactly the expected series and values; the same queries before the event return zeros,
 and a source that does not exist empties them.
+
+It runs twice: with series without a cluster label (one Prometheus: the cluster variable's All, ".*", matches
+the absent label), and with two clusters (issue 20): the same daemon scraped as cluster="us-east" and, by a
+second job, as cluster="eu-west", as a Thanos or Mimir sees two clusters with identical namespaces and pods.
+There the checks run with us-east selected, and with All the tiles show each cluster apart, never the sum.
 """
 
 from __future__ import annotations
@@ -39,7 +44,10 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(60)]
 ROOT = Path(__file__).resolve().parent.parent
 DASHBOARD = json.loads((ROOT / OVERVIEW_PATH).read_text(encoding="utf-8"))
 LINT_FILE = ROOT / "dashboards" / ".lint"
-FILTERS = ("namespace", "pod", "source", "kind")
+FILTERS = ("cluster", "namespace", "pod", "source", "kind")
+# The cluster the checks select: ".*" (All) without cluster labels; set per run by the stack fixture.
+SELECTED: dict[str, str] = {"cluster": ".*"}
+SECOND_CLUSTER = "eu-west"
 # Grafana with the data source's scrape interval set to 1s: $__rate_interval = max(4 x scrape, step + scrape).
 RATE_INTERVAL = "4s"
 
@@ -51,7 +59,7 @@ def _queries(title: str) -> list[str]:
 
 def _grafana(expr: str, *, range_s: int = 3600, **selected: str) -> str:
     """The expression as Grafana sends it: "All" is the allValue .*, one selected value is itself."""
-    values = {name: selected.get(name, ".*") for name in FILTERS}
+    values = {name: selected.get(name, SELECTED.get(name, ".*")) for name in FILTERS}
     return interpolate(expr, {**values, "__rate_interval": RATE_INTERVAL, "__range": f"{range_s}s"})
 
 
@@ -60,8 +68,10 @@ def _series(prom: Prometheus, expr: str, *labels: str) -> dict[tuple[str, ...], 
     return {tuple(r["metric"].get(k, "") for k in labels): float(r["value"][1]) for r in prom.query(expr)}
 
 
-@pytest.fixture
-def stack(tmp_path):
+@pytest.fixture(params=[None, "us-east"], ids=["no-cluster-label", "two-clusters"])
+def stack(tmp_path, request, monkeypatch):
+    cluster = request.param
+    monkeypatch.setitem(SELECTED, "cluster", cluster or ".*")
     require_binaries("prometheus")
     fake = FakeSGLang(metrics_body=METRICS, info_body=json.dumps(INFO).encode()).start()
     log = tmp_path / "server.log"
@@ -70,8 +80,21 @@ def stack(tmp_path):
                     str(tmp_path / "state"))  # fmt: skip
     try:
         daemon.start()
-        with Prometheus(tmp_path / "prom", targets=[f"127.0.0.1:{daemon.port}"]) as prom:
-            yield prom, log, fake, daemon
+        target = f"127.0.0.1:{daemon.port}"
+        second = [
+            {
+                "job_name": "sglang-oom-exporter-eu",
+                "scrape_interval": "1s",
+                "static_configs": [{"targets": [target], "labels": {"cluster": SECOND_CLUSTER}}],
+            }
+        ]
+        with Prometheus(
+            tmp_path / "prom",
+            targets=[target],
+            target_labels={"cluster": cluster} if cluster else None,
+            extra_scrape_configs=second if cluster else (),
+        ) as prom:
+            yield prom, log, fake, daemon, cluster
     finally:
         if daemon.proc is not None and daemon.proc.poll() is None:
             daemon.stop()
@@ -79,7 +102,7 @@ def stack(tmp_path):
 
 
 def test_oom_and_suggestion_panels_return_the_event_and_the_flag_change(stack):
-    prom, log, fake, daemon = stack
+    prom, log, fake, daemon, cluster = stack
     started = time.monotonic()
     fatal_kinds = [k.id for k in load_catalog().kinds if k.fatal != "false"]
     (fatal_expr,) = _queries("Fatal OOMs in the picked range, by kind")
@@ -88,7 +111,7 @@ def test_oom_and_suggestion_panels_return_the_event_and_the_flag_change(stack):
 
     # The zero-initialised series are in Prometheus for a few scrapes before the event, so a range that starts
     # after their first sample exercises the increase() branch and a longer one the born-in-range branch.
-    prefill = 'sglang_oom_fatal_events_total{kind="prefill",source="server"}'
+    prefill = 'sglang_oom_fatal_events_total{job="sglang-oom-exporter",kind="prefill",source="server"}'
     prom.wait_for_targets_up()
     # Eight samples (seven seconds) before the event, so that since_first below is at least 6 however soon
     # the event is scraped after its append (with six, a quick scrape left it at 5 now and then).
@@ -128,7 +151,9 @@ def test_oom_and_suggestion_panels_return_the_event_and_the_flag_change(stack):
     # The near-full alert's gauge reading: 1 - (15000 + 6000) / 240000, summed over the two DP groups.
     assert _series(prom, _grafana(promised_expr), "target") == {(fake.url,): pytest.approx(0.9125)}
 
-    _events_over_time(prom)
+    _events_over_time(prom, cluster)
+    if cluster:
+        _clusters_stay_apart(prom, cluster, fatal_kinds)
     _exclusions_match_the_real_labels(daemon)
     _a_selected_source_filters_every_panel(prom, fatal_kinds)
     print(f"\ndashboard e2e: {time.monotonic() - started:.1f}s from the scraped stack to the last panel check")
@@ -140,12 +165,26 @@ def _one(prom: Prometheus, expr: str) -> float:
     return value
 
 
-def _events_over_time(prom: Prometheus) -> None:
+def _clusters_stay_apart(prom: Prometheus, cluster: str, fatal_kinds: list[str]) -> None:
+    """With All clusters the tiles and tables show each cluster's OOM on its own (1 each, never 2), named."""
+    (fatal_expr,) = _queries("Fatal OOMs in the picked range, by kind")
+    current_expr, _ = _queries("What to change: suggested SGLang flag values")
+    (up_expr,) = _queries("SGLang targets up")
+    both = {(c, k): (1.0 if k == "prefill" else 0.0) for c in (cluster, SECOND_CLUSTER) for k in fatal_kinds}
+    assert _series(prom, _grafana(fatal_expr, cluster=".*"), "cluster", "kind") == both
+    current = _series(prom, _grafana(current_expr, cluster=".*"), "cluster", "source", "flag")
+    assert current == {(c, "server", "chunked-prefill-size"): 16384.0 for c in (cluster, SECOND_CLUSTER)}
+    assert _series(prom, _grafana(up_expr, cluster=".*"), "cluster") == {(cluster,): 1.0, (SECOND_CLUSTER,): 1.0}
+    assert _series(prom, _grafana(up_expr, cluster=SECOND_CLUSTER), "cluster") == {(SECOND_CLUSTER,): 1.0}
+    assert prom.query(_grafana(fatal_expr, cluster="nowhere")) == []
+
+
+def _events_over_time(prom: Prometheus, cluster: str | None) -> None:
     """OOM events by kind and by source around the event: only prefill and only this source move."""
     (by_kind,) = _queries("OOM events by kind")
     (by_source,) = _queries("OOM events by source")
     annotation = DASHBOARD["annotations"]["list"][0]["expr"]
-    events = 'sglang_oom_events_total{kind="prefill",source="server"}'
+    events = 'sglang_oom_events_total{job="sglang-oom-exporter",kind="prefill",source="server"}'
     (raw,) = prom.api("query", query=f"{events}[1m]")["result"]
     first_one = min(float(t) for t, v in raw["values"] if v == "1")
     wait_until(lambda: (prom.query_value(f"timestamp({events})") or 0) >= first_one + 2, timeout=10,
@@ -157,9 +196,10 @@ def _events_over_time(prom: Prometheus) -> None:
     assert {k for k, v in kinds.items() if v > 0} == {"prefill"}
     assert kinds["prefill"] >= 1.0
     sources = prom.api("query_range", query=_grafana(by_source), **window)["result"]
-    assert [r["metric"] for r in sources] == [{"source": "server"}]
+    named = {"cluster": cluster} if cluster else {}
+    assert [r["metric"] for r in sources] == [{**named, "source": "server"}]
     marks = prom.api("query_range", query=_grafana(annotation), **window)["result"]
-    assert [r["metric"] for r in marks] == [{"kind": "prefill", "source": "server"}]
+    assert [r["metric"] for r in marks] == [{**named, "kind": "prefill", "source": "server"}]
 
 
 def _exclusions_match_the_real_labels(daemon: Daemon) -> None:

@@ -30,6 +30,13 @@ _PACK_ALERTS = {
 }
 
 
+# Where the pack's series come from and the label that keeps clusters apart (render/promql.py Scope).
+_SCOPE_KEYS = ("job_selector", "cluster_label")
+_MATCHER = r'\s*[A-Za-z_][A-Za-z0-9_]*\s*(?:=~|!~|!=|=)\s*"(?:[^"\\]|\\.)*"\s*'
+_MATCHERS = re.compile(rf"^{_MATCHER}(?:,{_MATCHER})*$")
+_LABEL_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
 def _seconds(text: str) -> float:
     return sum(int(n) * _DURATION_SECONDS[u] for n, u in re.findall(r"(\d+)(ms|s|m|h|d|w|y)", text))
 
@@ -50,10 +57,11 @@ class AlertFields:
         if not isinstance(pack, dict):
             self.v.err(data, "alert_pack", "missing: the job name and the pack alerts' thresholds")
             return {}
-        for key in sorted(set(pack) - {*_PACK_ALERTS, "job", "flag_versions", "__line__"}):
+        for key in sorted(set(pack) - {*_PACK_ALERTS, *_SCOPE_KEYS, "job", "flag_versions", "__line__"}):
             self.v.err(pack, f"alert_pack.{key}", "unknown key")
         if not isinstance(pack.get("job"), str) or not pack["job"]:
             self.v.err(pack, "alert_pack.job", "must be the scrape job name")
+        self.scope(pack, "alert_pack")
         for name, keys in _PACK_ALERTS.items():
             spec = pack.get(name)
             if not isinstance(spec, dict):
@@ -66,6 +74,17 @@ class AlertFields:
         ):
             self.v.err(pack, "alert_pack.flag_versions", "must map each remediation flag to its SGLang versions")
         return dict(_strip_lines(pack))
+
+    def scope(self, spec: dict[str, Any], where: str) -> None:
+        """job_selector (label matchers, e.g. job=~"sglang-oom.*") and cluster_label (a label name), if set."""
+        where = f"{where}." if where else ""
+        selector = spec.get("job_selector")
+        if "job_selector" in spec and (not isinstance(selector, str) or not _MATCHERS.match(selector)
+                                       or "`" in selector):  # fmt: skip
+            self.v.err(spec, f"{where}job_selector", f'{selector!r} is not label matchers like job=~"sglang-oom.*"')
+        label = spec.get("cluster_label")
+        if "cluster_label" in spec and (not isinstance(label, str) or not _LABEL_NAME.match(label)):
+            self.v.err(spec, f"{where}cluster_label", f"{label!r} is not a Prometheus label name")
 
     def _kind(self, raw: dict[str, Any], where: str) -> None:
         alert = raw["alert"]
@@ -93,6 +112,10 @@ class AlertFields:
         self._fields(non_fatal, f"{where}.non_fatal", keys, keys)
         if not re.match(r"^[A-Z][A-Za-z0-9]+$", str(non_fatal.get("name"))):
             self.v.err(non_fatal, f"{where}.non_fatal.name", "must be CamelCase (the alert name's ending)")
+
+    def fields(self, spec: dict[str, Any], where: str, required: set[str], allowed: set[str]) -> None:
+        """One alert block: no unknown or missing keys, durations, severity, numbers, `for` below the window."""
+        self._fields(spec, where, required, allowed)
 
     def _fields(self, spec: dict[str, Any], where: str, required: set[str], allowed: set[str]) -> None:
         for key in sorted(set(spec) - allowed - {"__line__"}):

@@ -9,6 +9,7 @@ in one pass rather than one error at a time. The closed lists an entry may use a
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from . import pretree
 from .model import Catalog, OomKind, Pattern, RemediationStep
@@ -18,7 +19,7 @@ from .vocabulary import EVENT_FIELDS, KV_PHASES, PHASE_GROUPS, PHASES, SEVERITIE
 # The value types live in model.py; they are imported from here by most of the code.
 __all__ = [
     "EVENT_FIELDS", "KV_PHASES", "PHASES", "PHASE_GROUPS", "SEVERITIES", "SUGGEST_RULES", "Catalog", "CatalogError",
-    "OomKind", "Pattern", "RemediationStep", "default_catalog_path", "load_catalog",
+    "OomKind", "Pattern", "RemediationStep", "default_catalog_path", "load_catalog", "load_tree",
 ]  # fmt: skip
 
 
@@ -30,6 +31,11 @@ def default_catalog_path() -> str:
 def load_catalog(path: str | None = None) -> Catalog:
     """Read, validate and compile a catalog file; raise CatalogError listing every problem."""
     path = path or default_catalog_path()
+    return Validator(path).catalog(load_tree(path))
+
+
+def load_tree(path: str) -> Any:
+    """A catalog file's raw tree, with the line of every mapping (`__line__`), not yet validated."""
     try:
         text = Path(path).read_text(encoding="utf-8")
     except OSError as exc:
@@ -39,4 +45,4 @@ def load_catalog(path: str | None = None) -> Catalog:
         from . import yamltree
 
         data = yamltree.parse(text, path)
-    return Validator(path).catalog(data)
+    return data

@@ -40,7 +40,7 @@ from .alertspec import (
 )
 from .guard_alerts import exporter_down_alert, no_logs_alert, state_errors_alert, target_down_alert
 from .oom_alerts import crash_loop_alert, fatal_alert, near_full_alert, non_fatal_alert, retraction_alert
-from .promql import SOURCE_LABELS
+from .promql import SOURCE_LABELS, Scope
 
 __all__ = [
     "ALERTMANAGER_PATH", "CRASH_LOOP", "EXPORTER_DOWN", "NAME_RE", "NEAR_FULL", "NO_LOGS", "RECEIVERS",
@@ -62,7 +62,7 @@ def retraction_kind(catalog: Catalog) -> OomKind | None:
 def alert_pack(catalog: Catalog) -> list[AlertSpec]:
     """Every alert of the pack, OOM alerts first, in catalog order."""
     pack = catalog.alert_pack
-    job = str(pack["job"])
+    job = Scope.of(pack)
     retract = retraction_kind(catalog)
     specs: list[AlertSpec] = []
     for kind in catalog.kinds:
@@ -98,13 +98,16 @@ def dump_yaml(data: Any) -> str:
 def rules_file(catalog: Catalog, options: RenderOptions) -> str:
     """The text of alerts/sglang-oom.rules.yaml."""
     specs = alert_pack(catalog)
+    scope = Scope.of(catalog.alert_pack)
     groups = []
     for group in (OOM_GROUP, EXPORTER_GROUP):
-        groups.append({"name": group, "rules": [s.rule(options) for s in specs if s.group == group]})
+        groups.append({"name": group, "rules": [s.rule(options, scope.cluster) for s in specs if s.group == group]})
     header = (
         f"# {GENERATED_NOTE}\n"
         "# The SGLang OOM alert pack: load with `rule_files:` (plain Prometheus) or through the Helm chart's\n"
-        f'# PrometheusRule. Every rule matches job="{catalog.alert_pack["job"]}": name the scrape job so.\n'
+        f"# PrometheusRule. Every rule matches {scope.job_selector}: name the scrape job so. Aggregations keep\n"
+        f"# the cluster label ({scope.cluster}), so one ruler over many clusters keeps them apart\n"
+        "# (docs/multi-cluster.md).\n"
     )
     return header + dump_yaml({"groups": groups})
 
@@ -122,7 +125,8 @@ def alertmanager_example(catalog: Catalog) -> str:
     specs = alert_pack(catalog)
     pages = [s.name for s in specs if s.role in ("fatal", "crash_loop")]
     per_source = [s.name for s in specs if s.role in ("non_fatal", "retraction")]
-    source_equal = ", ".join(SOURCE_LABELS)
+    scope = Scope.of(catalog.alert_pack)
+    source_equal = scope.labels(*SOURCE_LABELS)
     return f"""# {GENERATED_NOTE}
 # The SGLang OOM alert pack's Alertmanager routing, as a subtree to merge into the config you already have:
 # critical alerts page, warnings open tickets, and a pod's warnings stay quiet while its OOM page fires.
@@ -165,15 +169,15 @@ inhibit_rules:
   # Same for the KV near-full warning of the paged pod (node discovery and sidecar label it by pod) ...
   - source_matchers: ['alertname=~"{_alternation(pages)}"']
     target_matchers: ['alertname="{NEAR_FULL}"', 'pod=~".+"']
-    equal: [namespace, pod]
+    equal: [{scope.labels("namespace", "pod")}]
   # ... or of the paged source (config targets: [{{url, source}}]). A warning naming neither stays.
   - source_matchers: ['alertname=~"{_alternation(pages)}"']
     target_matchers: ['alertname="{NEAR_FULL}"', 'pod=""', 'source=~".+"']
-    equal: [source]
+    equal: [{scope.labels("source")}]
   # An exporter that is down reads no logs either: one warning is enough.
   - source_matchers: ['alertname="{EXPORTER_DOWN}"']
     target_matchers: ['alertname="{NO_LOGS}"']
-    equal: [instance]
+    equal: [{scope.labels("instance")}]
 """
 
 

@@ -46,7 +46,7 @@ class AlertSpec:
     kind: OomKind | None = None
     threshold: float | None = None
 
-    def rule(self, options: RenderOptions) -> dict[str, Any]:
+    def rule(self, options: RenderOptions, cluster_label: str = "cluster") -> dict[str, Any]:
         """The rule as it goes into the rules file."""
         rule: dict[str, Any] = {"alert": self.name, "expr": self.expr, "for": self.for_}
         if self.keep_firing_for:
@@ -58,7 +58,7 @@ class AlertSpec:
             "runbook_url": runbook_page_url(options, self.name),
         }
         if options.grafana_url:
-            annotations["dashboard_url"] = dashboard_url(options)
+            annotations["dashboard_url"] = dashboard_url(options, cluster_label)
         rule["annotations"] = annotations
         return rule
 
@@ -71,11 +71,13 @@ def alert_name(kind_id: str, suffix: str = "OOM") -> str:
     return "SGLang" + "".join(words) + suffix
 
 
-def dashboard_url(options: RenderOptions) -> str:
-    """The overview dashboard, with a var-<label> for each dashboard variable the alert has a value for."""
+def dashboard_url(options: RenderOptions, cluster_label: str = "cluster") -> str:
+    """The overview dashboard, with a var-<name> for each dashboard variable the alert has a value for (the
+    `cluster` variable from the configured cluster label)."""
+    labels = {v: cluster_label if v == "cluster" else v for v in DASHBOARD_URL_VARIABLES}
     params = "".join(
-        f"{{{{ if $labels.{v} }}}}&var-{v}={{{{ $labels.{v} | urlquery }}}}{{{{ end }}}}"
-        for v in DASHBOARD_URL_VARIABLES
+        f"{{{{ if $labels.{label} }}}}&var-{v}={{{{ $labels.{label} | urlquery }}}}{{{{ end }}}}"
+        for v, label in labels.items()
     )
     return f"{options.grafana_url}/d/{OVERVIEW_DASHBOARD_UID}?from=now-3h&to=now{params}"
 

@@ -21,6 +21,7 @@ import yaml
 from .. import __version__
 from ..catalog import Catalog
 from . import GENERATED_NOTE, Files, RenderOptions
+from .promql import Scope, cluster_patterns
 
 CHART_DIR = "helm/sglang-oom-exporter"
 RULES_PATH = "alerts/sglang-oom.rules.yaml"
@@ -82,11 +83,20 @@ def _rules_with_sentinel(catalog: Catalog, options: RenderOptions) -> str | None
     return None
 
 
-def render_defaults(options: RenderOptions, paths: Mapping[str, str]) -> str:
-    """files/render-defaults.yaml: the runbook base in the copied rules and each alert's dashboard path."""
-    data: dict[str, Any] = {"runbookBaseUrl": options.runbook_base_url, "dashboardUrls": dict(sorted(paths.items()))}
+def render_defaults(options: RenderOptions, paths: Mapping[str, str], scope: Scope | None = None) -> str:
+    """files/render-defaults.yaml: the runbook base in the copied rules, each alert's dashboard path, and the
+    job selector and cluster label the copies were rendered with, with the patterns that move the label
+    (promql.cluster_patterns), for the chart's jobSelector and clusterLabel."""
+    scope = scope or Scope()
+    data: dict[str, Any] = {
+        "runbookBaseUrl": options.runbook_base_url,
+        "jobSelector": scope.job_selector,
+        "clusterLabel": scope.cluster,
+        "clusterPatterns": cluster_patterns(scope.cluster),
+        "dashboardUrls": dict(sorted(paths.items())),
+    }
     body = yaml.safe_dump(data, sort_keys=False, default_flow_style=False, width=1000)
-    return f"# {GENERATED_NOTE}\n# Read by templates/prometheusrule.yaml.\n{body}"
+    return f"# {GENERATED_NOTE}\n# Read by templates/prometheusrule.yaml, dashboards.yaml and _helpers.tpl.\n{body}"
 
 
 def render_chart(catalog: Catalog, options: RenderOptions, files_so_far: Mapping[str, str]) -> Files:
@@ -95,7 +105,7 @@ def render_chart(catalog: Catalog, options: RenderOptions, files_so_far: Mapping
     if RULES_PATH in files_so_far:
         out[CHART_RULES] = files_so_far[RULES_PATH]
         sentinel = _rules_with_sentinel(catalog, options)
-        out[CHART_DEFAULTS] = render_defaults(options, dashboard_paths(sentinel or ""))
+        out[CHART_DEFAULTS] = render_defaults(options, dashboard_paths(sentinel or ""), Scope.of(catalog.alert_pack))
     for path, text in sorted(files_so_far.items()):
         if path.startswith(DASHBOARD_DIR) and path.endswith(".json") and "/" not in path[len(DASHBOARD_DIR) :]:
             out[f"{CHART_DIR}/files/{path}"] = text

@@ -26,6 +26,9 @@ from . import grafana as g
 from .overview_panels import (
     ALL_VALUE,
     BY_SOURCE,
+    CLUSTER,
+    CLUSTERED,
+    IN_CLUSTER,
     SOURCE_LEGEND,
     context_panels,
     health_panels,
@@ -33,6 +36,7 @@ from .overview_panels import (
     scoped,
     sel,
 )
+from .promql import Scope, relabel_cluster
 
 OVERVIEW_PATH = f"dashboards/{OVERVIEW_DASHBOARD_UID}.json"
 OVERVIEW_TITLE = "SGLang OOM overview"
@@ -40,7 +44,8 @@ OVERVIEW_TITLE = "SGLang OOM overview"
 
 def render_dashboards(catalog: Catalog, options: RenderOptions, _files: Mapping[str, str]) -> dict[str, str]:
     """The renderer: the overview dashboard as pretty-printed JSON."""
-    return {OVERVIEW_PATH: json.dumps(overview(catalog, options), indent=2, ensure_ascii=False) + "\n"}
+    text = json.dumps(overview(catalog, options), indent=2, ensure_ascii=False) + "\n"
+    return {OVERVIEW_PATH: relabel_cluster(text, Scope.of(catalog.alert_pack).cluster)}
 
 
 def overview(catalog: Catalog, options: RenderOptions) -> g.Json:
@@ -82,13 +87,17 @@ def overview(catalog: Catalog, options: RenderOptions) -> g.Json:
 def _variables() -> list[g.Json]:
     """datasource, then the filters an alert's dashboard_url sets (DASHBOARD_URL_VARIABLES)."""
     specs = {
-        "namespace": ("Namespace", "label_values(sglang_oom_events_total, namespace)",
+        "cluster": ("Cluster", f"label_values(sglang_oom_exporter_files_watched, {CLUSTERED.cluster})",
+                    "The cluster label of the series (a Thanos, Mimir or Cortex external label); All where the "
+                    "series carry none, so a single Prometheus works as it is."),
+        "namespace": ("Namespace", f"label_values(sglang_oom_events_total{{{CLUSTER}}}, namespace)",
                       "Kubernetes namespace of the SGLang pod (empty for plain log files)."),
-        "pod": ("Pod", 'label_values(sglang_oom_events_total{namespace=~"$namespace"}, pod)',
+        "pod": ("Pod", f'label_values(sglang_oom_events_total{{{CLUSTER},namespace=~"$namespace"}}, pod)',
                 "SGLang pod (empty for plain log files)."),
-        "source": ("Source", "label_values(sglang_oom_events_total, source)",
+        "source": ("Source", f"label_values(sglang_oom_events_total{{{CLUSTER}}}, source)",
                    "Log source name for plain files (empty in Kubernetes mode)."),
-        "kind": ("OOM kind", "label_values(sglang_oom_events_total, kind)", "OOM kind id from the catalog."),
+        "kind": ("OOM kind", f"label_values(sglang_oom_events_total{{{CLUSTER}}}, kind)",
+                 "OOM kind id from the catalog."),
     }  # fmt: skip
     if set(specs) != set(DASHBOARD_URL_VARIABLES):  # alerts' dashboard_url sets exactly these
         raise ValueError(f"dashboard variables {sorted(specs)} != {sorted(DASHBOARD_URL_VARIABLES)}")
@@ -107,7 +116,7 @@ def _annotation(panel_ids: list[int]) -> g.Json:
         "enable": True,
         "hide": False,
         "iconColor": "red",
-        "expr": f"sum by (kind, {BY_SOURCE}) (increase({sel('sglang_oom_events_total')}[$__rate_interval])) > 0",
+        "expr": f"sum by ({BY_SOURCE}, kind) (increase({sel('sglang_oom_events_total')}[$__rate_interval])) > 0",
         "titleFormat": "{{kind}} OOM",
         "textFormat": SOURCE_LEGEND,
         "tagKeys": "kind",
@@ -129,7 +138,7 @@ def fatal_in_range_expr(catalog: Catalog) -> str:
     """
     fatal = sel("sglang_oom_fatal_events_total", extra=_fatal_kinds(catalog))
     return (
-        f"sum by (kind) ((round(increase({fatal}[$__range])) and {fatal} offset $__range)"
+        f"sum {CLUSTERED.by('kind')} ((round(increase({fatal}[$__range])) and {fatal} offset $__range)"
         f" or ({fatal} unless {fatal} offset $__range))"
     )
 
@@ -137,7 +146,7 @@ def fatal_in_range_expr(catalog: Catalog) -> str:
 def last_oom_age_expr(catalog: Catalog) -> str:
     """Seconds since the last event of a kind that can be fatal (retractions alone do not reset it)."""
     last = sel("sglang_oom_last_event_timestamp_seconds", extra=_fatal_kinds(catalog))
-    return f"time() - max({last})"
+    return f"time() - max {CLUSTERED.by()} ({last})"
 
 
 def _top_row(catalog: Catalog, kind_link: str, index: str) -> list[tuple[g.Json, int, int]]:
@@ -146,7 +155,7 @@ def _top_row(catalog: Catalog, kind_link: str, index: str) -> list[tuple[g.Json,
         "SGLang OOMs that crashed the server (or its scheduler) within the dashboard's time range, one tile per "
         "kind that can be fatal. Any red tile means in-flight requests failed and the pod restarted: open the "
         "tile's link for that kind's runbook, and the table below for the flag to change.",
-        [g.target(fatal_in_range_expr(catalog), "{{kind}}", instant=True)],
+        [g.target(fatal_in_range_expr(catalog), "{{kind}}" + IN_CLUSTER, instant=True)],
         g.field_config("short", data_links=[g.link("Runbook for ${__field.labels.kind}", kind_link)],
                        steps=g.thresholds(g.GREEN, (1, g.RED)), decimals=0, noValue="0"),
         links=[g.link("Runbook index", index)],
@@ -156,7 +165,7 @@ def _top_row(catalog: Catalog, kind_link: str, index: str) -> list[tuple[g.Json,
         "Time since the exporter counted the last OOM of a kind that can be fatal (retractions excluded). With "
         "--state-dir the time survives exporter restarts and upgrades; without it, it counts from the exporter's "
         "start. Red within the last hour. Empty: no such OOM counted.",
-        [g.target(last_oom_age_expr(catalog), "last OOM", instant=True)],
+        [g.target(last_oom_age_expr(catalog), "last OOM" + IN_CLUSTER, instant=True)],
         g.field_config("s", steps=g.thresholds(g.RED, (3600, g.ORANGE), (86400, g.GREEN)), noValue="none seen"),
         textMode="value",
     )
@@ -164,7 +173,13 @@ def _top_row(catalog: Catalog, kind_link: str, index: str) -> list[tuple[g.Json,
         "Sources followed",
         "Log sources (files or pod containers) the exporter follows under the current filters. 0 means the "
         "exporter reads nothing, so no OOM can be seen: check its paths or --kubernetes-logs.",
-        [g.target(f"count({sel('sglang_oom_exporter_file_lag_bytes', kind=False)})", "sources", instant=True)],
+        [
+            g.target(
+                f"count {CLUSTERED.by()} ({sel('sglang_oom_exporter_file_lag_bytes', kind=False)})",
+                "sources" + IN_CLUSTER,
+                instant=True,
+            )
+        ],
         g.field_config("short", steps=g.thresholds(g.RED, (1, g.GREEN)), noValue="0"),
         textMode="value",
     )
@@ -174,7 +189,7 @@ def _top_row(catalog: Catalog, kind_link: str, index: str) -> list[tuple[g.Json,
         "SGLang endpoints (--sglang-url, targets: or Kubernetes discovery) that answered the exporter's last "
         "scrape. Empty: no endpoint is configured, so events carry no KV context, the KV panels below stay empty, "
         "and only the flag changes a log line's own numbers give are suggested, without current values.",
-        [g.target(f"sum({up})", "up", instant=True)],
+        [g.target(f"sum {CLUSTERED.by()} ({up})", "up" + IN_CLUSTER, instant=True)],
         g.field_config("short", steps=g.thresholds(g.GREEN)),
         textMode="value",
     )
@@ -182,7 +197,7 @@ def _top_row(catalog: Catalog, kind_link: str, index: str) -> list[tuple[g.Json,
         "SGLang targets down",
         "SGLang endpoints whose last scrape failed (see the scrape errors by reason below). Red above 0: events "
         "from those servers lose their KV context and the flag changes that start from the server's values.",
-        [g.target(f"count(({up}) == 0)", "down", instant=True)],
+        [g.target(f"count {CLUSTERED.by()} (({up}) == 0)", "down" + IN_CLUSTER, instant=True)],
         g.field_config("short", steps=g.thresholds(g.GREEN, (1, g.RED)), noValue="0"),
         textMode="value",
     )
@@ -265,7 +280,7 @@ def _events(kind_link: str) -> list[tuple[g.Json, int, int]]:
         "OOM events of every kind (fatal and recoverable) per $__rate_interval window. KV-cache retractions are "
         "the near-miss the server survives; frequent ones precede fatal decode OOMs. Click a series for its "
         "runbook section.",
-        [g.target(f"sum by (kind) (increase({events}[$__rate_interval]))", "{{kind}}")],
+        [g.target(f"sum {CLUSTERED.by('kind')} (increase({events}[$__rate_interval]))", "{{kind}}" + IN_CLUSTER)],
         g.field_config("short", data_links=[g.link("Runbook for ${__field.labels.kind}", kind_link)], decimals=0),
         bars=True,
     )

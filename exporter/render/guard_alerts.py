@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from .alertspec import EXPORTER_DOWN, NO_LOGS, STATE_ERRORS, TARGET_DOWN, AlertSpec, pack_alert
-from .promql import indent, new_events, sel
+from .promql import Scope, indent, new_events
 
 # kube-state-metrics' container images that run SGLang (RE2, matched against the whole `image` label).
 SGLANG_IMAGE = "(?i).*sglang.*"
@@ -19,38 +19,41 @@ EXPORTER_POD_TEXT = (
 )
 
 
-def exporter_down_alert(pack: Mapping[str, Any], job: str) -> AlertSpec:
+def exporter_down_alert(pack: Mapping[str, Any], scope: Scope) -> AlertSpec:
     """SGLangOOMExporterDown: the target is down, or there is no target at all."""
-    up = sel("up", job=job)
-    # absent() takes its labels from the bare selector's `=` matchers, so the alert keeps job="<job>".
+    up = scope.sel("up")
+    # absent() takes its labels from the bare selector's `=` matchers, so the alert keeps job="<job>" (none
+    # with a regex job selector). It fires only where no cluster has the target: a ruler over many clusters
+    # sees one cluster's absence as `up == 0` only while the target is known (docs/multi-cluster.md).
     expr = f"{up} == 0\nor\nabsent({up})\n"
     description = (
         "{{ if $labels.instance }}Prometheus cannot scrape the SGLang OOM exporter at {{ $labels.instance }}"
         f"{EXPORTER_POD_TEXT}"
-        f'{{{{ else }}}}Prometheus has no target with job="{job}" at all{{{{ end }}}} '
+        f"{{{{ else }}}}Prometheus has no target with {scope.job_selector} at all{{{{ end }}}} "
         f"(for {pack['exporter_down']['for']}). OOMs on the servers it watches go uncounted until it is back: check "
-        f'the exporter pod or process, its logs, and that the scrape job is named "{job}".'
+        f"the exporter pod or process, its logs, and that the scrape job matches {scope.job_selector}."
     )
     summary = "The SGLang OOM exporter is down or not scraped, so no OOM alert can fire."
     return pack_alert(pack, "exporter_down", EXPORTER_DOWN, expr, summary, description)
 
 
-def _sglang_nodes() -> str:
+def _sglang_nodes(scope: Scope) -> str:
     """node -> 1 where kube-state-metrics shows a container with an SGLang image on it."""
     return (
-        f'max by (node) (\n  kube_pod_container_info{{image=~"{SGLANG_IMAGE}"}}\n'
-        '  * on (namespace, pod) group_left (node)\n  max by (namespace, pod, node) (kube_pod_info{node!=""})\n)'
+        f'max {scope.by("node")} (\n  kube_pod_container_info{{image=~"{SGLANG_IMAGE}"}}\n'
+        f"  * {scope.on('namespace', 'pod')} group_left (node)\n"
+        f'  max {scope.by("namespace", "pod", "node")} (kube_pod_info{{node!=""}})\n)'
     )
 
 
-def _exporter_nodes() -> str:
+def _exporter_nodes(scope: Scope) -> str:
     """(exporter_namespace, exporter_pod) -> node: the node each exporter pod runs on (kube-state-metrics)."""
     relabelled = 'label_replace(kube_pod_info{node!=""}, "exporter_namespace", "$1", "namespace", "(.+)")'
     relabelled = f'label_replace({relabelled}, "exporter_pod", "$1", "pod", "(.+)")'
-    return f"max by (exporter_namespace, exporter_pod, node) (\n  {relabelled}\n)"
+    return f"max {scope.by('exporter_namespace', 'exporter_pod', 'node')} (\n  {relabelled}\n)"
 
 
-def no_logs_alert(pack: Mapping[str, Any], job: str) -> AlertSpec:
+def no_logs_alert(pack: Mapping[str, Any], scope: Scope) -> AlertSpec:
     """SGLangOOMExporterNoLogs: SGLang is expected where an exporter reads none of its logs.
 
     Only where SGLang is known to run (a node without SGLang is normal, not an alert): an SGLang endpoint the
@@ -60,38 +63,38 @@ def no_logs_alert(pack: Mapping[str, Any], job: str) -> AlertSpec:
     no line for a whole window.
     """
     window = str(pack["exporter_no_logs"]["window"])
-    sglang = sel("sglang_oom_exporter_sglang_sources", job=job)
-    up = sel("sglang_oom_target_up", job=job)
-    lines = sel("sglang_oom_exporter_lines_read_total", job=job)
-    waiting = sel("sglang_oom_exporter_sources_waiting", job=job)
-    mine = ", ".join(EXPORTER_POD_LABELS)
+    sglang = scope.sel("sglang_oom_exporter_sglang_sources")
+    up = scope.sel("sglang_oom_target_up")
+    lines = scope.sel("sglang_oom_exporter_lines_read_total")
+    waiting = scope.sel("sglang_oom_exporter_sources_waiting")
+    by_exporter, on_exporter = scope.by("job", "instance"), scope.on("job", "instance")
     node_unread = (
-        f"(\n  max by (job, instance, {mine}) ({sglang} == 0)\n"
-        f"  * on ({mine}) group_left (node)\n" + indent(_exporter_nodes()) + "\n"
-        "  and on (node)\n" + indent(_sglang_nodes()) + "\n)"
+        f"(\n  max {scope.by('job', 'instance', *EXPORTER_POD_LABELS)} ({sglang} == 0)\n"
+        f"  * {scope.on(*EXPORTER_POD_LABELS)} group_left (node)\n" + indent(_exporter_nodes(scope)) + "\n"
+        f"  and {scope.on('node')}\n" + indent(_sglang_nodes(scope)) + "\n)"
     )
     expr = (
         # 1. SGLang answers at an endpoint this exporter scrapes, and it follows none of its logs. Every branch
         # needs sglang_sources reported (`== 0`, not its absence): an exporter without the gauge is no evidence.
-        f"(\n  max by (job, instance) ({up} == 1)\n"
-        f"  and on (job, instance)\n  max by (job, instance) ({sglang}) == 0\n)\n"
+        f"(\n  max {by_exporter} ({up} == 1)\n"
+        f"  and {on_exporter}\n  max {by_exporter} ({sglang}) == 0\n)\n"
         # 2. An SGLang container on the node of an exporter that follows no SGLang log (a wrong hostPath).
         f"or\n{node_unread}\n"
         # 3. SGLang containers in the cluster, and no exporter of the job follows any SGLang log (unless 2 says
         # on which node already).
-        f"or\n(\n  sum by (job) ({sglang}) == 0\n  and on ()\n"
-        f'  count(kube_pod_container_info{{image=~"{SGLANG_IMAGE}"}}) > 0\n'
-        f"  unless on (job)\n{indent(node_unread)}\n)\n"
+        f"or\n(\n  sum {scope.by('job')} ({sglang}) == 0\n  and {scope.on()}\n"
+        f'  count {scope.by()} (kube_pod_container_info{{image=~"{SGLANG_IMAGE}"}}) > 0\n'
+        f"  unless {scope.on('job')}\n{indent(node_unread)}\n)\n"
         # 4. A named file that has not appeared for a whole window (SGLang never started there, or a wrong
         # path), even while the other files are read. Waiting at start is normal, so only once it lasted a window.
         "or\n(\n"
-        f"  max by (job, instance) (min_over_time({waiting}[{window}])) > 0\n"
-        f"  and on (job, instance)\n  max by (job, instance) ({waiting} offset {window})\n)\n"
+        f"  max {by_exporter} (min_over_time({waiting}[{window}])) > 0\n"
+        f"  and {on_exporter}\n  max {by_exporter} ({waiting} offset {window})\n)\n"
         # 5. It follows SGLang sources but read nothing for a whole window, once it has had them that long.
         "or\n(\n"
-        f"  sum by (job, instance) (increase({lines}[{window}])) == 0\n"
-        f"  and on (job, instance)\n  max by (job, instance) ({lines} offset {window})\n"
-        f"  and on (job, instance)\n  max by (job, instance) ({sglang} > 0)\n)\n"
+        f"  sum {by_exporter} (increase({lines}[{window}])) == 0\n"
+        f"  and {on_exporter}\n  max {by_exporter} ({lines} offset {window})\n"
+        f"  and {on_exporter}\n  max {by_exporter} ({sglang} > 0)\n)\n"
     )
     description = (
         "{{ if $labels.node }}kube-state-metrics shows an SGLang container on node {{ $labels.node }}, but the "
@@ -103,8 +106,9 @@ def no_logs_alert(pack: Mapping[str, Any], job: str) -> AlertSpec:
         f"file it was given has been missing for {window}, or its SGLang logs gave no line in {window}. A wrong "
         "path or glob, hostPath or filter, unreadable files, or an SGLang server that never started or logs "
         "elsewhere."
-        "{{ else }}kube-state-metrics shows SGLang containers, but no SGLang OOM exporter of job "
-        f'"{job}" follows any SGLang log: it runs on none of their nodes (check its nodeSelector and affinity) '
+        "{{ else }}kube-state-metrics shows SGLang containers, but no SGLang OOM exporter matching "
+        f"{scope.job_selector} follows any SGLang log: it runs on none of their nodes (check its nodeSelector "
+        "and affinity) "
         "or reads the wrong directory.{{ end }}"
         " Its /healthz names the files it waits for; see also sglang_oom_exporter_sglang_sources, "
         "sglang_oom_exporter_sources_waiting and sglang_oom_exporter_read_errors_total."
@@ -113,9 +117,9 @@ def no_logs_alert(pack: Mapping[str, Any], job: str) -> AlertSpec:
     return pack_alert(pack, "exporter_no_logs", NO_LOGS, expr, summary, description, window=window)
 
 
-def target_down_alert(pack: Mapping[str, Any], job: str) -> AlertSpec:
+def target_down_alert(pack: Mapping[str, Any], scope: Scope) -> AlertSpec:
     """SGLangOOMTargetDown: the exporter cannot scrape an SGLang endpoint."""
-    expr = f"{sel('sglang_oom_target_up', job=job)} == 0\n"
+    expr = f"{scope.sel('sglang_oom_target_up')} == 0\n"
     description = (
         "The exporter at {{ $labels.instance }} has failed to scrape SGLang at {{ $labels.target }} for "
         f"{pack['target_down']['for']}. OOMs are still counted from the logs, but without the server's KV state and "
@@ -126,13 +130,11 @@ def target_down_alert(pack: Mapping[str, Any], job: str) -> AlertSpec:
     return pack_alert(pack, "target_down", TARGET_DOWN, expr, summary, description)
 
 
-def state_errors_alert(pack: Mapping[str, Any], job: str) -> AlertSpec:
+def state_errors_alert(pack: Mapping[str, Any], scope: Scope) -> AlertSpec:
     """SGLangOOMExporterStateErrors: new state file errors within the window."""
     window = str(pack["state_errors"]["window"])
-    series = sel("sglang_oom_exporter_state_errors_total", job=job)
-    expr = (
-        f"max by (job, instance, {', '.join(EXPORTER_POD_LABELS)}) (\n" + indent(new_events(series, window)) + "\n)\n"
-    )
+    series = scope.sel("sglang_oom_exporter_state_errors_total")
+    expr = f"max {scope.by('job', 'instance', *EXPORTER_POD_LABELS)} (\n" + indent(new_events(series, window)) + "\n)\n"
     description = (
         '{{ $value | printf "%.0f" }} state file error(s) in the last '
         f"{window} on the exporter at {{{{ $labels.instance }}}}{EXPORTER_POD_TEXT}: it could not write its "

@@ -12,17 +12,22 @@ from typing import Any
 
 from ..catalog import OomKind
 from .alertspec import CRASH_LOOP, NEAR_FULL, OOM_GROUP, RETRACTIONS_HIGH, AlertSpec, alert_name, pack_alert
-from .promql import SOURCE_LABELS, fmt, indent, label_list, new_events, recent_event, sel
+from .promql import SOURCE_LABELS, Scope, fmt, indent, new_events, recent_event
 
 # What the alerts on SGLang's scraped values group by: the pod (sidecar mode), the exporter and the SGLang URL.
 TARGET_LABELS = ("namespace", "pod", "source", "instance", "target")
 
+
 # Templating shared by the OOM alerts' descriptions. Prometheus prepends `$labels` and `$value`.
-WHO = (
-    "{{ if $labels.pod }}pod {{ $labels.namespace }}/{{ $labels.pod }}"
-    "{{ else if $labels.source }}source {{ $labels.source }}"
-    "{{ else }}container {{ $labels.container }}{{ end }}"
-)
+def who(scope: Scope) -> str:
+    """The source an alert is about, and its cluster when the series carry one."""
+    cluster = scope.template_label()
+    return (
+        "{{ if $labels.pod }}pod {{ $labels.namespace }}/{{ $labels.pod }}"
+        "{{ else if $labels.source }}source {{ $labels.source }}"
+        "{{ else }}container {{ $labels.container }}{{ end }}"
+        f"{{{{ if {cluster} }}}} in cluster {{{{ {cluster} }}}}{{{{ end }}}}"
+    )
 
 
 def _lower_first(text: str) -> str:
@@ -37,10 +42,12 @@ def _num(var: str) -> str:
     return f'{{{{ if ge {var} 1000.0 }}}}{{{{ printf "%.0f" {var} }}}}{{{{ else }}}}{{{{ {var} }}}}{{{{ end }}}}'
 
 
-def _selector_var(job: str, kind: str) -> str:
+def _selector_var(scope: Scope, kind: str) -> str:
     """Defines $sel: the matchers of this alert's series (a label the alert lacks matches series without it)."""
-    fmt_ = ",".join([f'job="{job}"', f'kind="{kind}"', *(f"{label}=%q" for label in SOURCE_LABELS)])
-    args = " ".join(f"$labels.{label}" for label in SOURCE_LABELS)
+    labels = (scope.cluster, *SOURCE_LABELS)
+    job = scope.job_selector.replace("%", "%%")
+    fmt_ = ",".join([job, f'kind="{kind}"', *(f"{label}=%q" for label in labels)])
+    args = " ".join(f"$labels.{label}" for label in labels)
     return f"{{{{ $sel := printf `{fmt_}` {args} }}}}"
 
 
@@ -66,19 +73,19 @@ def _fix_text(kind: OomKind) -> str:
     )
 
 
-def fatal_alert(kind: OomKind, job: str) -> AlertSpec:
+def fatal_alert(kind: OomKind, scope: Scope) -> AlertSpec:
     """`SGLang<Kind>OOM`: page on the first fatal event of the kind."""
     alert = kind.alert
     window = str(alert["window"])
-    series = sel("sglang_oom_fatal_events_total", job=job, kind=kind.id)
+    series = scope.sel("sglang_oom_fatal_events_total", kind=kind.id)
     expr = (
-        f"max by ({label_list(*SOURCE_LABELS, 'kind')}) (\n"
-        + indent(new_events(series, window, recent_event(job, window, kind.id)))
+        f"max {scope.by(*SOURCE_LABELS, 'kind')} (\n"
+        + indent(new_events(series, window, recent_event(scope, window, kind.id)))
         + "\n)\n"
     )
     description = (
-        _selector_var(job, kind.id)
-        + f'{{{{ $value | printf "%.0f" }}}} fatal {kind.id} OOM event(s) on {WHO} in the last {window}: '
+        _selector_var(scope, kind.id)
+        + f'{{{{ $value | printf "%.0f" }}}} fatal {kind.id} OOM event(s) on {who(scope)} in the last {window}: '
         + f"{_lower_first(kind.title)}. "
         + _numbers_text()
         + _fix_text(kind)
@@ -98,22 +105,23 @@ def fatal_alert(kind: OomKind, job: str) -> AlertSpec:
     )
 
 
-def non_fatal_alert(kind: OomKind, job: str) -> AlertSpec:
+def non_fatal_alert(kind: OomKind, scope: Scope) -> AlertSpec:
     """`SGLang<Kind><non_fatal.name>`: warn on the rate of the kind's non-fatal events (events minus fatal)."""
     spec = kind.alert["non_fatal"]
     window = str(spec["window"])
     per_minute = float(spec["threshold_per_minute"])
-    events = sel("sglang_oom_events_total", job=job, kind=kind.id)
-    fatal = sel("sglang_oom_fatal_events_total", job=job, kind=kind.id)
+    events = scope.sel("sglang_oom_events_total", kind=kind.id)
+    fatal = scope.sel("sglang_oom_fatal_events_total", kind=kind.id)
     expr = (
-        f"max by ({label_list(*SOURCE_LABELS, 'kind')}) (\n"
+        f"max {scope.by(*SOURCE_LABELS, 'kind')} (\n"
         f"  rate({events}[{window}]) - rate({fatal}[{window}])\n"
         f") * 60 > {fmt(per_minute)}\n"
     )
     description = (
-        _selector_var(job, kind.id)
-        + f'SGLang on {WHO} aborted {{{{ $value | printf "%.2f" }}}} requests a minute (over {window}) on non-fatal '
-        + f"{kind.id} OOMs: {_lower_first(kind.title)}. The server keeps running, but each aborted request failed. "
+        _selector_var(scope, kind.id)
+        + f'SGLang on {who(scope)} aborted {{{{ $value | printf "%.2f" }}}} requests a minute (over {window}) '
+        + f"on non-fatal {kind.id} OOMs: {_lower_first(kind.title)}. The server keeps running, "
+        + "but each aborted request failed. "
         + _numbers_text()
         + _fix_text(kind)
     )
@@ -132,7 +140,7 @@ def non_fatal_alert(kind: OomKind, job: str) -> AlertSpec:
     )
 
 
-def retraction_alert(kind: OomKind, job: str) -> AlertSpec:
+def retraction_alert(kind: OomKind, scope: Scope) -> AlertSpec:
     """SGLangKVCacheRetractionsHigh: warn on a sustained rate of the retraction kind's events.
 
     The retraction lines in the logs count ticks (facts 8). Where an exporter reads no logs at all (it has no
@@ -143,23 +151,25 @@ def retraction_alert(kind: OomKind, job: str) -> AlertSpec:
     window = str(alert["window"])
     per_minute = float(alert["threshold_per_minute"])
     requests_per_minute = float(alert.get("requests_threshold_per_minute", per_minute))
-    series = sel("sglang_oom_events_total", job=job, kind=kind.id)
-    requests = sel("sglang_oom_target_retracted_requests_total", job=job)
+    series = scope.sel("sglang_oom_events_total", kind=kind.id)
+    requests = scope.sel("sglang_oom_target_retracted_requests_total")
     expr = (
-        f"max by ({label_list(*SOURCE_LABELS)}) (\n  rate({series}[{window}])\n) * 60 > {fmt(per_minute)}\n"
+        f"max {scope.by(*SOURCE_LABELS)} (\n  rate({series}[{window}])\n) * 60 > {fmt(per_minute)}\n"
         "or\n"
-        f"(\n  max by ({label_list(*TARGET_LABELS)}) (\n    rate({requests}[{window}])\n  ) * 60"
+        f"(\n  max {scope.by(*TARGET_LABELS)} (\n    rate({requests}[{window}])\n  ) * 60"
         f" > {fmt(requests_per_minute)}\n"
-        f"  unless on (instance)\n  max by (instance) ({series})\n)\n"
+        f"  unless {scope.on('instance')}\n  max {scope.by('instance')} ({series})\n)\n"
     )
     description = (
-        _selector_var(job, kind.id)
+        _selector_var(scope, kind.id)
         + "{{ if $labels.target }}"
-        + 'SGLang at {{ $labels.target }} retracted {{ $value | printf "%.1f" }} requests a minute over the '
+        + "SGLang at {{ $labels.target }}"
+        + f"{{{{ if {scope.template_label()} }}}} in cluster {{{{ {scope.template_label()} }}}}{{{{ end }}}}"
+        + ' retracted {{ $value | printf "%.1f" }} requests a minute over the '
         + f"last {window} by its own counter (alert above {fmt(requests_per_minute)}; exporter "
         + "{{ $labels.instance }} reads no retraction logs)"
         + "{{ else }}"
-        + f'SGLang on {WHO} retracted running requests {{{{ $value | printf "%.1f" }}}} times a minute over the '
+        + f'SGLang on {who(scope)} retracted running requests {{{{ $value | printf "%.1f" }}}} times a minute over the '
         + f"last {window} (alert above {fmt(per_minute)})"
         + "{{ end }}"
         + ": its KV cache keeps filling up, retracted requests are recomputed and slow down, and a fatal decode "
@@ -181,18 +191,19 @@ def retraction_alert(kind: OomKind, job: str) -> AlertSpec:
     )
 
 
-def crash_loop_alert(pack: Mapping[str, Any], job: str) -> AlertSpec:
+def crash_loop_alert(pack: Mapping[str, Any], scope: Scope) -> AlertSpec:
     """SGLangOOMCrashLoop: `count` fatal OOMs of any kind on one source within the window."""
     spec = pack["crash_loop"]
     window = str(spec["window"])
     count = int(spec["count"])
-    series = sel("sglang_oom_fatal_events_total", job=job)
-    per_exporter = f"sum by ({label_list(*SOURCE_LABELS, 'job', 'instance')}) (\n" + indent(
-        new_events(series, window, recent_event(job, window))
+    series = scope.sel("sglang_oom_fatal_events_total")
+    per_exporter = f"sum {scope.by(*SOURCE_LABELS, 'job', 'instance')} (\n" + indent(
+        new_events(series, window, recent_event(scope, window))
     )
-    expr = f"max by ({label_list(*SOURCE_LABELS)}) (\n" + indent(per_exporter + "\n)") + f"\n) >= {count}\n"
+    expr = f"max {scope.by(*SOURCE_LABELS)} (\n" + indent(per_exporter + "\n)") + f"\n) >= {count}\n"
     description = (
-        f'SGLang on {WHO} had {{{{ $value | printf "%.0f" }}}} fatal OOMs in the last {window} (alert at {count}): '
+        f'SGLang on {who(scope)} had {{{{ $value | printf "%.0f" }}}} fatal OOMs in the last {window} '
+        f"(alert at {count}): "
         "SGLang restarts, runs out of memory again and restarts. The per-kind OOM alerts and the events "
         "say which allocation failed and which flag to change; until it is changed every restart fails the same way."
     )
@@ -201,7 +212,7 @@ def crash_loop_alert(pack: Mapping[str, Any], job: str) -> AlertSpec:
                       keep_firing_for=str(spec["keep_firing_for"]), threshold=count)  # fmt: skip
 
 
-def near_full_alert(pack: Mapping[str, Any], job: str) -> AlertSpec:
+def near_full_alert(pack: Mapping[str, Any], scope: Scope) -> AlertSpec:
     """SGLangKVCacheNearFull: little of SGLang's KV cache is left, read from what the exporter scrapes.
 
     "Used" is what an allocation cannot get back: 1 - (free + evictable) / capacity from SGLang's
@@ -213,23 +224,24 @@ def near_full_alert(pack: Mapping[str, Any], job: str) -> AlertSpec:
     """
     spec = pack["kv_near_full"]
     threshold = float(spec["threshold"])
-    usage = sel("sglang_oom_target_token_usage", job=job)
-    free = sel("sglang_oom_target_kv_available_tokens", job=job)
-    evictable = sel("sglang_oom_target_kv_evictable_tokens", job=job)
-    capacity = sel("sglang_oom_target_max_total_tokens", job=job)
-    promised = sel("sglang_oom_target_pending_prealloc_token_usage", job=job)
-    up = sel("sglang_oom_target_up", job=job)
-    by = f"max by ({label_list(*TARGET_LABELS)})"
+    usage = scope.sel("sglang_oom_target_token_usage")
+    free = scope.sel("sglang_oom_target_kv_available_tokens")
+    evictable = scope.sel("sglang_oom_target_kv_evictable_tokens")
+    capacity = scope.sel("sglang_oom_target_max_total_tokens")
+    promised = scope.sel("sglang_oom_target_pending_prealloc_token_usage")
+    up = scope.sel("sglang_oom_target_up")
+    by = f"max {scope.by(*TARGET_LABELS)}"
     expr = (
         f"(\n  {by} (\n    1 - ({free} + {evictable}) / {capacity}\n    + ({promised} or {free} * 0)\n"
         f"  ) > {fmt(threshold)}\n"
         f"  or\n"
         f"  {by} (\n    {usage}\n    + ({promised} or {usage} * 0)\n  ) > {fmt(threshold)}\n)\n"
-        f"and on (instance, target)\n({up} == 1)\n"
+        f"and {scope.on('instance', 'target')}\n({up} == 1)\n"
     )
     description = (
         "SGLang at {{ $labels.target }}{{ if $labels.pod }} (pod {{ $labels.namespace }}/{{ $labels.pod }})"
-        "{{ else if $labels.source }} (source {{ $labels.source }}){{ end }} has used "
+        "{{ else if $labels.source }} (source {{ $labels.source }}){{ end }}"
+        f"{{{{ if {scope.template_label()} }}}} in cluster {{{{ {scope.template_label()} }}}}{{{{ end }}}} has used "
         "{{ $value | humanizePercentage }} of its KV cache for "
         f"{spec['for']} (alert above {threshold:.0%}, read by exporter {{{{ $labels.instance }}}}). New requests "
         "wait or retract running ones, and the next large prefill or decode step may fail with an OOM. Lower "

@@ -7,20 +7,34 @@ series without source labels to the exporters that follow the selected sources.
 
 from __future__ import annotations
 
+import re
+
 from ..catalog import OomKind
 from . import RenderOptions, runbook_kind_url
 from . import grafana as g
+from .promql import Scope
+
+# The dashboards are written with the default cluster label; render moves them to a configured one with
+# promql.relabel_cluster (the chart does the same with its clusterLabel value).
+CLUSTERED = Scope()
+CLUSTER = f'{CLUSTERED.cluster}=~"$cluster"'
 
 # Every series of ours carries either `source` (plain files) or namespace/pod (Kubernetes); the other labels
 # are absent, so the variables' All value is ".*" (an absent label is the empty string, which ".+" rejects).
 ALL_VALUE = ".*"
-SRC = 'namespace=~"$namespace",pod=~"$pod",source=~"$source"'
+SRC = f'{CLUSTER},namespace=~"$namespace",pod=~"$pod",source=~"$source"'
 KIND = 'kind=~"$kind"'
-BY_SOURCE = "namespace, pod, container, source"
-SOURCE_LEGEND = "{{namespace}} {{pod}} {{container}} {{source}}"
+BY_SOURCE = CLUSTERED.labels("namespace", "pod", "container", "source")
+# The cluster comes last in legends: where the label is absent it leaves only a trailing space.
+IN_CLUSTER = f" {{{{{CLUSTERED.cluster}}}}}"
+SOURCE_LEGEND = "{{namespace}} {{pod}} {{container}} {{source}}" + IN_CLUSTER
 # Series without source labels (the exporter's globals, the mirrored SGLang endpoint values) are narrowed to
 # the exporter instances that follow the selected sources: in sidecar mode that is the selected pod's endpoint.
-SCOPE = f"on (job, instance) group by (job, instance) (sglang_oom_exporter_file_lag_bytes{{{SRC}}})"
+SCOPE = (
+    f"{CLUSTERED.on('job', 'instance')} group {CLUSTERED.by('job', 'instance')} "
+    f"(sglang_oom_exporter_file_lag_bytes{{{SRC}}})"
+)
+_BARE_METRIC = re.compile(r"\b(sglang_oom_[a-z_]+)\b(?!\{)")
 
 
 def sel(metric: str, *, kind: bool = True, extra: str = "") -> str:
@@ -31,8 +45,14 @@ def sel(metric: str, *, kind: bool = True, extra: str = "") -> str:
 
 
 def scoped(expr: str) -> str:
-    """An expression over series without source labels, kept to the exporters following the selected sources."""
-    return f"{expr} and {SCOPE}"
+    """An expression over series without source labels, kept to the selected cluster and the exporters following
+    the selected sources."""
+    return f"{_BARE_METRIC.sub(lambda m: f'{m.group(1)}{{{CLUSTER}}}', expr)} and {SCOPE}"
+
+
+def by_cluster(agg: str, labels: tuple[str, ...], expr: str) -> str:
+    """`agg by (<cluster>, labels...) (expr)`, expr kept to the selected cluster and sources' exporters."""
+    return f"{agg} {CLUSTERED.by(*labels)} ({scoped(expr)})"
 
 
 # The near-full alert's "used": what an allocation cannot get back, plus what PD transfers were promised.
@@ -44,7 +64,7 @@ _IN_USE_OR_PROMISED = (
 
 
 def _per_target(expr: str) -> str:
-    return f"max by (target) ({scoped(expr)})"
+    return f"max {CLUSTERED.by('target')} ({scoped(expr)})"
 
 
 # What the mirrored panels need: without an endpoint they are empty, which is no sign that all is well.
@@ -63,8 +83,8 @@ def context_panels() -> list[tuple[g.Json, int, int]]:
         "alert reads: 1 - (free + evictable) / pool from SGLang 0.5.16's gauges, plus on a PD decode server the "
         "share promised to transfers not yet pre-allocated. " + _NEEDS_TARGET,
         g.targets(
-            (_per_target("sglang_oom_target_token_usage"), "{{target}}"),
-            (_per_target(f"({_IN_USE_OR_PROMISED})"), "{{target}} in use or promised"),
+            (_per_target("sglang_oom_target_token_usage"), "{{target}}" + IN_CLUSTER),
+            (_per_target(f"({_IN_USE_OR_PROMISED})"), "{{target}} in use or promised" + IN_CLUSTER),
         ),
         g.field_config("percentunit", min=0, max=1, steps=g.thresholds(g.GREEN, (0.9, g.ORANGE), (0.98, g.RED))),
     )
@@ -74,18 +94,18 @@ def context_panels() -> list[tuple[g.Json, int, int]]:
         "KV tokens in use against the pool's capacity (max_total_num_tokens) per endpoint, and what an allocation "
         "could still get: free plus evictable prefix cache (SGLang 0.5.16+). A small pool relative to "
         "context_length makes every long request risky. " + _NEEDS_TARGET,
-        g.targets((_per_target("sglang_oom_target_used_tokens"), "{{target}} used"),
-                  (_per_target("sglang_oom_target_max_total_tokens"), "{{target}} pool"),
+        g.targets((_per_target("sglang_oom_target_used_tokens"), "{{target}} used" + IN_CLUSTER),
+                  (_per_target("sglang_oom_target_max_total_tokens"), "{{target}} pool" + IN_CLUSTER),
                   (_per_target("(sglang_oom_target_kv_available_tokens + sglang_oom_target_kv_evictable_tokens)"),
-                   "{{target}} free + evictable")),
+                   "{{target}} free + evictable" + IN_CLUSTER)),
         g.field_config("short"),
     )  # fmt: skip
     requests = g.timeseries(
         "Running and queued requests",
         "Requests in the running batch and waiting in the queue per endpoint. A running batch that keeps growing "
         "until an OOM says --max-running-requests is too high for the pool. " + _NEEDS_TARGET,
-        g.targets((_per_target("sglang_oom_target_running_requests"), "{{target}} running"),
-                  (_per_target("sglang_oom_target_queued_requests"), "{{target}} queued")),
+        g.targets((_per_target("sglang_oom_target_running_requests"), "{{target}} running" + IN_CLUSTER),
+                  (_per_target("sglang_oom_target_queued_requests"), "{{target}} queued" + IN_CLUSTER)),
         g.field_config("short"),
     )  # fmt: skip
     retracted = g.timeseries(
@@ -96,8 +116,8 @@ def context_panels() -> list[tuple[g.Json, int, int]]:
         "nothing more; the endpoint's needs an SGLang endpoint the exporter scrapes (--sglang-url, targets: or "
         "Kubernetes discovery).",
         g.targets(
-            (f"sum by (target) ({scoped('rate(sglang_oom_target_retracted_requests_total[$__rate_interval])')})",
-             "{{target}} (endpoint)"),
+            (by_cluster("sum", ("target",), "rate(sglang_oom_target_retracted_requests_total[$__rate_interval])"),
+             "{{target}} (endpoint)" + IN_CLUSTER),
             (f"sum by ({BY_SOURCE}) (rate({sel('sglang_oom_retracted_requests_total', kind=False)}"
              "[$__rate_interval]))", f"{SOURCE_LEGEND} (logs)"),
         ),
@@ -107,8 +127,8 @@ def context_panels() -> list[tuple[g.Json, int, int]]:
         "Aborted requests",
         "Requests the SGLang endpoint aborted, per second (SGLang 0.4.8+). A burst at an OOM mark is the "
         "user-visible damage: those requests failed. " + _NEEDS_TARGET,
-        [g.target(f"sum by (target) ({scoped('rate(sglang_oom_target_aborted_requests_total[$__rate_interval])')})",
-                  "{{target}}")],
+        [g.target(by_cluster("sum", ("target",), "rate(sglang_oom_target_aborted_requests_total[$__rate_interval])"),
+                  "{{target}}" + IN_CLUSTER)],
         g.field_config("reqps"),
     )  # fmt: skip
     return [(usage, 8, 8), (tokens, 8, 8), (requests, 8, 8), (retracted, 12, 8), (aborted, 12, 8)]
@@ -148,7 +168,12 @@ def health_panels() -> list[tuple[g.Json, int, int]]:
         "Files followed",
         "Log files each exporter instance follows. A drop to 0 means it lost its logs (wrong glob or hostPath, "
         "pods gone): no OOM can be counted.",
-        [g.target(f"sum by (instance) ({scoped('sglang_oom_exporter_files_watched')})", "{{instance}}")],
+        [
+            g.target(
+                by_cluster("sum", ("instance",), "sglang_oom_exporter_files_watched"),
+                "{{instance}}" + IN_CLUSTER,
+            )
+        ],
         g.field_config("short", decimals=0),
     )
     lag = g.timeseries(
@@ -167,8 +192,8 @@ def health_panels() -> list[tuple[g.Json, int, int]]:
         g.targets(
             (f"sum by ({BY_SOURCE}) (increase({sel('sglang_oom_exporter_read_errors_total', kind=False)}"
              "[$__rate_interval]))", f"read: {SOURCE_LEGEND}"),
-            (f"sum by (instance) ({scoped('increase(sglang_oom_exporter_state_errors_total[$__rate_interval])')})",
-             "state: {{instance}}"),
+            (by_cluster("sum", ("instance",), "increase(sglang_oom_exporter_state_errors_total[$__rate_interval])"),
+             "state: {{instance}}" + IN_CLUSTER),
         ),
         g.field_config("short", decimals=0),
     )  # fmt: skip
@@ -177,7 +202,12 @@ def health_panels() -> list[tuple[g.Json, int, int]]:
         "Events waiting for other ranks (0.15 s) or, for the generic 0.5.4+ 'Out of memory' text, for the "
         "traceback that names the phase (normally 0 or briefly 1). Stuck above 0 for seconds: a generic block's "
         "traceback never arrived; it counts as unknown after --traceback-wait.",
-        [g.target(f"sum by (instance) ({scoped('sglang_oom_exporter_pending_events')})", "{{instance}}")],
+        [
+            g.target(
+                by_cluster("sum", ("instance",), "sglang_oom_exporter_pending_events"),
+                "{{instance}}" + IN_CLUSTER,
+            )
+        ],
         g.field_config("short", decimals=0),
     )
     scrape = g.timeseries(
@@ -187,12 +217,12 @@ def health_panels() -> list[tuple[g.Json, int, int]]:
         "errors cost events their KV context; /server_info errors cost them the flag changes that start from the "
         "server's current values.",
         g.targets(
-            (f"sum by (target, reason) "
+            (f"sum {CLUSTERED.by('target', 'reason')} "
              f"({scoped('increase(sglang_oom_target_scrape_errors_total[$__rate_interval])')}) > 0",
-             "{{target}} /metrics {{reason}}"),
-            (f"sum by (target, reason) "
+             "{{target}} /metrics {{reason}}" + IN_CLUSTER),
+            (f"sum {CLUSTERED.by('target', 'reason')} "
              f"({scoped('increase(sglang_oom_target_server_info_errors_total[$__rate_interval])')}) > 0",
-             "{{target}} /server_info {{reason}}"),
+             "{{target}} /server_info {{reason}}" + IN_CLUSTER),
         ),
         g.field_config("short", decimals=0),
     )  # fmt: skip
@@ -200,8 +230,8 @@ def health_panels() -> list[tuple[g.Json, int, int]]:
         "Main loop age",
         "Seconds since each exporter's main loop last completed a pass. Above a minute the loop is stalled and "
         "/healthz fails: events are not being counted.",
-        [g.target(f"time() - max by (instance) ({scoped('sglang_oom_exporter_loop_timestamp_seconds')})",
-                  "{{instance}}")],
+        [g.target(f"time() - max {CLUSTERED.by('instance')} ({scoped('sglang_oom_exporter_loop_timestamp_seconds')})",
+                  "{{instance}}" + IN_CLUSTER)],
         g.field_config("s", steps=g.thresholds(g.GREEN, (60, g.RED))),
     )  # fmt: skip
     return [(files, 8, 7), (lag, 8, 7), (errors, 8, 7), (pending, 8, 7), (scrape, 8, 7), (loop, 8, 7)]

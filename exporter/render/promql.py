@@ -4,6 +4,11 @@ modules (oom_alerts.py, guard_alerts.py) build their rules from.
 
 from __future__ import annotations
 
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
 from ..config import parse_duration
 from ..metrics import FILE_LABELS, KUBERNETES_LABELS
 
@@ -13,9 +18,70 @@ SOURCE_LABELS: tuple[str, ...] = (*KUBERNETES_LABELS, *FILE_LABELS)
 OUTAGE_LOOKBACK = "1h"
 
 
-def sel(metric: str, **matchers: str) -> str:
-    """A series selector with `=` matchers: sel("up", job="x") -> up{job="x"}."""
-    inner = ", ".join(f'{k}="{v}"' for k, v in matchers.items())
+DEFAULT_CLUSTER_LABEL = "cluster"
+
+
+@dataclass(frozen=True, slots=True)
+class Scope:
+    """Where the pack's series come from and what keeps them apart: the one place that writes the job selector
+    into selectors and the cluster label into `by (...)` and `on (...)` lists (kubernetes-mixin's jobSelector
+    and clusterLabel). The cluster label is kept by every aggregation and vector match, so two clusters' series
+    with the same namespace and pod stay apart; where the label is absent it is empty, and nothing changes."""
+
+    job_selector: str = 'job="sglang-oom-exporter"'
+    cluster: str = DEFAULT_CLUSTER_LABEL
+
+    @classmethod
+    def of(cls, pack: Mapping[str, Any]) -> Scope:
+        """The scope an alert_pack names: job_selector (else job="<job>") and cluster_label."""
+        selector = pack.get("job_selector") or f'job="{pack["job"]}"'
+        return cls(str(selector).strip(), str(pack.get("cluster_label") or DEFAULT_CLUSTER_LABEL))
+
+    def labels(self, *labels: str) -> str:
+        """A `by (...)` or `on (...)` list: the cluster label first, then the given labels."""
+        return ", ".join((self.cluster, *labels))
+
+    def by(self, *labels: str) -> str:
+        """`by (<cluster>, labels...)`."""
+        return f"by ({self.labels(*labels)})"
+
+    def on(self, *labels: str) -> str:
+        """`on (<cluster>, labels...)`."""
+        return f"on ({self.labels(*labels)})"
+
+    def sel(self, metric: str, **matchers: str) -> str:
+        """A selector of the pack's job plus `=` matchers: up{job="x", kind="y"}."""
+        return sel(metric, self.job_selector, **matchers)
+
+    def template_label(self) -> str:
+        """The cluster label as alert templates read it."""
+        return f"$labels.{self.cluster}"
+
+
+# How rendered text (rules, dashboards) moves from one cluster label to another: the label as a word in a
+# `by`/`on`/`equal` list, a matcher or a legend, and as an alert template's $labels field. RE2 and Python read
+# these patterns alike, so the Helm chart applies the same two (files/render-defaults.yaml) with
+# regexReplaceAll; tests/test_overrides.py proves that the result equals a render with cluster_label set.
+
+
+def cluster_patterns(label: str) -> dict[str, str]:
+    """The two patterns that find `label` in rendered text; group 1 (and 2) are kept around the new label."""
+    name = re.escape(label)
+    return {"word": rf"([^\w$-]){name}([,)\]=}}])", "template": rf"\$labels\.{name}(\W)"}
+
+
+def relabel_cluster(text: str, label: str, rendered: str = DEFAULT_CLUSTER_LABEL) -> str:
+    """Text rendered with the cluster label `rendered`, moved to `label`."""
+    if label == rendered:
+        return text
+    patterns = cluster_patterns(rendered)
+    text = re.sub(patterns["word"], lambda m: f"{m.group(1)}{label}{m.group(2)}", text)
+    return re.sub(patterns["template"], lambda m: f"$labels.{label}{m.group(1)}", text)
+
+
+def sel(metric: str, *raw: str, **matchers: str) -> str:
+    """A series selector: raw matcher texts, then `=` matchers: sel("up", 'job=~"x.*"', kind="y")."""
+    inner = ", ".join([*raw, *(f'{k}="{v}"' for k, v in matchers.items())])
     return f"{metric}{{{inner}}}"
 
 
@@ -42,10 +108,11 @@ def new_events(series: str, window: str, recent: str | None = None) -> str:
     return f"(increase({series}[{window}]) > 0)\nor\n({series} - {before} > 0)\nor\n{born}"
 
 
-def recent_event(job: str, window: str, kind: str | None = None) -> str:
+def recent_event(scope: Scope, window: str, kind: str | None = None) -> str:
     """True where the last event (of the kind, if given) is younger than the window."""
-    matchers = {"job": job, **({"kind": kind} if kind else {})}
-    return f"(time() - {sel('sglang_oom_last_event_timestamp_seconds', **matchers)}) < {int(parse_duration(window))}"
+    matchers = {"kind": kind} if kind else {}
+    last = scope.sel("sglang_oom_last_event_timestamp_seconds", **matchers)
+    return f"(time() - {last}) < {int(parse_duration(window))}"
 
 
 def indent(text: str, by: str = "  ") -> str:

@@ -161,3 +161,25 @@ itself, so namespace and pod stay (and are copied); only the container (the expo
   regex: (namespace|pod|container)
 {{- end }}
 {{- end }}
+
+{{/*
+A copied rules file or dashboard moved to the chart's jobSelector and clusterLabel (empty: what render used,
+files/render-defaults.yaml). The job selector is replaced as render wrote it; the cluster label moves with the
+two patterns render writes there (promql.cluster_patterns): tests/test_overrides.py proves that the same
+patterns give exactly a render with cluster_label set, and tests/test_helm.py that the chart applies them.
+Call with (dict "text" $text "root" $).
+*/}}
+{{- define "sglang-oom-exporter.scoped" -}}
+{{- $meta := .root.Files.Get "files/render-defaults.yaml" | fromYaml -}}
+{{- $text := .text -}}
+{{- $job := .root.Values.jobSelector | default "" -}}
+{{- if and $job (ne $job $meta.jobSelector) -}}
+{{- $text = replace $meta.jobSelector $job $text -}}
+{{- end -}}
+{{- $label := .root.Values.clusterLabel | default "" -}}
+{{- if and $label (ne $label $meta.clusterLabel) -}}
+{{- $text = regexReplaceAll $meta.clusterPatterns.word $text (printf "${1}%s${2}" $label) -}}
+{{- $text = regexReplaceAll $meta.clusterPatterns.template $text (printf "$$labels.%s${1}" $label) -}}
+{{- end -}}
+{{- $text -}}
+{{- end -}}
