@@ -61,6 +61,17 @@ def _shared_dir(tmp_path_factory):
 
 
 @pytest.fixture
+def tls(tmp_path):
+    """(cert, key, token file) for a fake Kubernetes API server on 127.0.0.1; the cert is its own CA."""
+    from tests.helpers import openssl_cert
+
+    cert, key = openssl_cert(tmp_path, "apiserver")
+    token = tmp_path / "token"
+    token.write_text("tok-1\n")
+    return cert, key, token
+
+
+@pytest.fixture
 def log_dir(tmp_path):
     """A fresh directory for the log files of one test."""
     directory = tmp_path / "logs"

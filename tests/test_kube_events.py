@@ -38,14 +38,6 @@ ARGS = {"chunked_prefill_size": 16384, "max_running_requests": 256, "mem_fractio
 
 
 @pytest.fixture
-def tls(tmp_path):
-    cert, key = openssl_cert(tmp_path, "apiserver")
-    token = tmp_path / "token"
-    token.write_text("tok-1\n")
-    return cert, key, token
-
-
-@pytest.fixture
 def api(tls):
     cert, key, _ = tls
     server = FakeKubeApi(cert, key, pods=[pod("llm", "llama-0", "10.0.0.5", uid=UID)]).start()

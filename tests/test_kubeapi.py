@@ -33,15 +33,6 @@ ANNOTATION = "sglang-oom-exporter/port"
 
 
 @pytest.fixture
-def tls(tmp_path):
-    """(cert, key, token file) for a fake API server on 127.0.0.1; the cert is its own CA."""
-    cert, key = openssl_cert(tmp_path, "apiserver")
-    token = tmp_path / "token"
-    token.write_text("tok-1\n")
-    return cert, key, token
-
-
-@pytest.fixture
 def api(tls):
     cert, key, _ = tls
     server = FakeKubeApi(cert, key).start()

@@ -27,7 +27,6 @@ import yaml
 from sglang_oom_exporter.render.alerts import RULES_PATH
 from tests.fake_kubeapi import FakeKubeApi, pod
 from tests.fake_sglang import FakeSGLang
-from tests.helpers import openssl_cert
 from tests.operator_scrape import meta_for_endpoint, meta_for_pod, pod_monitor_config, service_monitor_config
 from tests.promstack import (
     ALERTMANAGER,
@@ -156,14 +155,6 @@ class _Setup:
 
 
 MODES = ["daemonset", "daemonset-discovery", "deployment", "sidecar"]
-
-
-@pytest.fixture
-def tls(tmp_path):
-    cert, key = openssl_cert(tmp_path, "apiserver")
-    token = tmp_path / "token"
-    token.write_text("tok-1\n")
-    return cert, key, token
 
 
 @pytest.mark.parametrize("mode", MODES)
