@@ -129,15 +129,23 @@ def _kubernetes(builder: Builder, where: str, raw: Any) -> None:
     )
 
 
+def _section(builder: Builder, where: str, raw: Any, keys: frozenset[str], shape: str) -> bool:
+    """Whether an optional nested mapping is there to read: absent is False; not a mapping is a problem (False);
+    its unknown keys are problems too (still True: the known ones are read)."""
+    if raw is None:
+        return False
+    if not isinstance(raw, dict):
+        builder.problems.append(f"{where}: must be a mapping with {shape}")
+        return False
+    for key in sorted(set(raw) - keys):
+        builder.problems.append(f"{where}.{key}: unknown key")
+    return True
+
+
 def _discover_targets(builder: Builder, where: str, raw: Any) -> DiscoverTargetsConfig | None:
     """kubernetes.discover_targets: {enabled, port, port_annotation, interval, service_account_dir}."""
-    if raw is None:
+    if not _section(builder, where, raw, _DISCOVER_KEYS, "enabled, port, port_annotation, interval"):
         return None
-    if not isinstance(raw, dict):
-        builder.problems.append(f"{where}: must be a mapping with enabled, port, port_annotation, interval")
-        return None
-    for key in sorted(set(raw) - _DISCOVER_KEYS):
-        builder.problems.append(f"{where}.{key}: unknown key")
     values: dict[str, Any] = {}
     try:
         enabled = parse_bool(raw.get("enabled", True))
@@ -161,13 +169,8 @@ def _discover_targets(builder: Builder, where: str, raw: Any) -> DiscoverTargets
 
 def _events(builder: Builder, where: str, raw: Any) -> EventsConfig | None:
     """kubernetes.events: {enabled, service_account_dir, nonfatal, runbook_base_url}; None when off."""
-    if raw is None:
+    if not _section(builder, where, raw, _EVENTS_KEYS, "enabled, service_account_dir, nonfatal"):
         return None
-    if not isinstance(raw, dict):
-        builder.problems.append(f"{where}: must be a mapping with enabled, service_account_dir, nonfatal")
-        return None
-    for key in sorted(set(raw) - _EVENTS_KEYS):
-        builder.problems.append(f"{where}.{key}: unknown key")
     values: dict[str, Any] = {}
     try:
         enabled = parse_bool(raw.get("enabled", True))
