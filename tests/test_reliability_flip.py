@@ -10,6 +10,7 @@ counted. The real daemon on real files, scraped over loopback; every step waits 
 from __future__ import annotations
 
 import os
+import threading
 
 import pytest
 
@@ -105,3 +106,28 @@ def test_a_directory_at_the_path_is_a_read_error_not_a_crash(tmp_path):
     source.poll(3.0)
     source.poll(20.0)
     assert len(events) == 1
+
+
+def _hold(seconds: float) -> None:
+    """The writer's rhythm (not a wait for the daemon): how long each phase of a flip lasts."""
+    threading.Event().wait(seconds)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_a_glob_match_flipping_with_a_directory_once_a_second_counts_every_generation(tmp_path, daemon_factory):
+    # A glob's new match is followed only once a discovery finds it. A requested discovery ran at most once a
+    # second, and a writer with that period fell in step with it: every discovery came while the path was a
+    # directory (0 of 10 counted). A created file now asks for one within DISCOVER_CREATED_GAP (0.1 s).
+    path = tmp_path / "flip.log"
+    d = daemon_factory(str(tmp_path / "*.log"))
+    for _ in range(FLIPS):
+        path.write_text(oom_block())
+        _hold(0.5)
+        path.unlink()
+        path.mkdir()
+        _hold(0.5)
+        path.rmdir()
+    settle(d, FLIPS)
+    assert d.proc is not None
+    assert d.proc.poll() is None
