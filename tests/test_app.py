@@ -358,6 +358,9 @@ class FakeWaker:
     def take_changed(self) -> set[str] | None:
         return set()  # no event: nothing was watching when the bytes were written
 
+    def take_created(self) -> bool:
+        return False
+
     def watch_dirs(self, dirs: set[str]) -> None:
         self.watched.append(set(dirs))
 

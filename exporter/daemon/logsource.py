@@ -8,6 +8,7 @@ goes quiet, and says what to save so that a restart re-reads exactly what was st
 from __future__ import annotations
 
 import os
+import stat
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -36,7 +37,10 @@ class LogSource:
     generation: str | None = None
     resume_lineno: int | None = None  # line number at the restored offset
     resume_offset: int | None = None  # the restored offset: a first chunk before it means truncated while down
-    epoch: int = 0  # copytruncate generations of one inode: part of every event key
+    epoch: int = 0  # copytruncate generations of one inode, and a reused inode's: part of every event key
+    # The generation the last reset ended, until the next one starts: a file recreated on the inode the old one
+    # freed (the tailer let go of it: deleted, or the path became a directory) must not get its event keys.
+    ended: str | None = None
     close_at: float | None = None  # when to close records left open by a quiet source
     gone_since: float | None = None
     resets: dict[str, int] = field(default_factory=dict)
@@ -49,10 +53,12 @@ class LogSource:
             return 0
         pos = self.tailer.position
         try:
-            size = os.stat(self.path).st_size
+            st = os.stat(self.path)
         except OSError:
             return 0
-        return max(0, size - (pos.offset if pos else 0))
+        if not stat.S_ISREG(st.st_mode):
+            return 0  # a directory at the path (its size is no unread byte) or a FIFO: nothing to catch up on
+        return max(0, st.st_size - (pos.offset if pos else 0))
 
     def poll(self, now: float, budget: int | None = None) -> bool:
         """Read what is new (up to budget bytes), feed the pipeline generation by generation, then tick.
@@ -70,6 +76,7 @@ class LogSource:
             if isinstance(item, TailReset):
                 self.resets[item.reason] = self.resets.get(item.reason, 0) + 1
                 self.pipeline.close_open(now)
+                self.ended = self.generation or self.ended
                 self.generation = None
                 if item.reason == TRUNCATED:
                     self.epoch += 1  # same inode, new bytes at old offsets: the keys must differ
@@ -80,7 +87,13 @@ class LogSource:
                     self.resume_lineno = None
                 self.resume_offset = None
             generation = f"{item.dev}:{item.ino}:{self.epoch}"
+            if generation == self.ended:
+                # Another file on the inode of the one that ended (ext4 reuses a freed inode at once): with the
+                # old key, the deduper took its events at the old one's offsets for repeats (issue 24, defect 7).
+                self.epoch += 1
+                generation = f"{item.dev}:{item.ino}:{self.epoch}"
             if generation != self.generation:
+                self.ended = None
                 lineno = self._lineno_at(item.offset)
                 self.pipeline.start_generation(generation, item.offset, lineno)
                 self.generation = generation

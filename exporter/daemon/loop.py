@@ -34,6 +34,10 @@ log = logging.getLogger(__name__)
 
 BUSY_WAIT_SECONDS = 0.2  # loop tick while events wait for their traceback
 DISCOVER_MIN_GAP = 1.0  # a busy log wakes us all the time: a requested discovery runs at most this often
+# A file created (or moved in) asks for one sooner: a glob's new match may live less than DISCOVER_MIN_GAP, and a
+# writer whose period divides it fell in step with the deferred discovery (issue 24, defect 7: a glob match
+# flipping with a directory once a second was counted 0 times in 10). Creations are rare next to appends.
+DISCOVER_CREATED_GAP = 0.1
 # A scrape hands the GIL back and forth a dozen times (accept, thread start, recv, send); behind a loop busy with
 # a read slice each hand-off waits up to the switch interval, 5 ms by default. At 1 ms a scrape's p99 with one
 # writer on 1,000 files was 82-110 ms instead of 186-208 ms (two rounds on the loaded 2-core machine).
@@ -60,6 +64,7 @@ class Wakeups(Protocol):
 
     def wait(self, timeout: float | None) -> bool: ...
     def take_changed(self) -> set[str] | None: ...
+    def take_created(self) -> bool: ...
     def watch_dirs(self, dirs: set[str]) -> None: ...
 
 
@@ -83,6 +88,7 @@ class Loop:
         self._clock, self._wall = clock, wall
         self._last_discover = -1e18
         self._discover_requested = False
+        self._discover_gap = DISCOVER_MIN_GAP  # DISCOVER_CREATED_GAP when a file was created since the last one
         self._last_sweep = -1e18
         self._changed: set[str] | None = set()  # directories with file events since the last pass; None: all
         self._behind: set[str] = set()  # sources whose read budget ran out: more is waiting
@@ -111,7 +117,7 @@ class Loop:
         with self.sources.lock:
             fresh: set[str] = set()
             since = now - self._last_discover
-            if since >= self.config.discover_interval or (self._discover_requested and since >= DISCOVER_MIN_GAP):
+            if since >= self.config.discover_interval or (self._discover_requested and since >= self._discover_gap):
                 # A file found now is read now: the event that named its directory was taken already.
                 fresh = set(self.sources.discover())
                 for gone in (self._foreign_next.keys() | self._deferred.keys()) - self.sources.by_path.keys():
@@ -119,6 +125,7 @@ class Loop:
                     self._deferred.pop(gone, None)
                 self._last_discover = now
                 self._discover_requested = False
+                self._discover_gap = DISCOVER_MIN_GAP
                 self._published.resync = True
             sweep = now - self._last_sweep >= self.config.sweep_interval or self._changed is None
             if sweep:
@@ -209,7 +216,7 @@ class Loop:
         )
         now = self._clock()
         if self._discover_requested:
-            timeout = min(timeout, max(0.0, DISCOVER_MIN_GAP - (now - self._last_discover)))
+            timeout = min(timeout, max(0.0, self._discover_gap - (now - self._last_discover)))
         if self._deferred:
             timeout = min(timeout, max(0.0, min(self._deferred.values()) - now))
         close = self.sources.next_close()
@@ -307,6 +314,8 @@ class Loop:
             reload()
         changed = waker.take_changed()
         self.mark_changed(changed)
+        if waker.take_created():
+            self._discover_gap = DISCOVER_CREATED_GAP
         if changed is None or changed:
             self.request_discover()
 

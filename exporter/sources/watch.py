@@ -42,6 +42,7 @@ _EVENT_FILTER = [
     DirDeletedEvent,
 ]
 _GONE = frozenset({"deleted", "moved"})
+_NEW = frozenset({"created", "moved"})  # a file that may be a glob's new match: discover soon (daemon/loop.py)
 # Past this many distinct changed directories, take_changed() answers None ("poll everything").
 _MAX_CHANGED_DIRS = 4096
 _STOP_TIMEOUT = 5.0
@@ -61,7 +62,7 @@ class _WakeHandler(FileSystemEventHandler):
             # A deleted or moved-away watched directory takes its inotify watch with it.
             self._waker._note(src, gone=event.event_type in _GONE)
         else:
-            self._waker._note(os.path.dirname(src))
+            self._waker._note(os.path.dirname(src), created=event.event_type in _NEW)
 
 
 class Waker:
@@ -76,6 +77,7 @@ class Waker:
         self._lock = threading.Lock()
         self._changed: set[str] | None = set()
         self._gone: set[str] = set()
+        self._created = False  # a file was created or moved in since the last take_created()
         self._wanted: set[str] = set()
         # dir -> (watch handle, (st_dev, st_ino) at schedule time), to notice a deleted and recreated dir.
         self._watches: dict[str, tuple[Any, tuple[int, int]]] = {}
@@ -128,6 +130,12 @@ class Waker:
             changed, self._changed = self._changed, set()
         return changed
 
+    def take_created(self) -> bool:
+        """Whether a file was created or moved in since the last call (a glob may have a new match)."""
+        with self._lock:
+            created, self._created = self._created, False
+        return created
+
     def watch_dirs(self, dirs: set[str]) -> None:
         """Watch exactly these directories (added, removed, re-watched when recreated); missing ones later."""
         self._wanted = {os.path.abspath(d) for d in dirs}
@@ -139,8 +147,9 @@ class Waker:
         """Directories with a live watch now."""
         return set(self._watches)
 
-    def _note(self, directory: str, *, gone: bool = False) -> None:
+    def _note(self, directory: str, *, gone: bool = False, created: bool = False) -> None:
         with self._lock:
+            self._created = self._created or created
             if gone:
                 self._gone.add(directory)
             if self._changed is not None:
