@@ -67,7 +67,7 @@ def test_serve_help_still_quotes_the_default_listen_address():
 
 def _pool_calls(monkeypatch) -> list[int]:
     """Record every call of scan_parallel (made in this process, before any worker starts)."""
-    from sglang_oom_exporter import scanpar
+    from sglang_oom_exporter.scan import parallel as scanpar
 
     calls: list[int] = []
     real = scanpar.scan_parallel

@@ -1,4 +1,4 @@
-"""Cutting one big file into byte ranges and joining the ranges' reports exactly. Used by scanpar.py.
+"""Cutting one big file into byte ranges and joining the ranges' reports exactly. Used by parallel.py.
 
 How a cut stays exact. A cut is exact at a *quiet point*: a line boundary where the pipeline holds nothing
 in flight (the reader's window is shut, no CRI span or partial line is open, its look-back holds the last
@@ -23,12 +23,12 @@ import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, fields, replace
 
-from .detect.dedupe import Deduper
-from .detect.evidence import WEAK_LINES, Evidence
-from .detect.match import Matcher
-from .detect.model import OomEvent, Report
-from .detect.pipeline import Pipeline, PipelineStats
-from .detect.reader import MAX_LINE
+from ..detect.dedupe import Deduper
+from ..detect.evidence import WEAK_LINES, Evidence
+from ..detect.match import Matcher
+from ..detect.model import OomEvent, Report
+from ..detect.pipeline import Pipeline, PipelineStats
+from ..detect.reader import MAX_LINE
 
 JOIN_SEARCH_LINES = 20_000  # how far past a cut a quiet point is looked for before the cut is given up
 
