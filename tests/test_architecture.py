@@ -46,30 +46,8 @@ ALLOWED_MODULE_CYCLES: frozenset[frozenset[str]] = frozenset(
 ALLOWED_PACKAGE_CYCLES: frozenset[frozenset[str]] = frozenset()
 
 # (module path relative to exporter/, the expression or imported name) for each read of another module's or
-# object's private name. render/chart.py's is render/'s (see above); sources/tail.py's is the reopen mixin's
-# value type, which goes when reopen.py is merged back into the tailer.
-ALLOWED_PRIVATE_READS: frozenset[tuple[str, str]] = frozenset(
-    {
-        ("render/chart.py", "from . import _renderers"),
-        ("sources/tail.py", "from .reopen import _Parked"),
-        ("detect/pipeline.py", "self._reader._pos"),
-        ("scan/join.py", "pipe._reader"),
-        ("scan/join.py", "pipe._decoder"),
-        ("scan/join.py", "pipe._assembler"),
-        ("scan/join.py", "pipe._scanner"),
-        ("scan/join.py", "reader._window"),
-        ("scan/join.py", "reader._open_spans"),
-        ("scan/join.py", "reader._span_lines"),
-        ("scan/join.py", "reader._partial"),
-        ("scan/join.py", "reader._truncating"),
-        ("scan/join.py", "reader._before"),
-        ("scan/join.py", "reader._held"),
-        ("scan/join.py", "decoder._partials"),
-        ("scan/join.py", "assembler._open"),
-        ("scan/parallel.py", "pipe._deduper"),
-        ("sources/watch.py", "self._waker._note"),
-    }
-)
+# object's private name. The one left is render/'s (see above).
+ALLOWED_PRIVATE_READS: frozenset[tuple[str, str]] = frozenset({("render/chart.py", "from . import _renderers")})
 
 
 def module_name(path: Path) -> str:

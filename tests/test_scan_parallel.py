@@ -20,6 +20,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from sglang_oom_exporter.detect.pipeline import Pipeline
 from sglang_oom_exporter.scan import InputError, scan_paths
 from sglang_oom_exporter.scan import join as scanjoin
 from tests.helpers import CATALOG
@@ -142,7 +143,7 @@ def test_a_split_that_ignores_quiet_points_gets_it_wrong(tmp_path, monkeypatch):
     path = _generated(tmp_path, 3000, 40, 3)
     serial = _json([path])
     assert _json([path], jobs=2, range_size=2000) == serial
-    monkeypatch.setattr(scanjoin, "quiet", lambda pipe: True)
+    monkeypatch.setattr(Pipeline, "is_quiet", lambda pipe: True)
     assert _json([path], jobs=2, range_size=2000, start_method="fork") != serial
 
 

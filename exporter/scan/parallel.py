@@ -102,6 +102,7 @@ class _Worker:
     def pipeline(self, name: str, offset: int) -> tuple[Pipeline, Collector]:
         """A fresh pipeline whose first byte is at `offset` and first line is line 1, collecting its reports."""
         options = self.options
+        collector = Collector()
         make: Any = Pipeline if self.slots is None else functools.partial(_Metered, meter=self._add)
         pipe = make(
             self.catalog,
@@ -113,9 +114,8 @@ class _Worker:
             finder=options.finder,
             extra_prefixes=options.extra_prefixes,
             gate=False,  # the parent's Joiner applies the SGLang-evidence rule in file order
+            deduper=collector,  # reports leave the worker undeduplicated
         )
-        collector = Collector()
-        pipe._deduper = collector  # reports leave the worker undeduplicated
         if offset:
             pipe.start_generation("", offset, 1)
         return pipe, collector
