@@ -25,7 +25,7 @@ import subprocess
 import sys
 
 SCAN_MODULES = (
-    "import sglang_oom_exporter.cli, sglang_oom_exporter.scan, sglang_oom_exporter.scanpar, "
+    "import sglang_oom_exporter.cli, sglang_oom_exporter.scan, sglang_oom_exporter.scan.parallel, "
     "sglang_oom_exporter.detect.pipeline"
 )
 EXTRAS = {

@@ -1,10 +1,10 @@
 """`scan`'s progress line on a terminal: bytes done of the total, rate, files, events so far and time left.
 
-Beside the pipeline, not in it: scan.py and scanpar.py tell it how far they are, and it redraws one line on
+Beside the pipeline, not in it: scan/run.py and scan/parallel.py tell it how far they are, and it redraws one line on
 stderr (a carriage return, no escape codes) at most every `interval` seconds. cli.py decides whether there
 is one at all (a terminal, or --progress). A few lines of our own rather than tqdm or rich: either adds
 17-44 ms of CPU to scan's start-up (bench/bench_progress.py, docs/scan-progress.md), a dependency to the image,
-and neither sums the byte counters of pool worker processes, which scanpar.py needs anyway.
+and neither sums the byte counters of pool worker processes, which scan/parallel.py needs anyway.
 """
 
 from __future__ import annotations

@@ -195,53 +195,6 @@ def test_no_python_module_names_a_kind():
     assert found == []
 
 
-# --- the pre-parsed copy of the built-in catalog (catalog/pretree.py) ------------------------------------
-
-
-def test_the_pre_parsed_copy_is_fresh_and_is_the_yaml_tree():
-    from sglang_oom_exporter.catalog import pretree, yamltree
-
-    path = default_catalog_path()
-    text = open(path, encoding="utf-8").read()
-    tree = yamltree.parse(text, path)
-    assert pretree.read(path, text) == tree  # what load_catalog() validates instead of parsing the YAML
-    with open(os.path.join(os.path.dirname(path), pretree.PARSED_NAME), encoding="utf-8") as fh:
-        assert fh.read() == pretree.render_text(text, tree), "stale: run `sglang-oom-exporter render`"
-
-
-def test_a_stale_missing_or_corrupt_copy_is_ignored(tmp_path):
-    from sglang_oom_exporter.catalog import pretree, yamltree
-
-    text = open(default_catalog_path(), encoding="utf-8").read()
-    path = str(tmp_path / "catalog.yaml")
-    copy = tmp_path / pretree.PARSED_NAME
-    assert pretree.read(path, text) is None  # no copy
-    copy.write_text(pretree.render_text(text, yamltree.parse(text, path)))
-    assert pretree.read(path, text) is not None
-    edited = text.replace("Prefill out of memory", "Prefill out of memorx", 1)
-    assert len(edited) == len(text)
-    assert edited != text
-    assert pretree.read(path, edited) is None  # same length, other bytes: the CRC tells
-    assert pretree.read(path, text + "\n") is None
-    copy.write_bytes(b"\x00{not json")
-    assert pretree.read(path, text) is None
-    copy.write_text('["a list"]')
-    assert pretree.read(path, text) is None
-
-
-def test_load_catalog_validates_the_pre_parsed_tree_like_the_yaml(monkeypatch):
-    from sglang_oom_exporter.catalog import pretree
-
-    fast = load_catalog()
-    monkeypatch.setattr(pretree, "read", lambda _path, _text: None)
-    slow = load_catalog()
-    assert [(k.id, [p.regex.pattern for p in k.patterns], k.anchors) for k in fast.kinds] == [
-        (k.id, [p.regex.pattern for p in k.patterns], k.anchors) for k in slow.kinds
-    ]
-    assert fast.alert_pack == slow.alert_pack
-    assert fast.phase_kinds == slow.phase_kinds
-
-
 def test_every_event_field_has_a_known_type():
     from sglang_oom_exporter.catalog.vocabulary import FIELD_KINDS, FIELD_TYPES
 

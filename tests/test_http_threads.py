@@ -12,7 +12,7 @@ import logging
 import socket
 import threading
 
-from sglang_oom_exporter.daemon.store import Health
+from sglang_oom_exporter.events.store import Health
 from tests.test_server import catalog, get, registry, serve  # noqa: F401 (fixtures)
 
 CONN_THREAD = "sglang-oom-http-conn"

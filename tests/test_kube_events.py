@@ -18,8 +18,8 @@ from prometheus_client import CollectorRegistry, generate_latest
 
 from sglang_oom_exporter.config import Config, ConfigError, EventsConfig, KubernetesConfig, load_config
 from sglang_oom_exporter.daemon.app import App
-from sglang_oom_exporter.daemon.sink import Context, EventSink
 from sglang_oom_exporter.detect.model import OomEvent
+from sglang_oom_exporter.events.sink import Context, EventSink
 from sglang_oom_exporter.kubeevents import RESULTS, EventPoster, EventsCollector, event_poster
 from sglang_oom_exporter.kubeevents.correlate import SPAM_BURST, Correlator
 from sglang_oom_exporter.kubeevents.ledger import Ledger

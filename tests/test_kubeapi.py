@@ -270,7 +270,6 @@ def _config(tmp_path, text):
 def test_config_discover_targets_defaults_and_values(tmp_path):
     off = _config(tmp_path, "kubernetes: {logs_root: /var/log/pods}\n")
     assert off.kubernetes.discover_targets is None
-    assert node_targets(off, set) is None
     on = _config(tmp_path, "kubernetes: {logs_root: /var/log/pods, discover_targets: {enabled: true}}\n")
     assert on.kubernetes.discover_targets == DiscoverTargetsConfig()
     assert DiscoverTargetsConfig() == DiscoverTargetsConfig(
@@ -282,8 +281,13 @@ def test_config_discover_targets_defaults_and_values(tmp_path):
         "    {enabled: true, port: 8000, port_annotation: x/port, interval: 1m, service_account_dir: /sa}\n",
     )
     assert custom.kubernetes.discover_targets == DiscoverTargetsConfig(8000, "x/port", 60.0, "/sa")
+    env = {"KUBERNETES_SERVICE_HOST": "10.96.0.1", "KUBERNETES_SERVICE_PORT": "443", "NODE_NAME": "n1"}
     targets = node_targets(
-        custom, set, env={"KUBERNETES_SERVICE_HOST": "10.96.0.1", "KUBERNETES_SERVICE_PORT": "443", "NODE_NAME": "n1"}
+        custom.kubernetes.discover_targets,
+        set,
+        scrape_interval=custom.scrape_interval,
+        scrape_timeout=custom.scrape_timeout,
+        env=env,
     )
     assert (targets.node, targets.default_port, targets.port_annotation, targets.interval) == (
         "n1",

@@ -12,8 +12,8 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
 from sglang_oom_exporter import __version__
-from sglang_oom_exporter.daemon.sink import Context, EventSink
 from sglang_oom_exporter.detect.model import OomEvent
+from sglang_oom_exporter.events.sink import Context, EventSink
 from sglang_oom_exporter.metrics import EventCounts, ExporterCollector, SourceStats, fatal_kinds
 from tests.helpers import CATALOG
 

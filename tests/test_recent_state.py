@@ -13,8 +13,8 @@ import urllib.request
 
 import pytest
 
-from sglang_oom_exporter.daemon.sink import event_json
-from sglang_oom_exporter.daemon.store import SAVED_EVENTS, EventStore
+from sglang_oom_exporter.events.sink import event_json
+from sglang_oom_exporter.events.store import SAVED_EVENTS, EventStore
 from tests.helpers import CATALOG
 from tests.test_app import BLOCK, _app, _run
 from tests.test_serve_e2e import daemon_factory, oom_block, settle  # noqa: F401 (daemon_factory: a fixture)

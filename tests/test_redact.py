@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from sglang_oom_exporter.daemon.redact import REDACTED, redact_excerpt, redact_line
+from sglang_oom_exporter.events.redact import REDACTED, redact_excerpt, redact_line
 
 SECRET = "SECRET-PROMPT"  # noqa: S105 - request text a test plants, not a password
 

@@ -45,7 +45,7 @@ def fresh() -> dict[str, str]:
 
 
 def test_the_committed_files_are_a_fresh_render(fresh):
-    # In the checkout render also writes the built-in catalog's pre-parsed copy (render.checkout_files).
+    # In the checkout render also writes exporter/project.py, pyproject's URL (render.checkout_files).
     files = fresh | checkout_files(CATALOG, ROOT)
     # A process, from the repository root with the default OUT_DIR: the check exactly as CI runs it.
     proc = subprocess.run([sys.executable, "-m", "sglang_oom_exporter", "render", "--check"], cwd=ROOT,

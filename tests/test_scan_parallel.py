@@ -20,8 +20,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from sglang_oom_exporter import scanjoin
+from sglang_oom_exporter.detect.pipeline import Pipeline
 from sglang_oom_exporter.scan import InputError, scan_paths
+from sglang_oom_exporter.scan import join as scanjoin
 from tests.helpers import CATALOG
 
 HERE = os.path.dirname(__file__)
@@ -108,7 +109,7 @@ def test_generated_scheduler_log_cut_every_few_kilobytes(tmp_path, finder, monke
 
 
 def test_a_worker_finds_each_join_once_for_a_run_of_neighbouring_ranges(tmp_path, monkeypatch):
-    from sglang_oom_exporter import scanpar
+    from sglang_oom_exporter.scan import parallel as scanpar
 
     path = _generated(tmp_path, 400, 40, 5)
     cuts = scanjoin.cut_points(path, os.path.getsize(path), 120)
@@ -142,7 +143,7 @@ def test_a_split_that_ignores_quiet_points_gets_it_wrong(tmp_path, monkeypatch):
     path = _generated(tmp_path, 3000, 40, 3)
     serial = _json([path])
     assert _json([path], jobs=2, range_size=2000) == serial
-    monkeypatch.setattr(scanjoin, "quiet", lambda pipe: True)
+    monkeypatch.setattr(Pipeline, "is_quiet", lambda pipe: True)
     assert _json([path], jobs=2, range_size=2000, start_method="fork") != serial
 
 
@@ -256,7 +257,7 @@ def test_cli_jobs_with_stdin_between_files_keeps_input_order():
 
 
 def test_the_calling_process_takes_the_last_tasks_nearest_to_its_share_of_the_bytes():
-    from sglang_oom_exporter.scanpar import _parent_share
+    from sglang_oom_exporter.scan.parallel import _parent_share
 
     assert _parent_share([100] * 8, 2) == 4  # half of eight equal ranges
     # Ranges cut at line starts differ by a few bytes: still four, not a fifth (a 25% overshoot it once took).

@@ -28,8 +28,8 @@ from sglang_oom_exporter.daemon.app import App
 from sglang_oom_exporter.daemon.logsource import LogSource
 from sglang_oom_exporter.daemon.loop import SWITCH_INTERVAL
 from sglang_oom_exporter.daemon.sourceset import add_stats
-from sglang_oom_exporter.daemon.store import EventStore, Health
 from sglang_oom_exporter.detect.model import OomEvent
+from sglang_oom_exporter.events.store import EventStore, Health
 from sglang_oom_exporter.metrics import EventCounts, ExporterCollector, PageRegistry, SourceStats, fatal_kinds
 from sglang_oom_exporter.metrics.exposition import CHUNK_SERIES, join_gzip, join_plain
 from sglang_oom_exporter.web.routes import Routes

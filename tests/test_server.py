@@ -20,9 +20,9 @@ from prometheus_client import CollectorRegistry, Counter
 
 from sglang_oom_exporter.catalog.loader import load_catalog
 from sglang_oom_exporter.config import parse_listen
-from sglang_oom_exporter.daemon.sink import event_json
-from sglang_oom_exporter.daemon.store import EventStore, Health
 from sglang_oom_exporter.detect.model import OomEvent, PoolState
+from sglang_oom_exporter.events.sink import event_json
+from sglang_oom_exporter.events.store import EventStore, Health
 from sglang_oom_exporter.web.page import render_page
 from sglang_oom_exporter.web.routes import ROUTE_PATHS
 from sglang_oom_exporter.web.server import MAX_HEAD_BYTES, MAX_LIMIT, ExporterServer

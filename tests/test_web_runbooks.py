@@ -15,8 +15,8 @@ from urllib.parse import urljoin, urlsplit
 import pytest
 from prometheus_client import CollectorRegistry
 
-from sglang_oom_exporter.daemon.store import EventStore, Health
 from sglang_oom_exporter.detect.model import OomEvent
+from sglang_oom_exporter.events.store import EventStore, Health
 from sglang_oom_exporter.web.runbooks import _markdown_pages, markdown_html
 from sglang_oom_exporter.web.server import ExporterServer
 from tests.helpers import CATALOG

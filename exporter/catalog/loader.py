@@ -1,5 +1,5 @@
-"""Load catalog.yaml into a Catalog: read the YAML with the line of every mapping (yamltree.py; the built-in
-catalog from its pre-parsed copy, pretree.py, while that is fresh), then validate.py checks it.
+"""Load catalog.yaml into a Catalog: read the YAML with the line of every mapping (yamltree.py), then
+validate.py checks it.
 
 The catalog is data; this package is the only code that reads it. Every problem found is collected into
 one CatalogError whose lines say `file:line: key.path: what is wrong`, so a broken override file is fixed
@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from . import pretree
+from . import yamltree
 from .model import Catalog, OomKind, Pattern, RemediationStep
 from .validate import CatalogError, Validator
 from .vocabulary import EVENT_FIELDS, KV_PHASES, PHASE_GROUPS, PHASES, SEVERITIES, SUGGEST_RULES
@@ -40,9 +40,4 @@ def load_tree(path: str) -> Any:
         text = Path(path).read_text(encoding="utf-8")
     except OSError as exc:
         raise CatalogError([f"{path}: cannot read: {exc.strerror or exc}"]) from exc
-    data = pretree.read(path, text) if path == default_catalog_path() else None
-    if data is None:
-        from . import yamltree
-
-        data = yamltree.parse(text, path)
-    return data
+    return yamltree.parse(text, path)

@@ -1,8 +1,4 @@
-"""catalog.yaml as a tree: PyYAML (libyaml's parser where built in) with the line of every mapping.
-
-Imported only when a catalog has to be parsed from YAML: the built-in catalog's tree is read from its
-pre-parsed copy (pretree.py) while that copy is fresh, so `scan` and `serve` start without PyYAML.
-"""
+"""catalog.yaml as a tree: PyYAML (libyaml's parser where built in) with the line of every mapping."""
 
 from __future__ import annotations
 

@@ -22,13 +22,13 @@ from typing import TYPE_CHECKING, BinaryIO
 
 from ..catalog.loader import Catalog
 from ..config import Config, nothing_to_follow
+from ..events.sink import EventSink
+from ..events.store import EventStore
 from ..metrics import EventCounts, ExporterCollector, fatal_kinds, label_names_for
 from ..sources.stdin import StdinPump
 from .loop import Loop, Service
-from .sink import EventSink
 from .sourceset import SourceSet
 from .state import StateKeeper, StateStore
-from .store import EventStore
 from .targets import TargetSet
 
 if TYPE_CHECKING:
@@ -79,11 +79,14 @@ class App:
 
     def _node_targets(self, config: Config) -> NodeTargets | None:
         """Node discovery, when the config turns it on."""
-        if config.kubernetes is None or config.kubernetes.discover_targets is None:
+        settings = config.kubernetes.discover_targets if config.kubernetes is not None else None
+        if settings is None:
             return None  # the Kubernetes API client is imported only when discovery is on
         from ..sources.kubeapi import node_targets
 
-        return node_targets(config, self._followed_pods)
+        return node_targets(
+            settings, self._followed_pods, scrape_interval=config.scrape_interval, scrape_timeout=config.scrape_timeout
+        )
 
     def _event_poster(self, config: Config, catalog: Catalog) -> EventPoster | None:
         """The Kubernetes Events poster, when the config turns it on."""

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import logging
 
+from ..events.store import Health
 from .sourceset import SourceSet
 from .state import StateKeeper
-from .store import Health
 
 # Health is the loop's story: its lines keep the loop's logger name, which operators filter on.
 log = logging.getLogger(__name__.rpartition(".")[0] + ".loop")

@@ -22,13 +22,13 @@ from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 from ..config import Config
+from ..events.store import Health
 from ..sources.stdin import StdinPump
 from .health import HealthWatch
 from .logsource import IDLE_CLOSE_SECONDS, LogSource
 from .publish import Publisher
 from .sourceset import STDIN, SourceSet
 from .state import StateKeeper
-from .store import Health
 
 log = logging.getLogger(__name__)
 

@@ -22,6 +22,7 @@ from ..detect.evidence import Evidence, probe
 from ..detect.match import Matcher
 from ..detect.model import OomEvent
 from ..detect.pipeline import Pipeline
+from ..events.sink import Context, EventSink
 from ..metrics import EventCounts, SourceStats
 from ..sources.discover import dirs_to_watch, discover_pods, expand
 from ..sources.handles import HandleBudget, handle_bound
@@ -29,7 +30,6 @@ from ..sources.tail import FileTailer, TailPosition
 from .found import discovery_problem, kubernetes_filter, restore, saved_but_missing, source_name
 from .lazypipe import LazyPipeline
 from .logsource import LogSource
-from .sink import Context, EventSink
 
 PROBE_BYTES = 256 * 1024  # of a file followed from later on: SGLang's banner and first scheduler lines fit
 

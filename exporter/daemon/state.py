@@ -22,9 +22,9 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from ..events.store import EventStore
 from ..metrics import EventCounts
 from .sourceset import SourceSet
-from .store import EventStore
 
 log = logging.getLogger(__name__)
 

@@ -15,8 +15,8 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
 
 from ..config import Config
+from ..events.sink import Context
 from ..sources.scrape import ScrapeLoop, TargetScraper
-from .sink import Context
 
 if TYPE_CHECKING:  # node discovery (sources/kubeapi.py) is imported only when the config turns it on
     from ..sources.nodetargets import NodeTargets

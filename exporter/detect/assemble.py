@@ -128,6 +128,10 @@ class Assembler:
         self._open.clear()
         self._last_key.clear()
 
+    def idle(self) -> bool:
+        """No record open."""
+        return not self._open
+
     def resume_point(self) -> tuple[int, int] | None:
         """(offset, lineno) of the oldest record still open, if any."""
         return min(((r.offset, r.lineno) for r in self._open.values()), default=None)

@@ -54,6 +54,10 @@ class Decoder:
         service, text = _strip_compose(text)
         return LogLine(raw.lineno, _tail(text), service, offset=raw.offset)
 
+    def idle(self) -> bool:
+        """No CRI partial record waiting for the rest of its line."""
+        return not self._partials
+
     def reset(self) -> None:
         """Forget partial records (a gap or a new file generation broke the sequence)."""
         self._partials.clear()

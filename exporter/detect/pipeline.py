@@ -67,7 +67,10 @@ class Pipeline:
         wait_seconds: float = 2.5,
         evidence: Evidence | None = None,
         gate: bool = True,
+        deduper: Deduper | None = None,
     ) -> None:
+        """deduper, when given, receives the reports instead of the pipeline's own Deduper (a parallel scan's
+        worker collects them undeduplicated for its parent); the pipeline then counts no events itself."""
         anchors = matcher.anchors if matcher.catalog is catalog else catalog.anchors()
         self._reader = LineReader(
             (*anchors, *FRAME_LITERALS, *CRI_PARTIAL_LITERALS),
@@ -96,7 +99,11 @@ class Pipeline:
             self._events += 1
             sink(event)
 
-        self._deduper = Deduper(source, location, count, resolve=matcher.resolve, wait_seconds=wait_seconds)
+        self._deduper = (
+            Deduper(source, location, count, resolve=matcher.resolve, wait_seconds=wait_seconds)
+            if deduper is None
+            else deduper
+        )
         self._now = 0.0
 
     def feed(self, data: bytes, now: float = 0.0) -> None:
@@ -104,8 +111,17 @@ class Pipeline:
         self._now = now
         scanner = self._scanner
         if not scanner.done:
-            scanner.feed(data, self._reader._pos)
+            scanner.feed(data, self._reader.position)
         self._lines(self._reader.feed(data))
+
+    def is_quiet(self) -> bool:
+        """Nothing in flight in any stage: a fresh pipeline fed the last lines before here would be in this very
+        state (where a parallel scan may join two ranges of a file)."""
+        return self._reader.idle() and self._decoder.idle() and self._assembler.idle()
+
+    def evidence_marks(self) -> tuple[int | None, list[int]]:
+        """The offsets of the current generation's first strong evidence line and first weak ones."""
+        return self._scanner.strong_at, list(self._scanner.weak_lines)
 
     def start_generation(self, generation: str, offset: int = 0, lineno: int = 1) -> None:
         """The bytes that follow start a file generation (first open, rotation, truncation, a restart

@@ -80,6 +80,23 @@ class LineReader:
         self.oversized_lines = 0
 
     @property
+    def position(self) -> int:
+        """The file offset of the next byte to be fed."""
+        return self._pos
+
+    def idle(self) -> bool:
+        """Nothing in flight: no partial line, no open window or span, and as many held lines as a fresh
+        reader fed the same last lines would hold."""
+        return (
+            self._window == 0
+            and not self._open_spans
+            and self._span_lines == 0
+            and not self._partial
+            and not self._truncating
+            and len(self._held) == self._before
+        )
+
+    @property
     def lines_read(self) -> int:
         """Complete lines consumed so far, over every file generation."""
         return self._earlier_generations + self.next_lineno - 1

@@ -95,15 +95,12 @@ def is_checkout(catalog: Catalog, out_dir: str | Path) -> bool:
 
 def checkout_files(catalog: Catalog, out_dir: str | Path) -> Files:
     """The package's own generated files when out_dir is the checkout this catalog is the built-in one of:
-    its pre-parsed tree (catalog/pretree.py) and the project URL from pyproject.toml (render/projecturl.py).
-    A render into any other folder does not get them."""
-    from ..catalog import pretree, yamltree
+    the project URL from pyproject.toml (render/projecturl.py). A render into any other folder does not get it."""
     from . import projecturl
 
     if not is_checkout(catalog, out_dir):
         return {}
-    text = Path(catalog.path).read_text(encoding="utf-8")
-    files = {pretree.REPO_PATH: pretree.render_text(text, yamltree.parse(text, catalog.path))}
+    files: Files = {}
     url = projecturl.checkout_project_url(out_dir)
     if url is not None:
         files[projecturl.REPO_PATH] = projecturl.render_text(url)

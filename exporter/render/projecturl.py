@@ -1,7 +1,7 @@
 """Render: pyproject.toml's project URL -> exporter/project.py, the constant the installed package links with.
 
 pyproject.toml is the one place the URL is written; an installed package has no pyproject.toml to read, so
-`render` copies the URL into a module (like catalog.parsed.json, only in the checkout) and `render --check`
+`render` copies the URL into a module (written only in the checkout) and `render --check`
 fails while the copy is stale.
 """
 

@@ -17,37 +17,52 @@ drop context), counts its reason in `sglang_oom_exporter_discovery_errors_total{
 change. The token is read on every list, because kubelet rotates projected service-account tokens.
 
 kubeclient.py makes the API call, nodetargets.py runs the loop and the scrape threads; this module builds
-them from the config and exports their metrics.
+them from the discovery settings (the daemon passes its config's) and exports their metrics.
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterable, Iterator, Mapping
+from typing import Protocol
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from ..config import Config
 from .kubeclient import REASONS, SERVICE_ACCOUNT_DIR, ApiClient, DiscoveryError, PodEndpoint, PodKey, endpoints
 from .nodetargets import NODE_NAME_ENV, NodeTargets
 
 __all__ = [
     "NODE_NAME_ENV", "REASONS", "SERVICE_ACCOUNT_DIR", "ApiClient", "DiscoveryCollector", "DiscoveryError",
-    "NodeTargets", "PodEndpoint", "PodKey", "endpoints", "node_targets",
+    "DiscoverySettings", "NodeTargets", "PodEndpoint", "PodKey", "endpoints", "node_targets",
 ]  # fmt: skip
 
 
+class DiscoverySettings(Protocol):
+    """What node discovery needs of its settings (config's DiscoverTargetsConfig has these)."""
+
+    @property
+    def port(self) -> int: ...
+    @property
+    def port_annotation(self) -> str: ...
+    @property
+    def interval(self) -> float: ...
+    @property
+    def service_account_dir(self) -> str: ...
+
+
 def node_targets(
-    config: Config, followed: Callable[[], Iterable[PodKey]], env: Mapping[str, str] | None = None
-) -> NodeTargets | None:
-    """The NodeTargets that config.kubernetes.discover_targets asks for (None when discovery is off).
+    settings: DiscoverySettings,
+    followed: Callable[[], Iterable[PodKey]],
+    *,
+    scrape_interval: float,
+    scrape_timeout: float,
+    env: Mapping[str, str] | None = None,
+) -> NodeTargets:
+    """The NodeTargets that discover_targets settings ask for, scraping at scrape_interval and scrape_timeout.
 
     In a pod: the API server from KUBERNETES_SERVICE_HOST/PORT, the node from NODE_NAME (downward API).
     """
-    settings = config.kubernetes.discover_targets if config.kubernetes is not None else None
-    if settings is None:
-        return None
     env = os.environ if env is None else env
     return NodeTargets(
         ApiClient.in_cluster(env, settings.service_account_dir),
@@ -56,8 +71,8 @@ def node_targets(
         default_port=settings.port,
         port_annotation=settings.port_annotation,
         interval=settings.interval,
-        scrape_interval=config.scrape_interval,
-        scrape_timeout=config.scrape_timeout,
+        scrape_interval=scrape_interval,
+        scrape_timeout=scrape_timeout,
     )
 
 

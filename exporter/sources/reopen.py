@@ -54,7 +54,7 @@ class Reopen:
     _fp: str
     _fp_len: int
     _seen: tuple[int, int]
-    _parked: _Parked | None
+    _parked: Parked | None
     _restore: TailPosition | None
     _ended: TailPosition | None
     _start_at_end: bool
@@ -75,7 +75,7 @@ class Reopen:
             return False
         if (st.st_dev, st.st_ino) != (self._dev, self._ino):
             return False
-        self._parked = _Parked(self._dev, self._ino, self._offset, self._commit, self._fp, self._fp_len, self._seen)
+        self._parked = Parked(self._dev, self._ino, self._offset, self._commit, self._fp, self._fp_len, self._seen)
         self._close_fd()
         return True
 
@@ -171,7 +171,7 @@ class Reopen:
 
     # --- a parked file ------------------------------------------------------------
 
-    def _unpark(self, p: _Parked) -> Iterator[TailItem]:
+    def _unpark(self, p: Parked) -> Iterator[TailItem]:
         """Reopen a parked file where it was left; if the path now names another file, settle the old one."""
         try:
             st: os.stat_result | None = os.stat(self.path)
@@ -294,7 +294,7 @@ def find_rotated(path: str, pos: TailPosition) -> str | None:
 
 
 @dataclass(frozen=True, slots=True)
-class _Parked:
+class Parked:
     """A parked file's identity and our place in it."""
 
     dev: int

@@ -32,7 +32,7 @@ from .fileid import (
     open_binary,
 )
 from .handles import HandleBudget
-from .reopen import Reopen, _Parked, find_rotated
+from .reopen import Parked, Reopen, find_rotated
 
 # Re-exported: the tailer's consumers import its value types from here.
 __all__ = [
@@ -69,7 +69,7 @@ class FileTailer(Reopen):
         self._deleted_at: float | None = None  # when the held file lost its last name, or last grew after it
         self._budget = budget
         # Parked: the handle was given back to the budget; what the file was and where we were in it.
-        self._parked: _Parked | None = None
+        self._parked: Parked | None = None
         self._restore = position
         # The last generation held, once it has ended (rotated, deleted) and no new one is open yet: still what
         # the state must say, so that a restart finds the rotated file and keeps this file's epoch and memory.

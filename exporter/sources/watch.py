@@ -60,9 +60,9 @@ class _WakeHandler(FileSystemEventHandler):
         src = os.fsdecode(event.src_path)
         if event.is_directory:
             # A deleted or moved-away watched directory takes its inotify watch with it.
-            self._waker._note(src, gone=event.event_type in _GONE)
+            self._waker.note(src, gone=event.event_type in _GONE)
         else:
-            self._waker._note(os.path.dirname(src), created=event.event_type in _NEW)
+            self._waker.note(os.path.dirname(src), created=event.event_type in _NEW)
 
 
 class Waker:
@@ -147,7 +147,7 @@ class Waker:
         """Directories with a live watch now."""
         return set(self._watches)
 
-    def _note(self, directory: str, *, gone: bool = False, created: bool = False) -> None:
+    def note(self, directory: str, *, gone: bool = False, created: bool = False) -> None:
         with self._lock:
             self._created = self._created or created
             if gone:

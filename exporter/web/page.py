@@ -14,8 +14,8 @@ import time
 
 from .. import __version__
 from ..catalog.loader import Catalog
-from ..daemon.store import Health, StoredEvent
 from ..detect.model import OomEvent
+from ..events.store import Health, StoredEvent
 
 # A logged time that carries its own zone (Z, +02:00, +0200): shown as it is; any other is said to have none.
 _ZONED = re.compile(r"(?:Z|[+-]\d\d:?\d\d)$")

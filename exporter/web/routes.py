@@ -21,8 +21,8 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import choose_encoder, gzip_accepted
 
 from ..catalog.loader import Catalog
-from ..daemon.sink import event_json
-from ..daemon.store import EventStore, Health
+from ..events.sink import event_json
+from ..events.store import EventStore, Health
 from ..metrics.exposition import PageRegistry, join_gzip, join_plain
 from .page import render_page
 from .runbooks import INDEX, RunbookPages

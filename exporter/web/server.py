@@ -24,7 +24,7 @@ from prometheus_client.core import CounterMetricFamily
 from prometheus_client.registry import Collector
 
 from ..catalog.loader import Catalog
-from ..daemon.store import EventStore, Health
+from ..events.store import EventStore, Health
 from ..metrics.names import SELF
 from .httpd import EVICT_AFTER, LISTEN_BACKLOG, MAX_CONNECTIONS, MAX_HEAD_BYTES, REQUEST_TIMEOUT, HTTPServer
 from .routes import DEFAULT_LIMIT, MAX_LIMIT, Response, Routes

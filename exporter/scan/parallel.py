@@ -1,11 +1,11 @@
 """Parallel `scan`: inputs go to worker processes, and a big file is cut into byte ranges joined exactly.
 
-Where it sits: scan.scan_paths(jobs=N) calls scan_parallel(); `--jobs 1` never comes here. Workers run the
+Where it sits: run.scan_paths(jobs=N) calls scan_parallel(); `--jobs 1` never comes here. Workers run the
 same Pipeline as a serial scan, up to the matcher; the reports of a cut file come back to the parent, which
 runs the one Deduper over them in file order, so an event whose ranks or traceback straddle a cut is joined
 exactly as in a serial scan. gzip files and stdin are never cut (a gzip stream cannot be entered mid-way):
 a gzip file is one worker task, stdin is read in the parent.
-scanjoin.py says how a cut stays exact.
+join.py says how a cut stays exact.
 
 Progress (scan's terminal line): every task has a slot in a shared array of bytes read, which the process
 running it adds to after every chunk; the parent sums the slots between its own chunks and while it waits.
@@ -22,15 +22,16 @@ from collections.abc import Callable, Iterable, MutableSequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from .catalog.loader import Catalog
-from .detect.match import Matcher
-from .detect.model import OomEvent
-from .detect.pipeline import Pipeline, PipelineStats
-from .scanjoin import Collector, Joiner, Joins, Segment, cut_points, drop, scan_range
-from .sources.fileid import GZIP_MAGIC
+from ..catalog.loader import Catalog
+from ..detect.match import Matcher
+from ..detect.model import OomEvent
+from ..detect.pipeline import Pipeline, PipelineStats
+from ..sources.fileid import GZIP_MAGIC
+from .join import Collector, Joiner, Joins, Segment, cut_points, drop, scan_range
+from .serial import open_input, progress_meter, scan_stream
 
 if TYPE_CHECKING:
-    from .progress import Progress
+    from ..progress import Progress
 
 MIN_RANGE = 32 * 1024 * 1024  # a file is cut only into ranges at least this big: below, one task per file
 
@@ -68,7 +69,7 @@ class _Metered(Pipeline):
 
 class _Worker:
     """What one process scanning tasks holds: the catalog and matcher once, for every task it runs, and the
-    joins it found (scanjoin.Joins); with progress, the shared slots of bytes read per task."""
+    joins it found (join.Joins); with progress, the shared slots of bytes read per task."""
 
     def __init__(
         self,
@@ -101,6 +102,7 @@ class _Worker:
     def pipeline(self, name: str, offset: int) -> tuple[Pipeline, Collector]:
         """A fresh pipeline whose first byte is at `offset` and first line is line 1, collecting its reports."""
         options = self.options
+        collector = Collector()
         make: Any = Pipeline if self.slots is None else functools.partial(_Metered, meter=self._add)
         pipe = make(
             self.catalog,
@@ -112,9 +114,8 @@ class _Worker:
             finder=options.finder,
             extra_prefixes=options.extra_prefixes,
             gate=False,  # the parent's Joiner applies the SGLang-evidence rule in file order
+            deduper=collector,  # reports leave the worker undeduplicated
         )
-        collector = Collector()
-        pipe._deduper = collector  # reports leave the worker undeduplicated
         if offset:
             pipe.start_generation("", offset, 1)
         return pipe, collector
@@ -126,14 +127,12 @@ class _Worker:
         return self.range(*arg) if kind == "range" else self.whole(arg)
 
     def range(self, path: str, index: int, cuts: tuple[int, ...]) -> Segment:
-        """Scan range `index` of a cut file (scanjoin.py) with this worker's pipelines."""
+        """Scan range `index` of a cut file (join.py) with this worker's pipelines."""
         new = functools.partial(self.pipeline, path)
         return scan_range(path, index, cuts, new, self.options.chunk, self.joins)
 
     def whole(self, path: str) -> _Whole:
         """Scan one whole input with the ordinary serial code."""
-        from .scan import open_input, scan_stream
-
         options = self.options
         name, fh = open_input(path)
         with fh:
@@ -208,8 +207,6 @@ def scan_parallel(
 
     Opening errors surface as OSError before any worker starts. stdin ("-") is scanned here, in order.
     """
-    from .scan import progress_meter, scan_stream
-
     plan: list[tuple[str, int]] = []  # (path, number of tasks); 0 tasks: stdin
     tasks: list[tuple[str, Any]] = []
     sizes: list[int] = []  # the bytes of each task

@@ -1,4 +1,4 @@
-"""Cutting one big file into byte ranges and joining the ranges' reports exactly. Used by scanpar.py.
+"""Cutting one big file into byte ranges and joining the ranges' reports exactly. Used by parallel.py.
 
 How a cut stays exact. A cut is exact at a *quiet point*: a line boundary where the pipeline holds nothing
 in flight (the reader's window is shut, no CRI span or partial line is open, its look-back holds the last
@@ -23,12 +23,12 @@ import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, fields, replace
 
-from .detect.dedupe import Deduper
-from .detect.evidence import WEAK_LINES, Evidence
-from .detect.match import Matcher
-from .detect.model import OomEvent, Report
-from .detect.pipeline import Pipeline, PipelineStats
-from .detect.reader import MAX_LINE
+from ..detect.dedupe import Deduper
+from ..detect.evidence import WEAK_LINES, Evidence
+from ..detect.match import Matcher
+from ..detect.model import OomEvent, Report
+from ..detect.pipeline import Pipeline, PipelineStats
+from ..detect.reader import MAX_LINE
 
 JOIN_SEARCH_LINES = 20_000  # how far past a cut a quiet point is looked for before the cut is given up
 
@@ -75,21 +75,6 @@ NewPipeline = Callable[[int], tuple[Pipeline, Collector]]
 Join = tuple[int, Pipeline, Collector]  # a quiet point, and the fresh pipeline that reached it
 
 
-def quiet(pipe: Pipeline) -> bool:
-    """Nothing in flight: a fresh pipeline fed the last lines before here would be in this very state."""
-    reader, decoder, assembler = pipe._reader, pipe._decoder, pipe._assembler
-    return (
-        reader._window == 0
-        and not reader._open_spans
-        and reader._span_lines == 0
-        and not reader._partial
-        and not reader._truncating
-        and len(reader._held) == reader._before
-        and not decoder._partials
-        and not assembler._open
-    )
-
-
 def find_join(path: str, start: int, stop: int, new: NewPipeline) -> Join | None:
     """The first quiet point of a fresh pipeline fed line by line from the cut `start`, before `stop`."""
     pipe, collector = new(start)
@@ -105,7 +90,7 @@ def find_join(path: str, start: int, stop: int, new: NewPipeline) -> Join | None
                 return None
             pipe.feed(line)
             pos += len(line)
-            if quiet(pipe):
+            if pipe.is_quiet():
                 return pos, pipe, collector
     return None
 
@@ -191,7 +176,7 @@ def scan_range(
             if join is not None:
                 feed_range(pipe, fd, pos, join, chunk)
                 pos = join
-                if quiet(pipe):
+                if pipe.is_quiet():
                     break
             k += 1  # no exact join at cut k: read through range k too
     finally:
@@ -201,7 +186,7 @@ def scan_range(
     seg.reports = collector.reports[first_reports:]
     seg.stats = _minus(pipe.stats(), first_stats)
     seg.lines_at_end = seg.stats.lines_read + seg.lines_at_start
-    seg.strong_at, seg.weak_lines = pipe._scanner.strong_at, list(pipe._scanner.weak_lines)
+    seg.strong_at, seg.weak_lines = pipe.evidence_marks()
     return seg
 
 
