@@ -11,19 +11,25 @@ from collections.abc import Mapping
 from typing import Any
 
 from ..catalog import OomKind
+from ..config import parse_duration
+from ..metrics import GROUP_INFO
 from .alertspec import CRASH_LOOP, NEAR_FULL, OOM_GROUP, RETRACTIONS_HIGH, AlertSpec, alert_name, pack_alert
-from .promql import SOURCE_LABELS, Scope, fmt, indent, new_events, recent_event
+from .promql import SOURCE_LABELS, Scope, fmt, indent, new_events, per_group, recent_event
 
 # What the alerts on SGLang's scraped values group by: the pod (sidecar mode), the exporter and the SGLang URL.
 TARGET_LABELS = ("namespace", "pod", "source", "instance", "target")
 
 
 # Templating shared by the OOM alerts' descriptions. Prometheus prepends `$labels` and `$value`.
-def who(scope: Scope) -> str:
-    """The source an alert is about, and its cluster when the series carry one."""
+def who(scope: Scope, pods: str = "") -> str:
+    """The source an alert is about, and its cluster when the series carry one. With `pods` (a template that
+    lists the pods of $labels.group that logged it), a multi-node server's group and its pods."""
     cluster = scope.template_label()
+    group = "{{ "
+    if pods:
+        group = f"{{{{ if $labels.group }}}}group {{{{ $labels.namespace }}}}/{{{{ $labels.group }}}}{pods}{{{{ else "
     return (
-        "{{ if $labels.pod }}pod {{ $labels.namespace }}/{{ $labels.pod }}"
+        f"{group}if $labels.pod }}}}pod {{{{ $labels.namespace }}}}/{{{{ $labels.pod }}}}"
         "{{ else if $labels.source }}source {{ $labels.source }}"
         "{{ else }}container {{ $labels.container }}{{ end }}"
         f"{{{{ if {cluster} }}}} in cluster {{{{ {cluster} }}}}{{{{ end }}}}"
@@ -43,12 +49,36 @@ def _num(var: str) -> str:
 
 
 def _selector_var(scope: Scope, kind: str) -> str:
-    """Defines $sel: the matchers of this alert's series (a label the alert lacks matches series without it)."""
+    """Defines $sel: the matchers of this alert's series (a label the alert lacks matches series without it).
+    A group's alert (no pod label) matches the group's pods by LWS's pod names, `<group>` and `<group>-<n>`."""
     labels = (scope.cluster, *SOURCE_LABELS)
     job = scope.job_selector.replace("%", "%%")
     fmt_ = ",".join([job, f'kind="{kind}"', *(f"{label}=%q" for label in labels)])
     args = " ".join(f"$labels.{label}" for label in labels)
-    return f"{{{{ $sel := printf `{fmt_}` {args} }}}}"
+    in_group = ",".join([job, f'kind="{kind}"', f"{scope.cluster}=%q", "namespace=%q", "pod=~%q"])
+    group_args = f'{scope.template_label()} $labels.namespace (printf "%s(-[0-9]+)?" $labels.group)'
+    return (
+        f"{{{{ $sel := printf `{fmt_}` {args} }}}}"
+        f"{{{{ if $labels.group }}}}{{{{ $sel = printf `{in_group}` {group_args} }}}}{{{{ end }}}}"
+    )
+
+
+def _pods_text(scope: Scope, window: str, kind: str | None = None) -> str:
+    """(pods a, b): the pods of the alert's group whose last event (of the kind) is within the window."""
+    job = scope.job_selector.replace("%", "%%")
+    kind_matcher = [f'kind="{kind}"'] if kind else []
+    where = ",".join([job, f"{scope.cluster}=%q", "namespace=%q"])
+    last = f"sglang_oom_last_event_timestamp_seconds{{{','.join([*kind_matcher, where])}}}"
+    info = f"{GROUP_INFO}{{{where},group=%q}}"
+    query = (
+        f"max by (pod) ((time() - {last}) < {int(parse_duration(window))} and {scope.on('namespace', 'pod')} {info})"
+    )
+    c = scope.template_label()
+    return (
+        f'{{{{ with query (printf `{query}` {c} $labels.namespace {c} $labels.namespace $labels.group) }}}}'
+        ' (pods {{ range $i, $p := sortByLabel "pod" . }}{{ if $i }}, {{ end }}{{ $p.Labels.pod }}{{ end }})'
+        "{{ end }}"
+    )
 
 
 def _numbers_text() -> str:
@@ -78,14 +108,16 @@ def fatal_alert(kind: OomKind, scope: Scope) -> AlertSpec:
     alert = kind.alert
     window = str(alert["window"])
     series = scope.sel("sglang_oom_fatal_events_total", kind=kind.id)
-    expr = (
+    per_pod = (
         f"max {scope.by(*SOURCE_LABELS, 'kind')} (\n"
         + indent(new_events(series, window, recent_event(scope, window, kind.id)))
-        + "\n)\n"
+        + "\n)"
     )
+    expr = per_group(scope, per_pod, "kind")
+    pods = _pods_text(scope, window, kind.id)
     description = (
         _selector_var(scope, kind.id)
-        + f'{{{{ $value | printf "%.0f" }}}} fatal {kind.id} OOM event(s) on {who(scope)} in the last {window}: '
+        + f'{{{{ $value | printf "%.0f" }}}} fatal {kind.id} OOM event(s) on {who(scope, pods)} in the last {window}: '
         + f"{_lower_first(kind.title)}. "
         + _numbers_text()
         + _fix_text(kind)
@@ -200,9 +232,11 @@ def crash_loop_alert(pack: Mapping[str, Any], scope: Scope) -> AlertSpec:
     per_exporter = f"sum {scope.by(*SOURCE_LABELS, 'job', 'instance')} (\n" + indent(
         new_events(series, window, recent_event(scope, window))
     )
-    expr = f"max {scope.by(*SOURCE_LABELS)} (\n" + indent(per_exporter + "\n)") + f"\n) >= {count}\n"
+    per_pod = f"max {scope.by(*SOURCE_LABELS)} (\n" + indent(per_exporter + "\n)") + "\n)"
+    expr = f"(\n{indent(per_group(scope, per_pod).rstrip())}\n) >= {count}\n"
+    pods = _pods_text(scope, window)
     description = (
-        f'SGLang on {who(scope)} had {{{{ $value | printf "%.0f" }}}} fatal OOMs in the last {window} '
+        f'SGLang on {who(scope, pods)} had {{{{ $value | printf "%.0f" }}}} fatal OOMs in the last {window} '
         f"(alert at {count}): "
         "SGLang restarts, runs out of memory again and restarts. The per-kind OOM alerts and the events "
         "say which allocation failed and which flag to change; until it is changed every restart fails the same way."

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..config import parse_duration
-from ..metrics import FILE_LABELS, KUBERNETES_LABELS
+from ..metrics import FILE_LABELS, GROUP_INFO, KUBERNETES_LABELS
 
 # What OOM alerts group by: every source label of either scheme (a missing one is empty), so both work.
 SOURCE_LABELS: tuple[str, ...] = (*KUBERNETES_LABELS, *FILE_LABELS)
@@ -113,6 +113,27 @@ def recent_event(scope: Scope, window: str, kind: str | None = None) -> str:
     matchers = {"kind": kind} if kind else {}
     last = scope.sel("sglang_oom_last_event_timestamp_seconds", **matchers)
     return f"(time() - {last}) < {int(parse_duration(window))}"
+
+
+def per_group(scope: Scope, expr: str, *keep: str) -> str:
+    """expr (series with the source labels and `keep`) with the pods of one multi-node server counted once.
+
+    A pod that sglang_oom_serving_group_info puts in a group (metrics/groups.py) leaves its pod and container
+    labels for the group's: its value is summed per worker index (the same member of a group recreated with new
+    pod names adds up) and the maximum over the members is the group's, since every member logs the same OOM.
+    A pod in no group, and a plain file's `source`, keep their own labels and value (docs/multi-node.md).
+    """
+    info = scope.sel(GROUP_INFO)
+    members = f"max {scope.by('namespace', 'pod', 'group', 'worker_index')} ({info})"
+    grouped = (
+        f"max {scope.by('namespace', 'group', *keep)} (\n"
+        f"  sum {scope.by('namespace', 'group', 'worker_index', *keep)} (\n"
+        f"    (\n{indent(expr, '      ')}\n    )\n"
+        f"    * {scope.on('namespace', 'pod')} group_left (group, worker_index)\n"
+        f"    {members}\n  )\n)"
+    )
+    alone = f"(\n{indent(expr)}\n  unless {scope.on('namespace', 'pod')}\n  {info}\n)"
+    return f"{grouped}\nor\n{alone}\n"
 
 
 def indent(text: str, by: str = "  ") -> str:
