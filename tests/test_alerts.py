@@ -126,20 +126,12 @@ def test_every_expression_matches_the_catalog_job_and_oom_alerts_aggregate_expor
     for rule in _rules():
         assert f'job="{JOB}"' in rule["expr"], rule["alert"]
     by = f"max by (cluster, {', '.join(SOURCE_LABELS)}"
-    group = "max by (cluster, namespace, group"  # a multi-node server's pods, once (docs/multi-node.md)
+    group = f"max by (cluster, {', '.join(SOURCE_LABELS)}, group"  # one page per server (docs/multi-node.md)
     for spec in SPECS:
-        if spec.role in ("non_fatal", "retraction"):
-            assert spec.expr.startswith(by), spec.name  # no instance: two exporters give one alert
+        if spec.role in ("fatal", "non_fatal", "retraction", "crash_loop"):
+            start = group if spec.role in ("fatal", "crash_loop") else by
+            assert spec.expr.startswith(start), spec.name  # no instance: two exporters give one alert
             assert "instance" not in spec.expr.split("(", 1)[0]
-        elif spec.role in ("fatal", "crash_loop"):
-            # the outermost `or`: the groups' branch, then the pods in no group
-            lines = spec.expr.splitlines()
-            ors = [i for i, line in enumerate(lines) if line.strip() == "or"]
-            top = min(ors, key=lambda i: len(lines[i]) - len(lines[i].lstrip()))
-            first, alone = "\n".join(lines[:top]).lstrip("( \n"), "\n".join(lines[top + 1 :]).lstrip("( \n")
-            assert first.startswith(group), spec.name
-            assert alone.startswith(by), spec.name
-            assert "instance" not in first.split("(", 1)[0] + alone.split("(", 1)[0]
     absent = next(s for s in SPECS if s.role == "exporter_down")
     assert f'absent(up{{job="{JOB}"}})' in absent.expr  # bare selector: the alert keeps its job label
 

@@ -75,7 +75,7 @@ def _pods_text(scope: Scope, window: str, kind: str | None = None) -> str:
     )
     c = scope.template_label()
     return (
-        f'{{{{ with query (printf `{query}` {c} $labels.namespace {c} $labels.namespace $labels.group) }}}}'
+        f"{{{{ with query (printf `{query}` {c} $labels.namespace {c} $labels.namespace $labels.group) }}}}"
         ' (pods {{ range $i, $p := sortByLabel "pod" . }}{{ if $i }}, {{ end }}{{ $p.Labels.pod }}{{ end }})'
         "{{ end }}"
     )
@@ -233,7 +233,7 @@ def crash_loop_alert(pack: Mapping[str, Any], scope: Scope) -> AlertSpec:
         new_events(series, window, recent_event(scope, window))
     )
     per_pod = f"max {scope.by(*SOURCE_LABELS)} (\n" + indent(per_exporter + "\n)") + "\n)"
-    expr = f"(\n{indent(per_group(scope, per_pod).rstrip())}\n) >= {count}\n"
+    expr = f"{per_group(scope, per_pod).rstrip()} >= {count}\n"
     pods = _pods_text(scope, window)
     description = (
         f'SGLang on {who(scope, pods)} had {{{{ $value | printf "%.0f" }}}} fatal OOMs in the last {window} '
