@@ -17,7 +17,8 @@ from .alertspec import CRASH_LOOP, NEAR_FULL, OOM_GROUP, RETRACTIONS_HIGH, Alert
 from .promql import SOURCE_LABELS, Scope, fmt, indent, new_events, per_group, recent_event
 
 # What the alerts on SGLang's scraped values group by: the pod (sidecar mode), the exporter and the SGLang URL.
-TARGET_LABELS = ("namespace", "pod", "source", "instance", "target")
+# engine_type (SGLang's prefill | decode | unified, where it gives one) tells a PD pair's servers apart.
+TARGET_LABELS = ("namespace", "pod", "source", "instance", "target", "engine_type")
 
 
 # Templating shared by the OOM alerts' descriptions. Prometheus prepends `$labels` and `$value`.
@@ -81,6 +82,26 @@ def _pods_text(scope: Scope, window: str, kind: str | None = None) -> str:
     )
 
 
+# The PD role in a description: "SGLang decode server at ...", nothing for a unified (non-PD) server.
+_PD_ROLE = '{{ with $labels.engine_type }}{{ if ne . "unified" }} {{ . }} server{{ end }}{{ end }}'
+
+
+def _role_text(scope: Scope) -> str:
+    """(decode server): the PD role SGLang's metrics gave the alert's server (engine_type on the mirrored
+    sglang_oom_target_* series of its pod or source, the last hour, as the server may be down), else nothing.
+    A group's server is its leader pod, named as the group."""
+    job = scope.job_selector.replace("%", "%%")
+    pd = 'engine_type=~"prefill|decode"'
+    where = ",".join([job, f"{scope.cluster}=%q", "namespace=%q", "pod=%q", "source=%q", pd])
+    query = f"max by (engine_type) (last_over_time(sglang_oom_target_token_usage{{{where}}}[1h]))"
+    args = f"{scope.template_label()} $labels.namespace (or $labels.pod $labels.group) $labels.source"
+    return (
+        f"{{{{ with query (printf `{query}` {args}) }}}}"
+        ' (PD {{ range $i, $r := sortByLabel "engine_type" . }}{{ if $i }}/{{ end }}'
+        "{{ $r.Labels.engine_type }}{{ end }} server){{ end }}"
+    )
+
+
 def _numbers_text() -> str:
     """Requested versus available tokens of the last event, when the event said."""
     return (
@@ -117,7 +138,8 @@ def fatal_alert(kind: OomKind, scope: Scope) -> AlertSpec:
     pods = _pods_text(scope, window, kind.id)
     description = (
         _selector_var(scope, kind.id)
-        + f'{{{{ $value | printf "%.0f" }}}} fatal {kind.id} OOM event(s) on {who(scope, pods)} in the last {window}: '
+        + f'{{{{ $value | printf "%.0f" }}}} fatal {kind.id} OOM event(s) on {who(scope, pods)}{_role_text(scope)}'
+        + f" in the last {window}: "
         + f"{_lower_first(kind.title)}. "
         + _numbers_text()
         + _fix_text(kind)
@@ -195,7 +217,7 @@ def retraction_alert(kind: OomKind, scope: Scope) -> AlertSpec:
     description = (
         _selector_var(scope, kind.id)
         + "{{ if $labels.target }}"
-        + "SGLang at {{ $labels.target }}"
+        + f"SGLang{_PD_ROLE} at {{{{ $labels.target }}}}"
         + f"{{{{ if {scope.template_label()} }}}} in cluster {{{{ {scope.template_label()} }}}}{{{{ end }}}}"
         + ' retracted {{ $value | printf "%.1f" }} requests a minute over the '
         + f"last {window} by its own counter (alert above {fmt(requests_per_minute)}; exporter "
@@ -273,7 +295,8 @@ def near_full_alert(pack: Mapping[str, Any], scope: Scope) -> AlertSpec:
         f"and {scope.on('instance', 'target')}\n({up} == 1)\n"
     )
     description = (
-        "SGLang at {{ $labels.target }}{{ if $labels.pod }} (pod {{ $labels.namespace }}/{{ $labels.pod }})"
+        f"SGLang{_PD_ROLE} at {{{{ $labels.target }}}}"
+        "{{ if $labels.pod }} (pod {{ $labels.namespace }}/{{ $labels.pod }})"
         "{{ else if $labels.source }} (source {{ $labels.source }}){{ end }}"
         f"{{{{ if {scope.template_label()} }}}} in cluster {{{{ {scope.template_label()} }}}}{{{{ end }}}} has used "
         "{{ $value | humanizePercentage }} of its KV cache for "
