@@ -46,6 +46,7 @@ def pod(
     phase: str = "Running",
     uid: str = "",
     owner: dict[str, Any] | None = None,
+    labels: dict[str, str] | None = None,
 ) -> dict[str, Any]:
     """A Pod object as the API returns it, reduced to the fields discovery and the Events poster read."""
     status: dict[str, Any] = {"phase": phase}
@@ -54,6 +55,8 @@ def pod(
     meta: dict[str, Any] = {"namespace": namespace, "name": name, "annotations": annotations or {}}
     if uid:
         meta["uid"] = uid
+    if labels is not None:
+        meta["labels"] = labels
     if owner is not None:
         meta["ownerReferences"] = [{**owner, "controller": True}]
     return {"metadata": meta, "spec": {"nodeName": node}, "status": status}

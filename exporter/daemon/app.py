@@ -24,7 +24,7 @@ from ..catalog.loader import Catalog
 from ..config import Config, nothing_to_follow
 from ..events.sink import EventSink
 from ..events.store import EventStore
-from ..metrics import EventCounts, ExporterCollector, fatal_kinds, label_names_for
+from ..metrics import EventCounts, ExporterCollector, fatal_kinds, group_family, label_names_for
 from ..sources.stdin import StdinPump
 from .loop import Loop, Service
 from .sourceset import SourceSet
@@ -32,6 +32,8 @@ from .state import StateKeeper, StateStore
 from .targets import TargetSet
 
 if TYPE_CHECKING:
+    from prometheus_client.core import Metric
+
     from ..kubeevents import EventPoster
     from ..sources.nodetargets import NodeTargets
 
@@ -119,7 +121,15 @@ class App:
     def collector(self) -> ExporterCollector:
         """The scrape-time collector over every part's numbers."""
         return ExporterCollector(self.counts, self.extra_metrics, self.targets.views,
-                                 reloads=lambda: dict(self.reloads), target_labels=self.targets.labels_for)  # fmt: skip
+                                 reloads=lambda: dict(self.reloads), target_labels=self.targets.labels_for,
+                                 groups=self.group_info)  # fmt: skip
+
+    def group_info(self) -> Metric | None:
+        """sglang_oom_serving_group_info: the followed pods of multi-node servers (metrics/groups.py)."""
+        names = self.counts.label_names
+        sources = [dict(zip(names, labels, strict=True)) for labels in self.counts.known()]
+        discovery = self.targets.discovery
+        return group_family(sources, discovery.pod_labels if discovery is not None else lambda _ns, _pod: None)
 
     def extra_metrics(self) -> dict[str, float]:
         """Loop, state and sink health for the collector."""

@@ -24,11 +24,12 @@ from __future__ import annotations
 from .collector import SERVER_ARGS, TARGET_VALUES, ExporterCollector, TargetView, target_families
 from .events import EventCounts, fatal_kinds
 from .exposition import PageRegistry
+from .groups import GROUP_INFO, GROUP_LABELS, group_family
 from .names import FILE_LABELS, KUBERNETES_LABELS, NAMESPACE, SELF, Labels, label_names_for
 from .sources import SourceStats, SourceTable
 
 __all__ = [
-    "FILE_LABELS", "KUBERNETES_LABELS", "NAMESPACE", "SELF", "SERVER_ARGS", "TARGET_VALUES", "EventCounts",
-    "ExporterCollector", "Labels", "PageRegistry", "SourceStats", "SourceTable", "TargetView", "fatal_kinds",
-    "label_names_for", "target_families",
+    "FILE_LABELS", "GROUP_INFO", "GROUP_LABELS", "KUBERNETES_LABELS", "NAMESPACE", "SELF", "SERVER_ARGS",
+    "TARGET_VALUES", "EventCounts", "ExporterCollector", "Labels", "PageRegistry", "SourceStats", "SourceTable",
+    "TargetView", "fatal_kinds", "group_family", "label_names_for", "target_families",
 ]  # fmt: skip

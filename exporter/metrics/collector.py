@@ -118,8 +118,10 @@ class ExporterCollector(PageCollector):
         targets: Callable[[], Iterable[TargetView]] = list,
         reloads: Callable[[], Mapping[str, float]] | None = None,
         target_labels: Callable[[str], Mapping[str, str]] = lambda _url: {},
+        groups: Callable[[], Metric | None] = lambda: None,
     ) -> None:
         self._page = counts.page
+        self._groups = groups
         self._target_labels = target_labels
         self._extra = extra
         self._targets = targets
@@ -144,6 +146,9 @@ class ExporterCollector(PageCollector):
     def _live(self) -> Iterator[Metric]:
         """Targets, build info, reloads and the loop's numbers: a few series, read at scrape time."""
         yield from target_families(self._targets(), self._target_labels)
+        groups = self._groups()
+        if groups is not None:
+            yield groups
         extra = self._extra()
         yield _info()
         if self._reloads is not None:

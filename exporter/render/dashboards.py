@@ -15,6 +15,7 @@ import json
 from collections.abc import Mapping
 
 from ..catalog import Catalog
+from ..metrics import GROUP_INFO
 from . import (
     DASHBOARD_URL_VARIABLES,
     GENERATED_NOTE,
@@ -36,7 +37,7 @@ from .overview_panels import (
     scoped,
     sel,
 )
-from .promql import Scope, relabel_cluster
+from .promql import Scope, indent, per_group, relabel_cluster
 
 OVERVIEW_PATH = f"dashboards/{OVERVIEW_DASHBOARD_UID}.json"
 OVERVIEW_TITLE = "SGLang OOM overview"
@@ -135,12 +136,18 @@ def fatal_in_range_expr(catalog: Catalog) -> str:
 
     increase() cannot see a series whose first sample is already 1 (a pod that failed before its first scrape,
     typical of startup OOMs); for series that did not exist at the start of the range the whole value counts.
+    The pods of one multi-node server (a LeaderWorkerSet group) each log its OOM; they count once
+    (promql.per_group, docs/multi-node.md), and two exporters reading one pod count once too.
     """
     fatal = sel("sglang_oom_fatal_events_total", extra=_fatal_kinds(catalog))
-    return (
-        f"sum {CLUSTERED.by('kind')} ((round(increase({fatal}[$__range])) and {fatal} offset $__range)"
+    per_pod = (
+        f"max {CLUSTERED.by('namespace', 'pod', 'container', 'source', 'kind')} ("
+        f"(round(increase({fatal}[$__range])) and {fatal} offset $__range)"
         f" or ({fatal} unless {fatal} offset $__range))"
     )
+    info = sel(GROUP_INFO, kind=False)
+    grouped = per_group(CLUSTERED, per_pod, "kind", info=info, sources=fatal)
+    return f"sum {CLUSTERED.by('kind')} (\n{indent(grouped)})"
 
 
 def last_oom_age_expr(catalog: Catalog) -> str:

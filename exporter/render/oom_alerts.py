@@ -11,19 +11,26 @@ from collections.abc import Mapping
 from typing import Any
 
 from ..catalog import OomKind
+from ..config import parse_duration
+from ..metrics import GROUP_INFO
 from .alertspec import CRASH_LOOP, NEAR_FULL, OOM_GROUP, RETRACTIONS_HIGH, AlertSpec, alert_name, pack_alert
-from .promql import SOURCE_LABELS, Scope, fmt, indent, new_events, recent_event
+from .promql import SOURCE_LABELS, Scope, fmt, indent, new_events, per_group, recent_event
 
 # What the alerts on SGLang's scraped values group by: the pod (sidecar mode), the exporter and the SGLang URL.
-TARGET_LABELS = ("namespace", "pod", "source", "instance", "target")
+# engine_type (SGLang's prefill | decode | unified, where it gives one) tells a PD pair's servers apart.
+TARGET_LABELS = ("namespace", "pod", "source", "instance", "target", "engine_type")
 
 
 # Templating shared by the OOM alerts' descriptions. Prometheus prepends `$labels` and `$value`.
-def who(scope: Scope) -> str:
-    """The source an alert is about, and its cluster when the series carry one."""
+def who(scope: Scope, pods: str = "") -> str:
+    """The source an alert is about, and its cluster when the series carry one. With `pods` (a template that
+    lists the pods of $labels.group that logged it), a multi-node server's group and its pods."""
     cluster = scope.template_label()
+    group = "{{ "
+    if pods:
+        group = f"{{{{ if $labels.group }}}}group {{{{ $labels.namespace }}}}/{{{{ $labels.group }}}}{pods}{{{{ else "
     return (
-        "{{ if $labels.pod }}pod {{ $labels.namespace }}/{{ $labels.pod }}"
+        f"{group}if $labels.pod }}}}pod {{{{ $labels.namespace }}}}/{{{{ $labels.pod }}}}"
         "{{ else if $labels.source }}source {{ $labels.source }}"
         "{{ else }}container {{ $labels.container }}{{ end }}"
         f"{{{{ if {cluster} }}}} in cluster {{{{ {cluster} }}}}{{{{ end }}}}"
@@ -43,12 +50,56 @@ def _num(var: str) -> str:
 
 
 def _selector_var(scope: Scope, kind: str) -> str:
-    """Defines $sel: the matchers of this alert's series (a label the alert lacks matches series without it)."""
+    """Defines $sel: the matchers of this alert's series (a label the alert lacks matches series without it).
+    A group's alert (no pod label) matches the group's pods by LWS's pod names, `<group>` and `<group>-<n>`."""
     labels = (scope.cluster, *SOURCE_LABELS)
     job = scope.job_selector.replace("%", "%%")
     fmt_ = ",".join([job, f'kind="{kind}"', *(f"{label}=%q" for label in labels)])
     args = " ".join(f"$labels.{label}" for label in labels)
-    return f"{{{{ $sel := printf `{fmt_}` {args} }}}}"
+    in_group = ",".join([job, f'kind="{kind}"', f"{scope.cluster}=%q", "namespace=%q", "pod=~%q"])
+    group_args = f'{scope.template_label()} $labels.namespace (printf "%s(-[0-9]+)?" $labels.group)'
+    return (
+        f"{{{{ $sel := printf `{fmt_}` {args} }}}}"
+        f"{{{{ if $labels.group }}}}{{{{ $sel = printf `{in_group}` {group_args} }}}}{{{{ end }}}}"
+    )
+
+
+def _pods_text(scope: Scope, window: str, kind: str | None = None) -> str:
+    """(pods a, b): the pods of the alert's group whose last event (of the kind) is within the window."""
+    job = scope.job_selector.replace("%", "%%")
+    kind_matcher = [f'kind="{kind}"'] if kind else []
+    where = ",".join([job, f"{scope.cluster}=%q", "namespace=%q"])
+    last = f"sglang_oom_last_event_timestamp_seconds{{{','.join([*kind_matcher, where])}}}"
+    info = f"{GROUP_INFO}{{{where},group=%q}}"
+    query = (
+        f"max by (pod) ((time() - {last}) < {int(parse_duration(window))} and {scope.on('namespace', 'pod')} {info})"
+    )
+    c = scope.template_label()
+    return (
+        f"{{{{ with query (printf `{query}` {c} $labels.namespace {c} $labels.namespace $labels.group) }}}}"
+        ' (pods {{ range $i, $p := sortByLabel "pod" . }}{{ if $i }}, {{ end }}{{ $p.Labels.pod }}{{ end }})'
+        "{{ end }}"
+    )
+
+
+# The PD role in a description: "SGLang decode server at ...", nothing for a unified (non-PD) server.
+_PD_ROLE = '{{ with $labels.engine_type }}{{ if ne . "unified" }} {{ . }} server{{ end }}{{ end }}'
+
+
+def _role_text(scope: Scope) -> str:
+    """(decode server): the PD role SGLang's metrics gave the alert's server (engine_type on the mirrored
+    sglang_oom_target_* series of its pod or source, the last hour, as the server may be down), else nothing.
+    A group's server is its leader pod, named as the group."""
+    job = scope.job_selector.replace("%", "%%")
+    pd = 'engine_type=~"prefill|decode"'
+    where = ",".join([job, f"{scope.cluster}=%q", "namespace=%q", "pod=%q", "source=%q", pd])
+    query = f"max by (engine_type) (last_over_time(sglang_oom_target_token_usage{{{where}}}[1h]))"
+    args = f"{scope.template_label()} $labels.namespace (or $labels.pod $labels.group) $labels.source"
+    return (
+        f"{{{{ with query (printf `{query}` {args}) }}}}"
+        ' (PD {{ range $i, $r := sortByLabel "engine_type" . }}{{ if $i }}/{{ end }}'
+        "{{ $r.Labels.engine_type }}{{ end }} server){{ end }}"
+    )
 
 
 def _numbers_text() -> str:
@@ -78,14 +129,17 @@ def fatal_alert(kind: OomKind, scope: Scope) -> AlertSpec:
     alert = kind.alert
     window = str(alert["window"])
     series = scope.sel("sglang_oom_fatal_events_total", kind=kind.id)
-    expr = (
+    per_pod = (
         f"max {scope.by(*SOURCE_LABELS, 'kind')} (\n"
         + indent(new_events(series, window, recent_event(scope, window, kind.id)))
-        + "\n)\n"
+        + "\n)"
     )
+    expr = per_group(scope, per_pod, "kind")
+    pods = _pods_text(scope, window, kind.id)
     description = (
         _selector_var(scope, kind.id)
-        + f'{{{{ $value | printf "%.0f" }}}} fatal {kind.id} OOM event(s) on {who(scope)} in the last {window}: '
+        + f'{{{{ $value | printf "%.0f" }}}} fatal {kind.id} OOM event(s) on {who(scope, pods)}{_role_text(scope)}'
+        + f" in the last {window}: "
         + f"{_lower_first(kind.title)}. "
         + _numbers_text()
         + _fix_text(kind)
@@ -163,7 +217,7 @@ def retraction_alert(kind: OomKind, scope: Scope) -> AlertSpec:
     description = (
         _selector_var(scope, kind.id)
         + "{{ if $labels.target }}"
-        + "SGLang at {{ $labels.target }}"
+        + f"SGLang{_PD_ROLE} at {{{{ $labels.target }}}}"
         + f"{{{{ if {scope.template_label()} }}}} in cluster {{{{ {scope.template_label()} }}}}{{{{ end }}}}"
         + ' retracted {{ $value | printf "%.1f" }} requests a minute over the '
         + f"last {window} by its own counter (alert above {fmt(requests_per_minute)}; exporter "
@@ -200,9 +254,11 @@ def crash_loop_alert(pack: Mapping[str, Any], scope: Scope) -> AlertSpec:
     per_exporter = f"sum {scope.by(*SOURCE_LABELS, 'job', 'instance')} (\n" + indent(
         new_events(series, window, recent_event(scope, window))
     )
-    expr = f"max {scope.by(*SOURCE_LABELS)} (\n" + indent(per_exporter + "\n)") + f"\n) >= {count}\n"
+    per_pod = f"max {scope.by(*SOURCE_LABELS)} (\n" + indent(per_exporter + "\n)") + "\n)"
+    expr = f"{per_group(scope, per_pod).rstrip()} >= {count}\n"
+    pods = _pods_text(scope, window)
     description = (
-        f'SGLang on {who(scope)} had {{{{ $value | printf "%.0f" }}}} fatal OOMs in the last {window} '
+        f'SGLang on {who(scope, pods)} had {{{{ $value | printf "%.0f" }}}} fatal OOMs in the last {window} '
         f"(alert at {count}): "
         "SGLang restarts, runs out of memory again and restarts. The per-kind OOM alerts and the events "
         "say which allocation failed and which flag to change; until it is changed every restart fails the same way."
@@ -239,7 +295,8 @@ def near_full_alert(pack: Mapping[str, Any], scope: Scope) -> AlertSpec:
         f"and {scope.on('instance', 'target')}\n({up} == 1)\n"
     )
     description = (
-        "SGLang at {{ $labels.target }}{{ if $labels.pod }} (pod {{ $labels.namespace }}/{{ $labels.pod }})"
+        f"SGLang{_PD_ROLE} at {{{{ $labels.target }}}}"
+        "{{ if $labels.pod }} (pod {{ $labels.namespace }}/{{ $labels.pod }})"
         "{{ else if $labels.source }} (source {{ $labels.source }}){{ end }}"
         f"{{{{ if {scope.template_label()} }}}} in cluster {{{{ {scope.template_label()} }}}}{{{{ end }}}} has used "
         "{{ $value | humanizePercentage }} of its KV cache for "

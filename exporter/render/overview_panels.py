@@ -55,6 +55,10 @@ def by_cluster(agg: str, labels: tuple[str, ...], expr: str) -> str:
     return f"{agg} {CLUSTERED.by(*labels)} ({scoped(expr)})"
 
 
+# Per endpoint and PD role: SGLang's engine_type (prefill | decode | unified) tells a PD pair apart.
+PER_ROLE = ("target", "engine_type")
+ROLE = "{{target}} {{engine_type}}"
+
 # The near-full alert's "used": what an allocation cannot get back, plus what PD transfers were promised.
 _IN_USE_OR_PROMISED = (
     "1 - (sglang_oom_target_kv_available_tokens + sglang_oom_target_kv_evictable_tokens) "
@@ -64,7 +68,9 @@ _IN_USE_OR_PROMISED = (
 
 
 def _per_target(expr: str) -> str:
-    return f"max {CLUSTERED.by('target')} ({scoped(expr)})"
+    """Per SGLang endpoint, with SGLang's engine_type (prefill | decode | unified) where it gives one: a PD
+    pair's two servers are told apart in the legend ("{{target}} decode")."""
+    return f"max {CLUSTERED.by(*PER_ROLE)} ({scoped(expr)})"
 
 
 # What the mirrored panels need: without an endpoint they are empty, which is no sign that all is well.
@@ -83,8 +89,8 @@ def context_panels() -> list[tuple[g.Json, int, int]]:
         "alert reads: 1 - (free + evictable) / pool from SGLang 0.5.16's gauges, plus on a PD decode server the "
         "share promised to transfers not yet pre-allocated. " + _NEEDS_TARGET,
         g.targets(
-            (_per_target("sglang_oom_target_token_usage"), "{{target}}" + IN_CLUSTER),
-            (_per_target(f"({_IN_USE_OR_PROMISED})"), "{{target}} in use or promised" + IN_CLUSTER),
+            (_per_target("sglang_oom_target_token_usage"), ROLE + IN_CLUSTER),
+            (_per_target(f"({_IN_USE_OR_PROMISED})"), ROLE + " in use or promised" + IN_CLUSTER),
         ),
         g.field_config("percentunit", min=0, max=1, steps=g.thresholds(g.GREEN, (0.9, g.ORANGE), (0.98, g.RED))),
     )
@@ -94,18 +100,18 @@ def context_panels() -> list[tuple[g.Json, int, int]]:
         "KV tokens in use against the pool's capacity (max_total_num_tokens) per endpoint, and what an allocation "
         "could still get: free plus evictable prefix cache (SGLang 0.5.16+). A small pool relative to "
         "context_length makes every long request risky. " + _NEEDS_TARGET,
-        g.targets((_per_target("sglang_oom_target_used_tokens"), "{{target}} used" + IN_CLUSTER),
-                  (_per_target("sglang_oom_target_max_total_tokens"), "{{target}} pool" + IN_CLUSTER),
+        g.targets((_per_target("sglang_oom_target_used_tokens"), ROLE + " used" + IN_CLUSTER),
+                  (_per_target("sglang_oom_target_max_total_tokens"), ROLE + " pool" + IN_CLUSTER),
                   (_per_target("(sglang_oom_target_kv_available_tokens + sglang_oom_target_kv_evictable_tokens)"),
-                   "{{target}} free + evictable" + IN_CLUSTER)),
+                   ROLE + " free + evictable" + IN_CLUSTER)),
         g.field_config("short"),
     )  # fmt: skip
     requests = g.timeseries(
         "Running and queued requests",
         "Requests in the running batch and waiting in the queue per endpoint. A running batch that keeps growing "
         "until an OOM says --max-running-requests is too high for the pool. " + _NEEDS_TARGET,
-        g.targets((_per_target("sglang_oom_target_running_requests"), "{{target}} running" + IN_CLUSTER),
-                  (_per_target("sglang_oom_target_queued_requests"), "{{target}} queued" + IN_CLUSTER)),
+        g.targets((_per_target("sglang_oom_target_running_requests"), ROLE + " running" + IN_CLUSTER),
+                  (_per_target("sglang_oom_target_queued_requests"), ROLE + " queued" + IN_CLUSTER)),
         g.field_config("short"),
     )  # fmt: skip
     retracted = g.timeseries(
@@ -116,8 +122,8 @@ def context_panels() -> list[tuple[g.Json, int, int]]:
         "nothing more; the endpoint's needs an SGLang endpoint the exporter scrapes (--sglang-url, targets: or "
         "Kubernetes discovery).",
         g.targets(
-            (by_cluster("sum", ("target",), "rate(sglang_oom_target_retracted_requests_total[$__rate_interval])"),
-             "{{target}} (endpoint)" + IN_CLUSTER),
+            (by_cluster("sum", PER_ROLE, "rate(sglang_oom_target_retracted_requests_total[$__rate_interval])"),
+             ROLE + " (endpoint)" + IN_CLUSTER),
             (f"sum by ({BY_SOURCE}) (rate({sel('sglang_oom_retracted_requests_total', kind=False)}"
              "[$__rate_interval]))", f"{SOURCE_LEGEND} (logs)"),
         ),
@@ -127,8 +133,8 @@ def context_panels() -> list[tuple[g.Json, int, int]]:
         "Aborted requests",
         "Requests the SGLang endpoint aborted, per second (SGLang 0.4.8+). A burst at an OOM mark is the "
         "user-visible damage: those requests failed. " + _NEEDS_TARGET,
-        [g.target(by_cluster("sum", ("target",), "rate(sglang_oom_target_aborted_requests_total[$__rate_interval])"),
-                  "{{target}}" + IN_CLUSTER)],
+        [g.target(by_cluster("sum", PER_ROLE, "rate(sglang_oom_target_aborted_requests_total[$__rate_interval])"),
+                  ROLE + IN_CLUSTER)],
         g.field_config("reqps"),
     )  # fmt: skip
     return [(usage, 8, 8), (tokens, 8, 8), (requests, 8, 8), (retracted, 12, 8), (aborted, 12, 8)]

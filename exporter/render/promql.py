@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..config import parse_duration
-from ..metrics import FILE_LABELS, KUBERNETES_LABELS
+from ..metrics import FILE_LABELS, GROUP_INFO, KUBERNETES_LABELS
 
 # What OOM alerts group by: every source label of either scheme (a missing one is empty), so both work.
 SOURCE_LABELS: tuple[str, ...] = (*KUBERNETES_LABELS, *FILE_LABELS)
@@ -113,6 +113,38 @@ def recent_event(scope: Scope, window: str, kind: str | None = None) -> str:
     matchers = {"kind": kind} if kind else {}
     last = scope.sel("sglang_oom_last_event_timestamp_seconds", **matchers)
     return f"(time() - {last}) < {int(parse_duration(window))}"
+
+
+def per_group(scope: Scope, expr: str, *keep: str, info: str = "", sources: str = "") -> str:
+    """expr (series with the source labels and `keep`) with the pods of one multi-node server counted once.
+
+    A pod that sglang_oom_serving_group_info puts in a group (metrics/groups.py) trades its pod and container
+    labels for the group's: its values are summed per worker index (the same member of a group recreated with
+    new pod names adds up) and the maximum over the members is the group's, since every member logs the same
+    OOM. A pod in no group, and a plain file's `source`, keep their own labels and value: the join's right side
+    holds them too (`sources`, any series of theirs, default sglang_oom_fatal_events_total), so expr is written
+    once and a source the map does not know is never dropped (docs/multi-node.md). `info` is the map's selector
+    (default: the scope's job).
+    """
+    info = info or scope.sel(GROUP_INFO)
+    sources = sources or scope.sel("sglang_oom_fatal_events_total")
+    pod = scope.on("namespace", "pod")
+    units = (
+        f"max {scope.by('namespace', 'pod', 'group', 'worker_index')} ({info})\n"
+        f"or\n(group {scope.by('namespace', 'pod')} ({sources}) unless {pod} {info})"
+    )
+    joined = f"(\n{indent(expr)}\n)\n* {pod} group_left (group, worker_index)\n(\n{indent(units)}\n)"
+    # label_replace must keep every label set apart: a group's pods of one worker index (recreated under new
+    # names) would collide once pod and container go, so both are copied out first (and summed away below).
+    copied = f'label_replace(label_replace(\n{indent(joined)},\n"member_pod", "$1", "pod", "(.*)"),'
+    copied += ' "member_container", "$1", "container", "(.*)")'
+    drop = '"pod", "", "group", ".+"), "container", "", "group", ".+")'
+    relabelled = f"label_replace(label_replace(\n{indent(copied)},\n{drop}"
+    return (
+        f"max {scope.by(*SOURCE_LABELS, 'group', *keep)} (\n"
+        f"  sum {scope.by(*SOURCE_LABELS, 'group', 'worker_index', *keep)} (\n"
+        f"{indent(relabelled, '    ')}\n  )\n)\n"
+    )
 
 
 def indent(text: str, by: str = "  ") -> str:

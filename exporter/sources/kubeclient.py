@@ -21,6 +21,7 @@ REASONS = ("no_node_name", "no_token", "refused", "timeout", "tls", "http_status
 MAX_BODY_BYTES = 64 << 20  # one node's pod list is far smaller; a runaway answer must not fill memory
 
 PodKey = tuple[str, str]  # (namespace, pod)
+LWS_PREFIX = "leaderworkerset.sigs.k8s.io/"
 
 
 class DiscoveryError(Exception):
@@ -169,4 +170,19 @@ def endpoints(pod_list: Mapping[str, Any], default_port: int, port_annotation: s
         if isinstance(raw, str) and raw.strip().isdigit() and 0 < int(raw) < 65536:
             port = int(raw)
         found[(namespace, name)] = PodEndpoint(namespace, name, ip, port)
+    return found
+
+
+def lws_labels(pod_list: Mapping[str, Any]) -> dict[PodKey, dict[str, str]]:
+    """Each LeaderWorkerSet pod -> its `leaderworkerset.sigs.k8s.io/*` labels (metrics/groups.py reads them)."""
+    found: dict[PodKey, dict[str, str]] = {}
+    for item in pod_list.get("items") or []:
+        meta = item.get("metadata") if isinstance(item, dict) else None
+        if not isinstance(meta, dict):
+            continue
+        namespace, name, labels = meta.get("namespace"), meta.get("name"), meta.get("labels")
+        if isinstance(namespace, str) and isinstance(name, str) and isinstance(labels, dict):
+            lws = {k: v for k, v in labels.items() if k.startswith(LWS_PREFIX) and isinstance(v, str)}
+            if lws:
+                found[(namespace, name)] = lws
     return found

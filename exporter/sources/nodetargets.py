@@ -14,7 +14,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 
-from .kubeclient import REASONS, ApiClient, DiscoveryError, PodEndpoint, PodKey, endpoints
+from .kubeclient import REASONS, ApiClient, DiscoveryError, PodEndpoint, PodKey, endpoints, lws_labels
 from .scrape import TargetScraper
 
 log = logging.getLogger(__name__)
@@ -49,6 +49,7 @@ class NodeTargets:
         self._new_scraper = new_scraper or (lambda url: TargetScraper(url, timeout=scrape_timeout))
         self._lock = threading.Lock()
         self._endpoints: dict[PodKey, PodEndpoint] = {}
+        self._lws: dict[PodKey, dict[str, str]] = {}  # followed pod -> its leaderworkerset.sigs.k8s.io/* labels
         self._listed_early: set[PodKey] = set()  # followed pods that already had their early list
         self._scrapers: dict[str, TargetScraper] = {}  # url -> scraper
         self._scrape_stops: dict[str, threading.Event] = {}
@@ -73,6 +74,11 @@ class NodeTargets:
         with self._lock:
             return next((key for key, ep in self._endpoints.items() if ep.url == url), None)
 
+    def pod_labels(self, namespace: str, pod: str) -> dict[str, str] | None:
+        """The LeaderWorkerSet labels of a followed pod, as last listed (kept while the pod is followed)."""
+        with self._lock:
+            return self._lws.get((namespace, pod))
+
     def scrapers(self) -> list[TargetScraper]:
         """Every discovered scraper (for the target metrics)."""
         with self._lock:
@@ -85,8 +91,10 @@ class NodeTargets:
         try:
             if not self.node:
                 raise DiscoveryError("no_node_name", f"set {NODE_NAME_ENV} from the downward API (spec.nodeName)")
-            found = endpoints(self.client.list_pods(self.node), self.default_port, self.port_annotation)
+            listed = self.client.list_pods(self.node)
+            found = endpoints(listed, self.default_port, self.port_annotation)
             followed = set(self._followed())
+            self._keep_labels(lws_labels(listed), followed)
             self._reconcile({key: ep for key, ep in found.items() if key in followed})
             with self._lock:
                 self._listed_early = followed  # every pod followed now has been listed
@@ -103,6 +111,13 @@ class NodeTargets:
             log.info("node discovery recovered node=%s", self.node)
             self._last_problem = ""
         return True
+
+    def _keep_labels(self, listed: dict[PodKey, dict[str, str]], followed: set[PodKey]) -> None:
+        """Remember followed pods' LWS labels; a pod deleted from the API keeps them while its logs are read."""
+        with self._lock:
+            kept = {key: labels for key, labels in self._lws.items() if key in followed}
+            kept.update((key, labels) for key, labels in listed.items() if key in followed)
+            self._lws = kept
 
     def _failed(self, reason: str, detail: str) -> None:
         with self._lock:
