@@ -1,6 +1,6 @@
 """`sglang-oom-exporter render`: the committed generated files are fresh, and --check notices when they are not.
 
-Every renderer registered in render/_renderers() (alerts, runbooks, dashboards, the chart's copies) is covered:
+Every renderer registered in render/renderers() (alerts, runbooks, dashboards, the chart's copies) is covered:
 the check compares all of their files with the working tree, and each renderer must contribute at least one.
 """
 
@@ -15,7 +15,7 @@ import yaml
 
 from sglang_oom_exporter.catalog import load_catalog
 from sglang_oom_exporter.cli import main
-from sglang_oom_exporter.render import RenderOptions, _renderers, checkout_files, render_all
+from sglang_oom_exporter.render import RenderOptions, checkout_files, render_all, renderers
 from sglang_oom_exporter.render.alerts import ALERTMANAGER_PATH, RULES_PATH
 from sglang_oom_exporter.render.runbooks import INDEX
 
@@ -59,13 +59,13 @@ def test_the_committed_files_are_a_fresh_render(fresh):
 
 def test_every_renderer_contributes_and_the_pack_files_are_among_them(fresh):
     files: dict[str, str] = {}
-    for renderer in _renderers():
+    for renderer in renderers():
         produced = renderer(CATALOG, RenderOptions(), dict(files))
         assert produced, f"{renderer.__name__} wrote nothing"
         files.update(produced)
     assert files == fresh
     assert {RULES_PATH, ALERTMANAGER_PATH, INDEX} <= set(files)
-    assert [r.__name__ for r in _renderers()][:2] == ["render_alerts", "render_runbooks"]
+    assert [r.__name__ for r in renderers()][:2] == ["render_alerts", "render_runbooks"]
 
 
 def test_check_names_each_stale_or_missing_file_and_writes_nothing(render, fresh, tmp_path):

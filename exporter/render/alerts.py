@@ -23,7 +23,6 @@ from typing import Any
 import yaml
 
 from ..catalog import Catalog, OomKind
-from . import GENERATED_NOTE, Files, RenderOptions
 from .alertspec import (
     CRASH_LOOP,
     EXPORTER_DOWN,
@@ -40,6 +39,7 @@ from .alertspec import (
 )
 from .guard_alerts import exporter_down_alert, no_logs_alert, state_errors_alert, target_down_alert
 from .oom_alerts import crash_loop_alert, fatal_alert, near_full_alert, non_fatal_alert, retraction_alert
+from .options import GENERATED_NOTE, Files, RenderOptions
 from .promql import SOURCE_LABELS, Scope
 
 __all__ = [

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..catalog import OomKind
-from . import DASHBOARD_URL_VARIABLES, OVERVIEW_DASHBOARD_UID, RenderOptions, runbook_page_url
+from .options import DASHBOARD_URL_VARIABLES, OVERVIEW_DASHBOARD_UID, RenderOptions, runbook_page_url
 
 OOM_GROUP = "sglang-oom"
 EXPORTER_GROUP = "sglang-oom-exporter"

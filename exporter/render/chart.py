@@ -20,11 +20,11 @@ import yaml
 
 from .. import __version__
 from ..catalog import Catalog
-from . import GENERATED_NOTE, Files, RenderOptions
+from .alerts import RULES_PATH, render_alerts
+from .options import GENERATED_NOTE, Files, RenderOptions
 from .promql import Scope, cluster_patterns
 
 CHART_DIR = "helm/sglang-oom-exporter"
-RULES_PATH = "alerts/sglang-oom.rules.yaml"
 DASHBOARD_DIR = "dashboards/"
 CHART_RULES = f"{CHART_DIR}/files/sglang-oom.rules.yaml"
 CHART_DEFAULTS = f"{CHART_DIR}/files/render-defaults.yaml"
@@ -69,18 +69,8 @@ def dashboard_paths(rules_text: str) -> dict[str, str]:
 
 
 def _rules_with_sentinel(catalog: Catalog, options: RenderOptions) -> str | None:
-    """The rules file as the earlier renderers write it when a Grafana URL is set; None without rules."""
-    from . import _renderers
-
-    probe = replace(options, grafana_url=_SENTINEL)
-    files: dict[str, str] = {}
-    for renderer in _renderers():
-        if renderer is render_chart:
-            break
-        files.update(renderer(catalog, probe, dict(files)))
-        if RULES_PATH in files:
-            return files[RULES_PATH]
-    return None
+    """The rules file as the alerts renderer writes it when a Grafana URL is set; None without rules."""
+    return render_alerts(catalog, replace(options, grafana_url=_SENTINEL), {}).get(RULES_PATH)
 
 
 def render_defaults(options: RenderOptions, paths: Mapping[str, str], scope: Scope | None = None) -> str:

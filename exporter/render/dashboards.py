@@ -16,14 +16,14 @@ from collections.abc import Mapping
 
 from ..catalog import Catalog
 from ..metrics import GROUP_INFO
-from . import (
+from . import grafana as g
+from .options import (
     DASHBOARD_URL_VARIABLES,
     GENERATED_NOTE,
     OVERVIEW_DASHBOARD_UID,
     RenderOptions,
     runbook_kind_url,
 )
-from . import grafana as g
 from .overview_panels import (
     ALL_VALUE,
     BY_SOURCE,

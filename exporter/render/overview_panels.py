@@ -10,8 +10,8 @@ from __future__ import annotations
 import re
 
 from ..catalog import OomKind
-from . import RenderOptions, runbook_kind_url
 from . import grafana as g
+from .options import RenderOptions, runbook_kind_url
 from .promql import Scope
 
 # The dashboards are written with the default cluster label; render moves them to a configured one with

@@ -5,8 +5,8 @@ not one per kind: their Meaning, Impact and Mitigation are written here, about t
 from __future__ import annotations
 
 from ..catalog import Catalog
-from . import RenderOptions
 from .alertspec import AlertSpec
+from .options import RenderOptions
 from .runbook_parts import PORT, dashboard_note, find_exporter, labels_note, page, series_note
 
 # What each pack alert (not one per kind) means, in the runbook's four parts. Kind alerts take theirs from

@@ -7,8 +7,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from ..catalog import OomKind
-from . import GENERATED_NOTE, OVERVIEW_DASHBOARD_UID, RenderOptions
 from .alertspec import AlertSpec
+from .options import GENERATED_NOTE, OVERVIEW_DASHBOARD_UID, RenderOptions
 from .promql import SOURCE_LABELS
 
 PORT = 9877

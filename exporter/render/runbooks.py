@@ -13,9 +13,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from ..catalog import Catalog, OomKind
-from . import GENERATED_NOTE, Files, RenderOptions
 from .alerts import alert_pack
 from .alertspec import AlertSpec
+from .options import GENERATED_NOTE, Files, RenderOptions
 from .pack_runbooks import pack_page
 from .runbook_parts import PORT, dashboard_note, find_exporter, labels_note, page, quote, series_note, steps
 
