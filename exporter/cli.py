@@ -109,6 +109,10 @@ def _render_parser(sub: Any) -> None:
                         "{<AlertName>: {threshold, for, ...}} (docs/multi-cluster.md)")  # fmt: skip
     render.add_argument("--runbook-base-url", metavar="URL",
                         help="where the runbook pages live (default: docs/runbooks on the main branch)")  # fmt: skip
+    render.add_argument("--runbook-url-template", metavar="TEMPLATE",
+                        help="a runbook page's URL from {base} (the base URL) and {page} (the alert's name in "
+                             "lower case, or README for the index); default: the repository's Markdown pages, "
+                             "{base}/{page}.md; a wiki may want {base}/{page}")  # fmt: skip
     render.add_argument("--grafana-url", metavar="URL", default="",
                         help="Grafana base URL: alerts then carry a dashboard_url (default: none)")  # fmt: skip
 
@@ -244,16 +248,22 @@ def _fail(message: str) -> int:
 def _render(args: argparse.Namespace) -> int:
     from .project import PROJECT_URL
     from .render import (
+        DEFAULT_RUNBOOK_URL_TEMPLATE,
         RenderOptions,
         checkout_files,
         is_checkout,
         render_all,
         runbook_base_for,
+        runbook_template_problem,
         stale_files,
         write_files,
     )
     from .render.projecturl import checkout_project_url
 
+    template = args.runbook_url_template or DEFAULT_RUNBOOK_URL_TEMPLATE
+    problem = runbook_template_problem(template)
+    if problem is not None:
+        return _fail(f"bad --runbook-url-template: {problem}")
     try:
         if args.overrides:
             from .render.overrides import load_with_overrides
@@ -269,6 +279,7 @@ def _render(args: argparse.Namespace) -> int:
         runbook_base_url=(args.runbook_base_url or runbook_base_for(project_url)).rstrip("/"),
         grafana_url=args.grafana_url.rstrip("/"),
         project_url=project_url,
+        runbook_url_template=template,
     )
     files = render_all(catalog, options) | checkout_files(catalog, args.out_dir)
     if args.check:

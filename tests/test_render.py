@@ -6,6 +6,7 @@ the check compares all of their files with the working tree, and each renderer m
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -96,6 +97,36 @@ def test_runbook_and_grafana_urls_flow_into_the_rules(render, tmp_path):
         assert ann["dashboard_url"].startswith("https://grafana.example.com/d/sglang-oom-overview?from=now-3h&to=now")
     # The committed files are rendered with the defaults: a render with other URLs is not "fresh".
     assert render("--check", str(tmp_path)).returncode == 1
+
+
+def test_a_runbook_url_template_without_the_md_suffix_moves_every_link(render, tmp_path):
+    """A wiki's pages have no .md: every rule's runbook_url and every dashboard link follow the template."""
+    base = "https://wiki.example.com/sglang"
+    proc = render("--runbook-base-url", base, "--runbook-url-template", "{base}/{page}", str(tmp_path))
+    assert proc.returncode == 0, proc.stderr
+    rules = [r for g in yaml.safe_load((tmp_path / RULES_PATH).read_text())["groups"] for r in g["rules"]]
+    assert len(rules) == len({r["alert"] for r in rules}) >= 17
+    for rule in rules:
+        assert rule["annotations"]["runbook_url"] == f"{base}/{rule['alert'].lower()}", rule["alert"]
+    dashboard = (tmp_path / "dashboards" / "sglang-oom-overview.json").read_text()
+    links = re.findall(r'"url": "(https://wiki\.example\.com/[^"]*)"', dashboard)
+    assert links
+    assert all(link == f"{base}/README" or link.startswith(f"{base}/README#") for link in links), links
+    assert ".md" not in "".join(links)
+
+
+@pytest.mark.parametrize(
+    ("template", "why"),
+    [
+        ("{base}/runbook", "'{base}/runbook' has no {page}: every alert would link the same page"),
+        ("{base}/{page}{anchor}", "'{base}/{page}{anchor}' names anchor; only {base} and {page} exist"),
+        ("{base}/{page", "'{base}/{page': expected '}' before end of string"),
+    ],
+)
+def test_a_bad_runbook_url_template_is_a_usage_error(render, tmp_path, template, why):
+    proc = render("--runbook-url-template", template, str(tmp_path))
+    assert (proc.returncode, proc.stderr) == (2, f"sglang-oom-exporter: bad --runbook-url-template: {why}\n")
+    assert not (tmp_path / RULES_PATH).exists()
 
 
 def test_a_bad_catalog_is_a_usage_error(render, tmp_path):

@@ -17,6 +17,7 @@ from ..catalog import Catalog, default_catalog_path
 from .options import (
     DASHBOARD_URL_VARIABLES,
     DEFAULT_RUNBOOK_BASE_URL,
+    DEFAULT_RUNBOOK_URL_TEMPLATE,
     DOCS_REF,
     GENERATED_NOTE,
     OVERVIEW_DASHBOARD_UID,
@@ -26,11 +27,13 @@ from .options import (
     runbook_base_for,
     runbook_kind_url,
     runbook_page_url,
+    runbook_template_problem,
 )
 
 __all__ = [
     "DASHBOARD_URL_VARIABLES",
     "DEFAULT_RUNBOOK_BASE_URL",
+    "DEFAULT_RUNBOOK_URL_TEMPLATE",
     "DOCS_REF",
     "GENERATED_NOTE",
     "OVERVIEW_DASHBOARD_UID",
@@ -44,6 +47,7 @@ __all__ = [
     "runbook_base_for",
     "runbook_kind_url",
     "runbook_page_url",
+    "runbook_template_problem",
     "stale_files",
     "write_files",
 ]
