@@ -1,5 +1,5 @@
 """Golden fixtures: each tests/data/logs/<case>.log scanned by the real CLI code path, compared with
-<case>.expected.yaml (exact counts per kind, retraction totals, and every field each listed event gives).
+<case>.expected.yaml (exact counts per kind: the file lists only the non-zero ones, a missing kind is 0, retraction totals, and every field each listed event gives).
 
 The expected files were written from docs/sglang-facts.md, independently of the parser. Every case runs with
 both literal finders of the prefiltering reader (Hyperscan and the portable bytes.find), which must
@@ -18,7 +18,7 @@ from sglang_oom_exporter.catalog.loader import EVENT_FIELDS
 from sglang_oom_exporter.detect import finder as finders
 from sglang_oom_exporter.detect import reader
 from sglang_oom_exporter.scan import scan_paths
-from tests.helpers import CATALOG, load_yaml, scan_bytes
+from tests.helpers import CATALOG, golden_counts, load_yaml, scan_bytes
 
 HERE = os.path.dirname(__file__)
 CASES = sorted(glob.glob(os.path.join(HERE, "data", "logs", "*.log")))
@@ -48,7 +48,7 @@ def finder(request, monkeypatch):
 def test_golden(path, finder):
     expected = load_expected(path)
     got = scan_paths(CATALOG, [path]).to_json()
-    assert got["counts"] == expected["counts"]
+    assert got["counts"] == golden_counts(expected["counts"])
     assert got["retractions"] == expected["retractions"]
     events = got["events"]
     assert len(events) == len(expected["events"])
@@ -76,6 +76,23 @@ def test_every_fixture_has_an_expected_file_with_the_core_fields():
         for event in load_expected(path)["events"]:
             missing = [k for k in ("line", "kind", "fatal", "ranks", "time") if k not in event]
             assert not missing, (path, missing)
+
+
+def test_every_golden_lists_only_known_non_zero_counts():
+    for path in CASES:
+        golden_counts(load_expected(path)["counts"])  # raises on an unknown id or a stated zero
+
+
+@pytest.mark.parametrize(("stated", "why"), [({"no_such_kind": 1}, "unknown kind"), ({CATALOG.ids[0]: 0}, "non-zero")])
+def test_golden_counts_refuse_an_unknown_kind_or_a_stated_zero(stated, why):
+    with pytest.raises(ValueError, match=why):
+        golden_counts(stated)
+
+
+def test_golden_counts_mean_zero_for_a_missing_kind():
+    full = golden_counts({"decode": 2})
+    assert list(full) == list(CATALOG.ids)
+    assert full == {k: 2 if k == "decode" else 0 for k in CATALOG.ids}
 
 
 def test_the_finder_fixture_really_swaps_the_finder(finder):
