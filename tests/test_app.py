@@ -90,7 +90,7 @@ def test_source_series_are_dropped_after_the_retention(tmp_path):
     assert ("gone",) in app.counts.known()
     _run(app, clock, 40)
     assert ("gone",) not in app.counts.known()
-    assert app.sources.by_path == {}
+    assert app.sources.paths() == []
 
 
 def test_health_says_why(tmp_path):
@@ -151,7 +151,7 @@ def test_a_file_created_right_after_a_discovery_is_read_within_a_second(tmp_path
     assert app.loop.next_timeout() == pytest.approx(0.7)  # wait only until discovery may run again
     app.loop.mark_changed({str(tmp_path)})  # the waker's report of the create event
     app.loop.step()  # t=0.3: too soon after the last discovery; the file is not a source yet
-    assert app.sources.by_path == {}
+    assert app.sources.paths() == []
     clock.now += 0.7
     app.loop.step()  # t=1.0: discovered, and read in the same pass
     clock.now += 1.0  # the traceback wait (1 s) of the fatal block
@@ -275,10 +275,10 @@ def test_reload_picks_up_new_paths(tmp_path):
     (other / "b.log").write_text("")
     app, clock = _app(tmp_path)
     _run(app, clock, 1)
-    assert app.sources.by_path == {}
+    assert app.sources.paths() == []
     app.reload(Config(paths=(str(other / "*.log"),), state_dir=app.config.state_dir, traceback_wait=1.0), CATALOG)
     _run(app, clock, 1)
-    assert list(app.sources.by_path) == [str(other / "b.log")]
+    assert app.sources.paths() == [str(other / "b.log")]
 
 
 def _fields(config: Config) -> dict:

@@ -98,7 +98,7 @@ def test_a_reload_that_removes_a_path_stops_following_it_and_a_re_add_resumes_ex
     assert app.counts.total() == 1
     assert app.reload(App_config(app, paths=(str(a),)), CATALOG) == "applied"
     _run(app, clock)
-    assert list(app.sources.by_path) == [str(a)]
+    assert app.sources.paths() == [str(a)]
     assert app.counts.total() == 1  # b's series stays for the retention (issue 24), as a deleted file's does
     _append(b, BLOCK.format(s=2))  # written while b is not followed
     _run(app, clock)

@@ -99,7 +99,7 @@ def test_a_file_followed_from_its_end_is_judged_by_its_head(tmp_path):
         fh.write(BARE)
     _run(app, clock)
     assert app.counts.total("cuda_oom") == 1
-    assert app.sources.by_path[path].state()["sglang"] is True  # type: ignore[index]
+    assert app.sources.get(path).state()["sglang"] is True  # type: ignore[index]
 
 
 def test_an_old_state_file_without_the_identification_is_tolerated(tmp_path):
@@ -122,8 +122,8 @@ def test_an_old_state_file_without_the_identification_is_tolerated(tmp_path):
     app2.keeper.load()
     _run(app2, clock2)
     assert app2.counts.total("cuda_oom") == 0
-    assert app2.sources.by_path[path].pipeline.stats().foreign_events == 1
-    assert app2.sources.bad_positions == 0
+    assert app2.sources.get(path).pipeline.stats().foreign_events == 1
+    assert app2.sources.facts().bad_positions == 0
     assert app2.keeper.errors == 0
 
 

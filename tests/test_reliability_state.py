@@ -86,7 +86,7 @@ def test_one_rejected_position_with_counters_kept_does_not_recount_the_file(tmp_
     app.keeper.load()
     _run(app, clock, 8.0)
     assert app.counts.total("decode") == 2  # not 4: the counters already hold a.log's two events
-    assert app.sources.bad_positions == 1
+    assert app.sources.facts().bad_positions == 1
     with open(tmp_path / "a.log", "a") as fh:
         fh.write(BLOCK.format(s=30))
     _run(app, clock, 8.0)

@@ -60,7 +60,7 @@ def test_truncated_in_place_while_down_with_the_same_banner_is_read_from_0(tmp_p
     _rewrite_with_the_same_banner(log, offset, [11, 12, 13])
     app = _restarted(tmp_path)
     assert app.counts.total("decode") == 4  # was 2: resumed at the old offset, inside the new content
-    assert app.sources.by_path[log].epoch == 1  # a new epoch: the new events' keys differ from the old ones'
+    assert app.sources.get(log).epoch == 1  # a new epoch: the new events' keys differ from the old ones'
 
 
 def test_copytruncated_while_down_with_the_same_banner_drains_the_copy_first(tmp_path):
@@ -91,7 +91,7 @@ def test_a_file_that_only_grew_resumes_in_place(tmp_path):
     _append(log, BLOCK.format(s=2))
     app = _restarted(tmp_path)
     assert app.counts.total("decode") == 2
-    assert app.sources.by_path[log].epoch == 0
+    assert app.sources.get(log).epoch == 0
 
 
 def test_a_state_file_saved_without_the_mark_still_resumes(tmp_path):

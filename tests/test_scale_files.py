@@ -19,7 +19,7 @@ def _files(tmp_path, n: int = FILES, text: str = "") -> None:
 
 
 def _built(app) -> int:
-    pipes = [s.pipeline for s in app.sources.by_path.values()]
+    pipes = [s.pipeline for s in app.sources.followed()]
     assert all(isinstance(p, LazyPipeline) for p in pipes)
     return sum(1 for p in pipes if p.built)
 
@@ -29,7 +29,7 @@ def test_idle_files_build_no_pipeline_until_their_first_byte(tmp_path):
     app, clock = _app(tmp_path, state_interval=60.0)
     app.loop._start()
     _run(app, clock, 2.0)
-    assert len(app.sources.by_path) == FILES
+    assert len(app.sources.paths()) == FILES
     assert _built(app) == 0
     with open(tmp_path / "s0007.log", "a") as fh:
         fh.write(BLOCK.format(s=1))
@@ -64,7 +64,7 @@ def test_discovery_names_clashing_stems_apart(tmp_path):
         (tmp_path / d / "server.log").write_text("")
     app, _ = _app(tmp_path, paths=(str(tmp_path / "*" / "server.log"),))
     app.loop._start()
-    names = sorted(s.label_map["source"] for s in app.sources.by_path.values())
+    names = sorted(s.label_map["source"] for s in app.sources.followed())
     assert names == ["b/server", "server"]  # globs expand in sorted order: a/ is found first
 
 

@@ -97,7 +97,7 @@ def test_a_scrape_and_a_probe_answer_while_the_loop_is_mid_slice(tmp_path, monke
     try:
         stepper.start()
         assert in_slice.wait(10), "the loop never reached the read"
-        assert not app.sources.lock.acquire(blocking=False)  # the loop holds the lock through its slice
+        assert app.sources.held_elsewhere()  # the loop holds the lock through its slice
         conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=5)
         started = time.monotonic()
         conn.request("GET", "/metrics")
@@ -270,9 +270,9 @@ def _published(app: App) -> dict[str, dict]:
 
 def _held(app: App) -> dict[str, dict]:
     """The same numbers summed from the source set itself, under its lock, per label set."""
-    with app.sources.lock:
+    with app.sources.locked():
         merged: dict[tuple[str, ...], SourceStats] = {}
-        for source in app.sources.by_path.values():
+        for source in app.sources.followed():
             add_stats(merged.setdefault(source.labels, SourceStats(source.labels)), source)
     stats = list(merged.values())
     per = {

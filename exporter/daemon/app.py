@@ -105,8 +105,7 @@ class App:
 
     def _followed_pods(self) -> set[tuple[str, str]]:
         """(namespace, pod) of every followed Kubernetes log: the pods node discovery looks up."""
-        with self.sources.lock:
-            maps = [s.label_map for s in self.sources.by_path.values()]
+        maps = self.sources.label_maps()
         return {(m["namespace"], m["pod"]) for m in maps if "namespace" in m and "pod" in m}
 
     def services(self) -> list[Service]:
@@ -133,19 +132,20 @@ class App:
 
     def extra_metrics(self) -> dict[str, float]:
         """Loop, state and sink health for the collector."""
+        facts = self.sources.facts()
         return {
             "state_saves_total": float(self.keeper.saves),
-            "state_errors_total": float(self.keeper.errors + self.sources.bad_positions),
+            "state_errors_total": float(self.keeper.errors + facts.bad_positions),
             "event_sink_errors_total": float(self.sink.errors),
-            "numbers_dropped_total": float(self.sources.matcher.numbers_dropped),
-            "source_errors_total": float(self.sources.errors),
+            "numbers_dropped_total": float(facts.numbers_dropped),
+            "source_errors_total": float(facts.errors),
             "loop_timestamp_seconds": self.loop.last_loop(),
             "pending_events": float(self.loop.pending),  # as of the loop's last pass: a scrape never waits for it
             "busy_sources": float(self.loop.busy),
-            "open_files": float(self.sources.handles.open_files),
-            "file_handle_parks_total": float(self.sources.handles.parks),
-            "open_file_limit_hits_total": float(self.sources.handles.limit_hits),
-            "sources_waiting": float(len(self.sources.waiting)),
+            "open_files": float(facts.open_files),
+            "file_handle_parks_total": float(facts.file_handle_parks),
+            "open_file_limit_hits_total": float(facts.open_file_limit_hits),
+            "sources_waiting": float(len(facts.waiting)),
         }
 
     def reload(self, config: Config, catalog: Catalog) -> str:
@@ -170,7 +170,7 @@ class App:
             # The Events poster is built once, with its API client, thread and ledger.
             refused.append("kubernetes.events")
             config = replace(config, kubernetes=replace(new_k, events=old_k.events))
-        with self.sources.lock:
+        with self.sources.locked():
             self.config, self.catalog = config, catalog
             self.counts.set_kinds(catalog.ids, catalog.retraction_kind, fatal_kinds(catalog))
             self.sink.catalog = catalog

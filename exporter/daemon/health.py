@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 
 from ..events.store import Health
-from .sourceset import SourceSet
+from .sourceset import SourceFacts, SourceSet
 from .state import StateKeeper
 
 # Health is the loop's story: its lines keep the loop's logger name, which operators filter on.
@@ -35,13 +35,14 @@ class HealthWatch:
         elif errors > self._state_seen[0]:
             self._state_failing = True
         self._state_seen = (errors, saves)
-        with self.sources.lock:
-            trouble = self.trouble()
+        with self.sources.locked():
+            facts = self.sources.facts()
+            trouble = self._trouble(facts)
             if trouble == self._trouble_logged:
                 return
             self._trouble_logged = trouble
             level = logging.WARNING if self._state_failing else logging.INFO
-            log.log(level, "health: %s", trouble or f"following {len(self.sources.by_path)} log source(s)")
+            log.log(level, "health: %s", trouble or f"following {facts.followed} log source(s)")
 
     def report(self) -> Health:
         """Ready when sources are being read (some may still be waiting to appear); otherwise the reason.
@@ -49,34 +50,33 @@ class HealthWatch:
         Called from the HTTP edge without the source set's lock, which the loop holds through a read slice:
         what it reads are single attribute values the loop replaces whole (a probe must not wait a slice).
         """
-        sources = self.sources
-        trouble = self.trouble()
-        following = f"following {len(sources.by_path)} log source(s)"
+        facts = self.sources.facts()
+        trouble = self._trouble(facts)
+        following = f"following {facts.followed} log source(s)"
         if not trouble:
             return Health(True, following)
-        missing = sources.waiting
-        if trouble == waiting(missing) and len(missing) < len(sources.by_path):
+        missing = facts.waiting
+        if trouble == waiting(missing) and len(missing) < facts.followed:
             return Health(True, f"{following}; {trouble}")  # some files are read: not blind
         return Health(False, trouble)
 
-    def trouble(self) -> str:
+    def _trouble(self, facts: SourceFacts) -> str:
         """What keeps the daemon from reading every configured source and saving its state ("": nothing)."""
-        sources = self.sources
-        if sources.problem:
-            return sources.problem
-        if not sources.by_path:
+        if facts.problem:
+            return facts.problem
+        if not facts.followed:
             return "no log source is configured or found yet"
         if self._state_failing:
             return (
                 f"the state cannot be saved in {self.state_dir} (sglang_oom_exporter_state_errors_total "
                 "counts it; see the log): a restart would re-read from the end of every file"
             )
-        if sources.handles.waiting:
+        if facts.handles_waiting:
             return (
-                f"{sources.handles.waiting} log file(s) wait for a file handle: the open-file limit leaves room "
-                f"for {sources.handles.limit} open at once (sglang_oom_exporter_open_file_limit_hits_total)"
+                f"{facts.handles_waiting} log file(s) wait for a file handle: the open-file limit leaves room "
+                f"for {facts.handle_limit} open at once (sglang_oom_exporter_open_file_limit_hits_total)"
             )
-        return waiting(sources.waiting)
+        return waiting(facts.waiting)
 
 
 def waiting(paths: list[str]) -> str:

@@ -114,13 +114,13 @@ class Loop:
         """Discover files, read what is new, emit what is due, publish the statistics, save the state when due."""
         self._starting = False  # run() steps only after _start(); a test may step a loop it never ran
         now = self._clock()
-        with self.sources.lock:
+        with self.sources.locked():
             fresh: set[str] = set()
             since = now - self._last_discover
             if since >= self.config.discover_interval or (self._discover_requested and since >= self._discover_gap):
                 # A file found now is read now: the event that named its directory was taken already.
                 fresh = set(self.sources.discover())
-                for gone in (self._foreign_next.keys() | self._deferred.keys()) - self.sources.by_path.keys():
+                for gone in (self._foreign_next.keys() | self._deferred.keys()) - set(self.sources.paths()):
                     self._foreign_next.pop(gone, None)
                     self._deferred.pop(gone, None)
                 self._last_discover = now
@@ -133,7 +133,7 @@ class Loop:
             changed = self._changed or set()
             behind: set[str] = set()
             pending = busy = 0
-            for source in list(self.sources.by_path.values()):
+            for source in self.sources.followed():
                 # File events name their directory: between safety sweeps, only those files are looked at,
                 # and only sources with something pending are ticked. An idle node costs almost nothing.
                 path = source.path
@@ -177,7 +177,7 @@ class Loop:
             if source.close_at is not None or source.pipeline.pending():
                 source.tick(now)
         except Exception:  # one broken source must not stop the others or the loop
-            self.sources.errors += 1
+            self.sources.count_error()
             if now - self._last_error_log >= _ERROR_LOG_INTERVAL:
                 self._last_error_log = now
                 log.exception("source error path=%s (counted; the loop goes on)", source.path)
@@ -185,7 +185,7 @@ class Loop:
 
     def mark_changed(self, dirs: set[str] | None) -> None:
         """File events happened in these directories (None: in too many to say); poll their files next."""
-        with self.sources.lock:
+        with self.sources.locked():
             if dirs is None or self._changed is None:
                 self._changed = None
             else:
@@ -290,12 +290,10 @@ class Loop:
         existing files from their end: whatever was written while the daemon was down was lost.
         """
         self.keeper.load()
-        with self.sources.lock:
+        with self.sources.locked():
             self.sources.discover()
             self._last_discover = self._clock()
-            for source in self.sources.by_path.values():
-                if source.tailer is not None:
-                    source.tailer.prime()
+            self.sources.prime()
         self.keeper.save()
         self._begun = True
         self._starting = False
@@ -320,7 +318,7 @@ class Loop:
             self.request_discover()
 
     def _drain_stdin(self, now: float) -> None:
-        source = self.sources.by_path.get(STDIN)
+        source = self.sources.stdin()
         if source is None or self._stdin is None:
             return
         was_done = self._stdin.done

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from ..metrics import SourceStats
 from .logsource import LogSource
-from .sourceset import STDIN, SourceSet, add_stats
+from .sourceset import SourceSet, add_stats
 
 
 class Publisher:
@@ -33,7 +33,7 @@ class Publisher:
                                        sum(source.resets.values()), id(source.pipeline),
                                        source.evidence.sglang)  # fmt: skip
         same = mark is not None and self._marks.get(source.path) == mark
-        if same and not always and not self.sources.handles.waiting:
+        if same and not always and not self.sources.waiting_for_handles():
             return
         self._marks[source.path] = mark
         stats = SourceStats(source.labels)
@@ -42,15 +42,17 @@ class Publisher:
 
     def after_pass(self) -> None:
         """stdin every pass (fed by the pump, not polled); after discovery or a reload, the changed set of files."""
-        stdin = self.sources.by_path.get(STDIN)
+        stdin = self.sources.stdin()
         if stdin is not None:
             self.publish(stdin)
         if not self.resync:
             return
         self.resync = False
-        published, current = self._table.paths(), self.sources.by_path
-        for path in published - current.keys():
+        published, current = self._table.paths(), set(self.sources.paths())
+        for path in published - current:
             self._table.remove(path)
             self._marks.pop(path, None)
-        for path in current.keys() - published:
-            self.publish(current[path])
+        for path in current - published:
+            source = self.sources.get(path)
+            if source is not None:
+                self.publish(source)

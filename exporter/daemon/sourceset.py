@@ -14,6 +14,8 @@ import os
 import threading
 import time
 from collections.abc import Callable, Mapping
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
 from typing import Any
 
 from ..catalog.loader import Catalog
@@ -39,8 +41,29 @@ STDIN = "-"
 ContextFor = Callable[[Mapping[str, str]], Context]
 
 
+@dataclass(frozen=True)
+class SourceFacts:
+    """What health and the page say about the source set: single values, read without waiting for the lock."""
+
+    followed: int  # sources followed now (files and stdin)
+    problem: str  # why nothing can be followed ("" when something can)
+    waiting: list[str]  # configured files that do not exist (yet)
+    errors: int  # unexpected exceptions while reading a source
+    bad_positions: int  # saved positions that could not be used
+    numbers_dropped: int  # numbers the matcher dropped (detect/match.py)
+    open_files: int
+    file_handle_parks: int
+    open_file_limit_hits: int
+    handles_waiting: int  # files waiting for a file handle
+    handle_limit: int  # files the open-file limit lets be open at once
+
+
 class SourceSet:
-    """Every followed source by path, guarded by one lock that the loop and the scrape side share."""
+    """Every followed source by path, guarded by one lock that the loop and the scrape side share.
+
+    The lock is the set's own: callers take it with locked() around a pass or a save, and read the sources
+    through followed(), get(), stdin() and paths(), which take it too (it is re-entrant).
+    """
 
     def __init__(
         self,
@@ -54,19 +77,19 @@ class SourceSet:
     ) -> None:
         self.config = config
         self.catalog = catalog
-        self.matcher = Matcher(catalog)
+        self._matcher = Matcher(catalog)
         self.counts = counts
         self.sink = sink
         self._context_for = context_for
         self._clock = clock
-        self.by_path: dict[str, LogSource] = {}
-        self.lock = threading.RLock()
-        self.saved: dict[str, dict[str, Any]] = {}  # positions from the state file, taken by new sources
-        self.had_state = False
-        self.problem = ""
-        self.waiting: list[str] = []  # followed files that do not exist (yet): a configured path before SGLang starts
-        self.errors = 0  # unexpected exceptions while reading a source (the loop goes on)
-        self.bad_positions = 0  # saved positions that could not be used (a state error)
+        self._by_path: dict[str, LogSource] = {}
+        self._lock = threading.RLock()
+        self._saved: dict[str, dict[str, Any]] = {}  # positions from the state file, taken by new sources
+        self._had_state = False
+        self._problem = ""
+        self._waiting: list[str] = []  # followed files that do not exist (yet): a configured path before SGLang starts
+        self._errors = 0  # unexpected exceptions while reading a source (the loop goes on)
+        self._bad_positions = 0  # saved positions that could not be used (a state error)
         self._discovered_once = False
         self._watch_dirs: set[str] | None = None
         # Series of sources a reload let go: (kept until, the page's scrape count then), by label values.
@@ -74,9 +97,9 @@ class SourceSet:
         self._kfilter = kubernetes_filter(config)
         # Container directories (a pod's <namespace>_<pod>_<uid>/<container>) whose logs showed SGLang: a new run of
         # the container (the next <n>.log) is SGLang's from its first byte.
-        self.sglang_dirs: set[str] = set()
+        self._sglang_dirs: set[str] = set()
         # Never more log files open than the open-file limit allows with room for HTTP and the state file.
-        self.handles = HandleBudget(handle_bound())
+        self._handles = HandleBudget(handle_bound())
 
     # --- discovery ---------------------------------------------------------------------------
 
@@ -93,47 +116,47 @@ class SourceSet:
                     {"namespace": ref.namespace, "pod": ref.pod, "container": ref.container},
                 )
         new = []
-        with self.lock:
+        with self._lock:
             # One stat per file at discovery's pace; a glob or a pod log only matches files that exist.
-            self.waiting = sorted(p for p, known in found.items() if known is None and not os.path.exists(p))
-            for path in saved_but_missing(self.config.paths, self.saved, found):
+            self._waiting = sorted(p for p, known in found.items() if known is None and not os.path.exists(p))
+            for path in saved_but_missing(self.config.paths, self._saved, found):
                 # Renamed away while the daemon was down and not recreated yet: follow it now, so that its
                 # rotated generation is drained from the saved position, not only once a new file appears.
                 found[path] = None
             taken: set[str] | None = None  # source names in use, built once per discovery (not once per file)
             for path, known in found.items():
-                if path in self.by_path:
+                if path in self._by_path:
                     continue
                 if known is None:
                     if taken is None:
-                        taken = {s.label_map.get("source", "") for s in self.by_path.values()}
+                        taken = {s.label_map.get("source", "") for s in self._by_path.values()}
                     name = source_name(self.config.names, path, taken)
                     taken.add(name)
                     known = (("", "", name) if k is not None else (name,), {"source": name})
-                self.by_path[path] = self._new_source(path, *known)
+                self._by_path[path] = self._new_source(path, *known)
                 self._watch_dirs = None
                 new.append(path)
             self._discovered_once = True
-            self.problem = discovery_problem(self.config, found, STDIN in self.by_path)
+            self._problem = discovery_problem(self.config, found, STDIN in self._by_path)
             self._retire(self._clock(), set(found))
         return new
 
     def add_stdin(self) -> LogSource:
         """The stdin source (fed by the loop from the stdin pump, not by a tailer)."""
         labels = ("stdin",) if self.config.kubernetes is None else ("", "", "stdin")
-        with self.lock:
-            source = self.by_path[STDIN] = self._new_source(STDIN, labels, None)
+        with self._lock:
+            source = self._by_path[STDIN] = self._new_source(STDIN, labels, None)
         return source
 
     def watch_dirs(self) -> set[str]:
         """Directories whose events should wake the loop (the same set object until the sources change)."""
-        with self.lock:
+        with self._lock:
             if self._watch_dirs is not None:
                 return self._watch_dirs
             k = self.config.kubernetes
             # In Kubernetes mode the pod root is watched recursively: one watch (and one watchdog thread)
             # instead of one per container directory.
-            plain = [p for p, s in self.by_path.items() if p != STDIN and "namespace" not in s.label_map]
+            plain = [p for p, s in self._by_path.items() if p != STDIN and "namespace" not in s.label_map]
             dirs = dirs_to_watch(self.config.paths, plain)
             if k is not None and os.path.isdir(k.logs_root):
                 dirs.add(os.path.abspath(k.logs_root))
@@ -148,18 +171,18 @@ class SourceSet:
         recounting an event; stdin keeps its pipeline. A file the new config no longer names is let go at once
         (what it had pending counts now); its position is kept (and saved), so naming it again resumes there.
         """
-        with self.lock:
+        with self._lock:
             self.config, self.catalog = config, catalog
-            dropped = self.matcher.numbers_dropped
-            self.matcher = Matcher(catalog)
-            self.matcher.numbers_dropped = dropped  # a counter: never goes back
+            dropped = self._matcher.numbers_dropped
+            self._matcher = Matcher(catalog)
+            self._matcher.numbers_dropped = dropped  # a counter: never goes back
             self._kfilter = kubernetes_filter(config)
             self._watch_dirs = None
             wanted = set(expand(config.paths))
             k = config.kubernetes
             if k is not None and self._kfilter is not None:
                 wanted.update(ref.path for ref in discover_pods(k.logs_root, self._kfilter))
-            for path, source in list(self.by_path.items()):
+            for path, source in list(self._by_path.items()):
                 if path != STDIN and source.tailer is not None and path not in wanted:
                     self._let_go(path, source)
                     continue
@@ -167,17 +190,17 @@ class SourceSet:
                 if source.tailer is None or saved is None:
                     continue
                 source.tailer.close()
-                self.saved[path] = saved
-                self.by_path[path] = self._new_source(path, source.labels, source.label_map)
+                self._saved[path] = saved
+                self._by_path[path] = self._new_source(path, source.labels, source.label_map)
 
     def _let_go(self, path: str, source: LogSource) -> None:
         """Stop following a file a reload removed: count what it had pending, keep its position and its series."""
         source.pipeline.finish()
         saved = source.state()
         if saved is not None:
-            self.saved[path] = saved
+            self._saved[path] = saved
         self._forget(path, source)
-        if not any(s.labels == source.labels for s in self.by_path.values()):
+        if not any(s.labels == source.labels for s in self._by_path.values()):
             # Kept as a deleted file's are, for the retention: a reload that names it again continues its counter
             # (a config flipping between two versions showed 12 of 165 events), and what it had pending, counted
             # just now, is on the page until a scrape has shown it.
@@ -187,52 +210,143 @@ class SourceSet:
     def _drop(self, path: str, source: LogSource) -> None:
         """Stop following path: close it, forget it, and drop its series unless another file has its labels."""
         self._forget(path, source)
-        if not any(s.labels == source.labels for s in self.by_path.values()):
+        if not any(s.labels == source.labels for s in self._by_path.values()):
             self.counts.drop(source.labels)
 
     def _forget(self, path: str, source: LogSource) -> None:
         if source.tailer is not None:
             source.tailer.close()
-        del self.by_path[path]
+        del self._by_path[path]
         self._watch_dirs = None
-        if not any(s.directory == source.directory for s in self.by_path.values()):
-            self.sglang_dirs.discard(source.directory)  # the pod is gone (kubelet keeps a live pod's last run)
+        if not any(s.directory == source.directory for s in self._by_path.values()):
+            self._sglang_dirs.discard(source.directory)  # the pod is gone (kubelet keeps a live pod's last run)
 
     # --- statistics --------------------------------------------------------------------------
 
     def busy(self) -> int:
         """Sources that wait for a traceback or for a quiet file's records to close (0: all caught up)."""
-        with self.lock:
-            return sum(1 for s in self.by_path.values() if s.pipeline.pending() or s.close_at is not None)
+        with self._lock:
+            return sum(1 for s in self._by_path.values() if s.pipeline.pending() or s.close_at is not None)
 
     def next_close(self) -> float | None:
         """The earliest time a quiet source's open records are due to close (None: no source waits for it)."""
-        with self.lock:
-            return min((s.close_at for s in self.by_path.values() if s.close_at is not None), default=None)
+        with self._lock:
+            return min((s.close_at for s in self._by_path.values() if s.close_at is not None), default=None)
 
     def settle_ended(self) -> None:
         """Count now what files whose generation ended (a reset, and no new bytes yet) still wait for."""
-        with self.lock:
-            for s in self.by_path.values():
+        with self._lock:
+            for s in self._by_path.values():
                 if s.tailer is not None and s.generation is None and s.pipeline.pending():
                     s.pipeline.finish()
 
     def generations(self) -> int:
         """File generations opened or first identified over every file source (the keeper saves after one)."""
-        with self.lock:
-            return sum(s.tailer.stats.generations for s in self.by_path.values() if s.tailer)
+        with self._lock:
+            return sum(s.tailer.stats.generations for s in self._by_path.values() if s.tailer)
 
     def bytes_read(self) -> int:
         """Bytes read over every file source (the keeper's "anything new?" mark)."""
-        with self.lock:
-            return sum(s.tailer.stats.bytes_read for s in self.by_path.values() if s.tailer)
+        with self._lock:
+            return sum(s.tailer.stats.bytes_read for s in self._by_path.values() if s.tailer)
 
     def close(self) -> None:
         """Close every file."""
-        with self.lock:
-            for source in self.by_path.values():
+        with self._lock:
+            for source in self._by_path.values():
                 if source.tailer is not None:
                     source.tailer.close()
+
+    # --- for the loop, the state keeper, health and the page -------------------------------
+
+    def locked(self) -> AbstractContextManager[Any]:
+        """The set's lock, for a caller whose work must see the sources unchanged (a pass, a save, a reload)."""
+        return self._lock
+
+    def held_elsewhere(self) -> bool:
+        """Whether another thread holds the lock now (a probe: never waits)."""
+        if not self._lock.acquire(blocking=False):
+            return True
+        self._lock.release()
+        return False
+
+    def followed(self) -> list[LogSource]:
+        """Every followed source, in the order they were found (a copy: the set may change after)."""
+        with self._lock:
+            return list(self._by_path.values())
+
+    def paths(self) -> list[str]:
+        """The followed paths (stdin as STDIN), in the order they were found."""
+        with self._lock:
+            return list(self._by_path)
+
+    def get(self, path: str) -> LogSource | None:
+        """The source following path, if any."""
+        with self._lock:
+            return self._by_path.get(path)
+
+    def stdin(self) -> LogSource | None:
+        """The stdin source, if stdin is followed."""
+        return self.get(STDIN)
+
+    def label_maps(self) -> list[dict[str, str]]:
+        """Each followed source's labels by name."""
+        with self._lock:
+            return [s.label_map for s in self._by_path.values()]
+
+    def prime(self) -> None:
+        """Open each file where it will be read from (before the first save, at start-up)."""
+        with self._lock:
+            for source in self._by_path.values():
+                if source.tailer is not None:
+                    source.tailer.prime()
+
+    def resume_from(self, files: Mapping[str, object]) -> None:
+        """Take the saved positions of a loaded state file: new sources resume there, and this is not a first run."""
+        with self._lock:
+            self._saved = {str(k): v for k, v in files.items() if isinstance(v, dict)}
+            self._had_state = True
+
+    def forget_saved(self) -> None:
+        """Drop the saved positions (a rejected state file: files are read as on a first run)."""
+        with self._lock:
+            self._saved = {}
+
+    def positions(self) -> dict[str, dict[str, Any]]:
+        """Each file's entry for the state file: followed ones from their source, the others as loaded.
+
+        A saved file not followed now (renamed away while the daemon was down and not recreated yet, or removed
+        by a reload) keeps its entry: dropping it would make a later start read its rotated generation never,
+        or its new file from 0 on top of counters that hold its events.
+        """
+        with self._lock:
+            files = dict(self._saved)
+            for path, source in self._by_path.items():
+                saved = source.state()
+                if saved is not None:
+                    files[path] = saved
+            return files
+
+    def count_error(self) -> None:
+        """An unexpected exception while reading a source (the loop went on)."""
+        self._errors += 1
+
+    def waiting_for_handles(self) -> int:
+        """Files that wait for a file handle now (their lag grows unread)."""
+        return self._handles.waiting
+
+    def facts(self) -> SourceFacts:
+        """Health's and the page's facts; taken without the lock, which the loop holds through a read slice.
+
+        Each is a single value the loop replaces whole, so a probe or a scrape never waits for a slice.
+        """
+        handles = self._handles
+        return SourceFacts(
+            followed=len(self._by_path), problem=self._problem, waiting=self._waiting, errors=self._errors,
+            bad_positions=self._bad_positions, numbers_dropped=self._matcher.numbers_dropped,
+            open_files=handles.open_files, file_handle_parks=handles.parks,
+            open_file_limit_hits=handles.limit_hits, handles_waiting=handles.waiting, handle_limit=handles.limit,
+        )  # fmt: skip
 
     # --- internals ---------------------------------------------------------------------------
 
@@ -241,16 +355,16 @@ class SourceSet:
         context = self._context_for
         history_end = self._history_end(path)
         directory = os.path.abspath(os.path.dirname(path))
-        saved = None if path == STDIN else self.saved.pop(path, None)
+        saved = None if path == STDIN else self._saved.pop(path, None)
         # A pod's container log is SGLang once its content says so (detect/evidence.py), or when an earlier run or
         # generation of the same container said so (its directory, or the saved state); a path the user named,
         # and stdin, are SGLang by the user's word.
         pod = path != STDIN and "namespace" in label_map
         evidence = Evidence(by_word=not pod)
-        if pod and (directory in self.sglang_dirs or (isinstance(saved, dict) and saved.get("sglang") is True)):
+        if pod and (directory in self._sglang_dirs or (isinstance(saved, dict) and saved.get("sglang") is True)):
             evidence.mark()
         if evidence.identified and pod:
-            self.sglang_dirs.add(directory)
+            self._sglang_dirs.add(directory)
         if evidence.sglang:
             self.counts.ensure(labels)
 
@@ -262,7 +376,7 @@ class SourceSet:
 
         # A file's pipeline is built on its first byte (most followed files stay quiet); stdin's at once.
         pipeline = (Pipeline if path == STDIN else LazyPipeline)(
-            self.catalog, self.matcher, source=label_map.get("source") or "/".join(labels), location=path,
+            self.catalog, self._matcher, source=label_map.get("source") or "/".join(labels), location=path,
             sink=record, extra_prefixes=self.config.prefix_regex, wait_seconds=self.config.traceback_wait,
             evidence=evidence,
         )  # fmt: skip
@@ -271,12 +385,12 @@ class SourceSet:
         if path != STDIN:
             position = self._resume(source, saved)
             # Files that exist at the very first start are history; files that appear later are read from 0.
-            start_at_end = not self.had_state and not self.config.from_beginning and not self._discovered_once
+            start_at_end = not self._had_state and not self.config.from_beginning and not self._discovered_once
             # A rejected saved position: the kept counters already hold what this file had, so read from 0
             # would count it twice. Its end is the safe side.
             start_at_end = start_at_end or (saved is not None and position is None)
             start_at_end = start_at_end and position is None
-            source.tailer = FileTailer(path, start_at_end=start_at_end, position=position, budget=self.handles)
+            source.tailer = FileTailer(path, start_at_end=start_at_end, position=position, budget=self._handles)
             judged = isinstance(saved, dict) and "sglang" in saved  # its head was read before the restart
             later = start_at_end or (position is not None and position.offset > 0)
             # Followed from later on: the start-up banner is behind us. The file's head says what it is.
@@ -286,7 +400,7 @@ class SourceSet:
 
     def _history_end(self, path: str) -> int | None:
         """The size of a file read from its start on a first run (from_beginning): its bytes up to there are history."""
-        if path == STDIN or self.had_state or not self.config.from_beginning or self._discovered_once:
+        if path == STDIN or self._had_state or not self.config.from_beginning or self._discovered_once:
             return None
         try:
             return os.stat(path).st_size
@@ -296,11 +410,11 @@ class SourceSet:
     def _identified(self, source: LogSource) -> None:
         """A source showed SGLang: its series start, and the container's other runs and generations follow suit."""
         self.counts.ensure(source.labels)
-        if source.path == STDIN or "namespace" not in source.label_map or source.directory in self.sglang_dirs:
+        if source.path == STDIN or "namespace" not in source.label_map or source.directory in self._sglang_dirs:
             return
-        self.sglang_dirs.add(source.directory)
+        self._sglang_dirs.add(source.directory)
         log.info("source identified as SGLang path=%s", source.path)
-        for other in list(self.by_path.values()):
+        for other in list(self._by_path.values()):
             if other.directory == source.directory and other is not source:
                 other.evidence.mark()
 
@@ -311,7 +425,7 @@ class SourceSet:
         try:
             return restore(source, saved)
         except (KeyError, TypeError, ValueError) as exc:
-            self.bad_positions += 1
+            self._bad_positions += 1
             log.warning("state: ignoring the saved position of %s: %s", source.path, exc)
             return None
 
@@ -322,14 +436,14 @@ class SourceSet:
         never retired (it is followed even while missing).
         """
         if self._released:
-            followed = {s.labels for s in self.by_path.values()}
+            followed = {s.labels for s in self._by_path.values()}
             for labels, (until, scrapes) in list(self._released.items()):
                 if labels in followed:
                     del self._released[labels]  # named again within the retention: its counter goes on
                 elif now >= until and self.counts.page.scrapes > scrapes:
                     del self._released[labels]
                     self.counts.drop(labels)
-        for path, source in list(self.by_path.items()):
+        for path, source in list(self._by_path.items()):
             configured = path in found and path in self.config.paths
             if path == STDIN or source.tailer is None or configured or os.path.exists(path):
                 source.gone_since = None

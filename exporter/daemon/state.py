@@ -225,13 +225,12 @@ class StateKeeper:
                 raise ValueError("'counters' is missing")
             # Checked before anything is applied: restore_state raises before it changes a counter.
             self._counts.restore_state(data["counters"])
-            self._sources.saved = {str(k): v for k, v in files.items() if isinstance(v, dict)}
-            self._sources.had_state = True
+            self._sources.resume_from(files)
         except (ValueError, KeyError, TypeError) as exc:
             # Documented fallback, as for a corrupt file: moved aside, and a first run (files read from their end).
             self.errors += 1
             self._store.reject(f"wrong types: {exc}")
-            self._sources.saved = {}
+            self._sources.forget_saved()
             return
         self._load_recent(data.get("recent"))
 
@@ -286,12 +285,12 @@ class StateKeeper:
             self._last_save = self._clock()
             return
         began = self._clock()
-        with self._sources.lock:
+        with self._sources.locked():
             # A generation that ended with events still waiting (rotated away, truncated) has nothing more to
             # wait for: counted now, they go into this save. Saved as waiting, a SIGKILL would lose them, since
             # the position that re-reads them belongs to a generation the state no longer names.
             self._sources.settle_ended()
-            files = self._files()
+            files = self._sources.positions()
             data: dict[str, Any] = {"counters": self._counts.export_state(), "files": files}
         if self._events is not None:
             data["recent"] = {"events": self._events.export_state(), "last": self._counts.export_last()}
@@ -309,18 +308,6 @@ class StateKeeper:
         self._last_save = self._clock()
         self._save_cost = self._last_save - began
         self._due_since = None
-
-    def _files(self) -> dict[str, dict[str, Any]]:
-        """Each file's entry: followed ones from their source, the others as loaded (kept until claimed)."""
-        # A saved file not followed now (renamed away while the daemon was down and not recreated yet, or
-        # removed by a reload) keeps its entry: dropping it would make a later start read its rotated
-        # generation never, or its new file from 0 on top of counters that hold its events.
-        files = dict(self._sources.saved)
-        for path, source in self._sources.by_path.items():
-            saved = source.state()
-            if saved is not None:
-                files[path] = saved
-        return files
 
     def _error(self, message: str) -> None:
         # Counted every time; logged once per streak of failures (a broken state dir fails every few seconds).
