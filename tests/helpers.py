@@ -10,6 +10,7 @@ import json
 import os
 import shutil
 import subprocess
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -165,3 +166,16 @@ def write_golden(
     log_path.write_text(log if log.endswith("\n") else log + "\n", encoding="utf-8")
     expected_path.write_text(dump_yaml(expected), encoding="utf-8")
     return log_path, expected_path
+
+
+def wait_until(condition: Callable[[], Any], *, timeout: float, what: str, interval: float = 0.05) -> Any:
+    """The tests' one wait: poll `condition` until it returns something truthy (returned) or `timeout` seconds
+    pass (AssertionError naming `what`). Never sleep to synchronise; wait for the state instead."""
+    deadline = time.monotonic() + timeout
+    while True:
+        result = condition()
+        if result:
+            return result
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"timed out after {timeout:g}s waiting for {what}")
+        time.sleep(interval)

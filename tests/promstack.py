@@ -39,6 +39,8 @@ from typing import Any
 import pytest
 import yaml
 
+from tests.helpers import wait_until
+
 PROMETHEUS = "prometheus"
 ALERTMANAGER = "prometheus-alertmanager"  # Debian's name; upstream tarballs call it `alertmanager`
 DEFAULT_JOB = "sglang-oom-exporter"
@@ -65,18 +67,6 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
-
-
-def wait_until(cond: Callable[[], Any], *, timeout: float, what: str, interval: float = 0.1) -> Any:
-    """Poll cond until it returns something truthy (returned) or the deadline passes (AssertionError)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        result = cond()
-        if result:
-            return result
-        if time.monotonic() >= deadline:
-            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
-        time.sleep(interval)
 
 
 def http_get_json(url: str, *, timeout: float = 5.0) -> Any:

@@ -34,6 +34,7 @@ from sglang_oom_exporter.catalog import load_catalog
 from sglang_oom_exporter.render import RenderOptions
 from sglang_oom_exporter.render.alerts import ALERTMANAGER_PATH, RETRACTIONS_HIGH, RULES_PATH, alert_pack, rules_file
 from tests.fake_sglang import FakeSGLang
+from tests.helpers import wait_until
 from tests.promstack import (
     ALERTMANAGER,
     PROMETHEUS,
@@ -41,7 +42,6 @@ from tests.promstack import (
     Prometheus,
     WebhookReceiver,
     require_binaries,
-    wait_until,
 )
 from tests.test_serve_e2e import Daemon, append
 from tests.test_targets_e2e import INFO, PREFILL

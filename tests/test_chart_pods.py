@@ -35,10 +35,11 @@ import pytest
 import yaml
 
 from sglang_oom_exporter import __version__
+from tests.helpers import wait_until
 from tests.podman import free_port, mount_options, proc_status
 from tests.test_helm import CHART, _helm
 from tests.test_image import Served, _started
-from tests.test_serve_e2e import append, cri, oom_block, settle, wait_for
+from tests.test_serve_e2e import append, cri, oom_block, settle
 from tests.test_targets_e2e import INFO
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
@@ -155,7 +156,7 @@ def test_daemonset_pod_counts_an_oom_keeps_it_across_a_restart_and_runs_as_rende
     served = Served(port)
     try:
         play(podman, tmp_path, [config_map, pod])
-        wait_for(lambda: _started(served, podman, f"{name}-oom-exporter"), timeout=60, what="the DaemonSet pod")
+        wait_until(lambda: _started(served, podman, f"{name}-oom-exporter"), timeout=60, what="the DaemonSet pod")
         assert_runs_as_rendered(podman, f"{name}-oom-exporter", pod["spec"]["securityContext"],
                                 container["securityContext"], container["volumeMounts"])  # fmt: skip
         (inspected,) = json.loads(podman("inspect", f"{name}-oom-exporter").stdout)
@@ -174,7 +175,7 @@ def test_daemonset_pod_counts_an_oom_keeps_it_across_a_restart_and_runs_as_rende
         assert (state / "monitoring.soe" / "state.json").is_file()
 
         play(podman, tmp_path, [config_map, pod])
-        wait_for(lambda: _started(served, podman, f"{name}-oom-exporter"), timeout=60, what="the new pod")
+        wait_until(lambda: _started(served, podman, f"{name}-oom-exporter"), timeout=60, what="the new pod")
         settle(served, 2)
         assert served.count(**labels) == 2
         assert stop_pod(podman, name) == {"oom-exporter": 0}
@@ -240,13 +241,13 @@ def test_sidecar_snippet_beside_a_stand_in_sglang_pages_the_flag_suggestion(podm
     target = f"http://127.0.0.1:{sglang_port}"
     try:
         play(podman, tmp_path, [pod])
-        wait_for(lambda: _started(served, podman, f"{name}-oom-exporter"), timeout=60, what="the sidecar")
+        wait_until(lambda: _started(served, podman, f"{name}-oom-exporter"), timeout=60, what="the sidecar")
         assert_runs_as_rendered(podman, f"{name}-oom-exporter", pod["spec"].get("securityContext") or {},
                                 exporter["securityContext"], exporter["volumeMounts"])  # fmt: skip
-        wait_for(lambda: _metric(served, "sglang_oom_target_up", target=target) == 1.0, timeout=60,
+        wait_until(lambda: _metric(served, "sglang_oom_target_up", target=target) == 1.0, timeout=60,
                  what="the exporter to scrape the stand-in SGLang")  # fmt: skip
-        wait_for(lambda: _metric(served, "sglang_oom_target_server_arg", target=target, arg="chunked_prefill_size")
-                 == INFO["chunked_prefill_size"], what="the server args")  # fmt: skip
+        wait_until(lambda: _metric(served, "sglang_oom_target_server_arg", target=target, arg="chunked_prefill_size")
+                 == INFO["chunked_prefill_size"], what="the server args", timeout=15.0)  # fmt: skip
         probe_paths_answer(probes)
 
         with urllib.request.urlopen(f"http://127.0.0.1:{sglang_port}/fake/oom", timeout=5) as r:

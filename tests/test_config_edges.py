@@ -15,9 +15,9 @@ import pytest
 from sglang_oom_exporter import config as config_module
 from sglang_oom_exporter.config import ConfigError, load_config
 from sglang_oom_exporter.daemon.app import App
-from tests.helpers import CATALOG
+from tests.helpers import CATALOG, wait_until
 from tests.test_app import BLOCK, _app, _append, _fields, _run
-from tests.test_serve_e2e import daemon_factory, wait_for  # noqa: F401 (fixture)
+from tests.test_serve_e2e import daemon_factory  # noqa: F401 (fixture)
 
 DURATIONS = ("poll_interval", "sweep_interval", "discover_interval", "state_interval", "traceback_wait",
              "source_retention", "scrape_interval", "scrape_timeout")  # fmt: skip
@@ -121,7 +121,7 @@ def test_a_sighup_storm_neither_crashes_nor_stalls_the_daemon(tmp_path, daemon_f
     log = tmp_path / "a.log"
     log.write_text("")
     d = daemon_factory(str(log))
-    wait_for(lambda: d.healthy() is True, what="the daemon to be ready")
+    wait_until(lambda: d.healthy() is True, what="the daemon to be ready", timeout=15.0)
     end = time.monotonic() + 1.0
     sent = 0
     while time.monotonic() < end:  # about 500 a second for a second, as the issue measured
@@ -131,7 +131,7 @@ def test_a_sighup_storm_neither_crashes_nor_stalls_the_daemon(tmp_path, daemon_f
     assert sent > 100  # a storm, not a drizzle, even on a loaded machine
     assert d.proc is not None
     assert d.proc.poll() is None, d.stderr()
-    wait_for(lambda: d.healthy() is True, what="the daemon to answer after the storm")
+    wait_until(lambda: d.healthy() is True, what="the daemon to answer after the storm", timeout=15.0)
     reloads = d.metrics()[("sglang_oom_exporter_config_reloads_total", (("result", "applied"),))]
     assert 1 <= reloads <= sent  # coalesced: one reload per wake-up, never one per signal queued up
     d.send(signal.SIGTERM)

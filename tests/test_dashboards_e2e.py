@@ -28,7 +28,8 @@ from sglang_oom_exporter.metrics import GROUP_INFO
 from sglang_oom_exporter.render.dashboards import OVERVIEW_PATH
 from tests.dashboard_lint import interpolate, load_exclusions, panels
 from tests.fake_sglang import FakeSGLang
-from tests.promstack import Prometheus, require_binaries, wait_until
+from tests.helpers import wait_until
+from tests.promstack import Prometheus, require_binaries
 from tests.test_serve_e2e import Daemon, append
 from tests.test_targets_e2e import INFO, PREFILL
 from tests.test_targets_e2e import METRICS as METRICS_0_5_16

@@ -16,8 +16,8 @@ from prometheus_client import CollectorRegistry, generate_latest
 
 from sglang_oom_exporter.config import Config
 from sglang_oom_exporter.daemon.app import App
-from tests.helpers import CATALOG, Clock
-from tests.test_serve_e2e import daemon_factory, wait_for  # noqa: F401 (fixture)
+from tests.helpers import CATALOG, Clock, wait_until
+from tests.test_serve_e2e import daemon_factory  # noqa: F401 (fixture)
 
 WAITING = "waiting for {path} to appear (normal until SGLang starts and writes its log)"
 
@@ -116,11 +116,11 @@ def _healthz(port: int) -> tuple[int, str]:
 def test_serve_reports_a_missing_plain_path_on_healthz_and_in_metrics(tmp_path, daemon_factory):  # noqa: F811
     path = tmp_path / "sglang.log"
     d = daemon_factory(str(path))
-    wait_for(lambda: not _healthz(d.port)[1].startswith("starting"), what="the start to finish")
+    wait_until(lambda: not _healthz(d.port)[1].startswith("starting"), what="the start to finish", timeout=15.0)
     assert _healthz(d.port) == (503, WAITING.format(path=path) + "\n")
     assert d.metrics()[("sglang_oom_exporter_sources_waiting", ())] == 1.0
     path.write_text("")
-    wait_for(lambda: d.healthy() is True, what="the path to be followed")
+    wait_until(lambda: d.healthy() is True, what="the path to be followed", timeout=15.0)
     assert _healthz(d.port) == (200, "ok: following 1 log source(s)\n")
     assert d.metrics()[("sglang_oom_exporter_sources_waiting", ())] == 0.0
     d.stop()
@@ -134,12 +134,12 @@ def test_serve_with_an_unusable_state_dir_fails_healthz(tmp_path, daemon_factory
     state = tmp_path / "state"
     state.write_text("")  # a file where the directory should be: every save fails, even as root
     d = daemon_factory(str(log))
-    wait_for(lambda: d.healthy() is False, what="/healthz to report the failing saves")
+    wait_until(lambda: d.healthy() is False, what="/healthz to report the failing saves", timeout=15.0)
     assert d.metrics()[("sglang_oom_exporter_state_errors_total", ())] >= 1.0
     state.unlink()
     with open(log, "a") as fh:
         fh.write("something new to save\n")
-    wait_for(lambda: d.healthy() is True, what="a save to succeed")
+    wait_until(lambda: d.healthy() is True, what="a save to succeed", timeout=15.0)
     assert os.path.isfile(state / "state.json")
     d.stop()
 

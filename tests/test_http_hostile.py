@@ -20,8 +20,8 @@ import pytest
 
 from sglang_oom_exporter.web.server import EVICT_AFTER, LISTEN_BACKLOG, MAX_CONNECTIONS, MAX_HEAD_BYTES
 from sglang_oom_exporter.web.webconfig import WebConfig
-from tests.helpers import openssl_cert
-from tests.test_serve_e2e import daemon_factory, oom_block, settle, wait_for  # noqa: F401 (fixture)
+from tests.helpers import openssl_cert, wait_until
+from tests.test_serve_e2e import daemon_factory, oom_block, settle  # noqa: F401 (fixture)
 from tests.test_server import catalog, get, registry, serve  # noqa: F401 (fixtures)
 
 
@@ -45,7 +45,7 @@ def test_scrapes_get_through_200_slowloris_sockets(serve):
     server = serve()  # the shipped limits: 64 connections, a 10 s head deadline
     socks = _open_slowloris(server.port, 200)
     try:
-        wait_for(lambda: _active(server) == MAX_CONNECTIONS, what="every slot held by a slow head")
+        wait_until(lambda: _active(server) == MAX_CONNECTIONS, what="every slot held by a slow head", timeout=15.0)
         time.sleep(EVICT_AFTER)  # the slow heads must be older than the eviction age; nothing to poll for
         started = time.monotonic()
         statuses = []
@@ -90,7 +90,7 @@ def test_at_the_cap_a_young_head_is_not_evicted_and_the_new_connection_waits(ser
     server = serve(max_connections=1, request_timeout=5)
     with socket.create_connection(("127.0.0.1", server.port), timeout=5) as holder:
         holder.sendall(b"GET /healthz HTTP/1.0\r\n")  # holds the only slot, younger than EVICT_AFTER
-        wait_for(lambda: _active(server) == 1, what="the holder's thread")
+        wait_until(lambda: _active(server) == 1, what="the holder's thread", timeout=15.0)
         waiting = socket.create_connection(("127.0.0.1", server.port), timeout=5)
         with waiting:
             waiting.sendall(b"GET /healthz HTTP/1.0\r\n\r\n")
@@ -142,7 +142,7 @@ def test_a_silent_tls_handshake_is_evicted_at_the_cap(serve, tmp_path):
     client = ssl.create_default_context(cafile=str(cert))
     silent = [socket.create_connection(("127.0.0.1", server.port), timeout=5) for _ in range(2)]
     try:
-        wait_for(lambda: _active(server) == 2, what="both slots held by silent handshakes")
+        wait_until(lambda: _active(server) == 2, what="both slots held by silent handshakes", timeout=15.0)
         time.sleep(EVICT_AFTER)  # older than the eviction age; nothing to poll for
         assert get(server, "/healthz", context=client)[0] == 200
         assert server._httpd.evicted == 1

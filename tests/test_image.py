@@ -18,8 +18,9 @@ import pytest
 
 from sglang_oom_exporter import __version__
 from sglang_oom_exporter.project import PROJECT_URL
+from tests.helpers import wait_until
 from tests.podman import free_port, mount_options, proc_status
-from tests.test_serve_e2e import Daemon, cri, oom_block, settle, wait_for
+from tests.test_serve_e2e import Daemon, cri, oom_block, settle
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
@@ -89,7 +90,7 @@ def test_serve_with_a_read_only_root_on_a_mounted_pod_log_tree(podman, image, tm
            f"--volume={pods}:/var/log/pods:ro", f"--volume={state}:{STATE_DIR}", image)  # fmt: skip
     try:
         served = Served(port)
-        wait_for(lambda: _started(served, podman, name), timeout=60, what="the exporter in the container to start")
+        wait_until(lambda: _started(served, podman, name), timeout=60, what="the exporter in the container to start")
         status = proc_status(podman.pid(name))
         assert (status["Uid"].split()[0], status["Gid"].split()[0]) == (str(UID), str(UID))
         assert status["CapEff"] == "0000000000000000"

@@ -27,7 +27,7 @@ from sglang_oom_exporter.kubeevents.text import MESSAGE_LIMIT, message_for, reas
 from sglang_oom_exporter.render import DEFAULT_RUNBOOK_BASE_URL
 from sglang_oom_exporter.sources.kubeclient import ApiClient
 from tests.fake_kubeapi import FakeKubeApi, pod
-from tests.helpers import CATALOG, Clock, openssl_cert, scan_bytes
+from tests.helpers import CATALOG, Clock, openssl_cert, scan_bytes, wait_until
 
 ROOT = "/var/log/pods"
 UID = "6f1c1a52-3b8e-4a0e-9d7e-1f2a3b4c5d6e"
@@ -326,10 +326,7 @@ def test_a_hanging_api_server_never_delays_counting(api, tls):
         for i in range(5):
             p.offer(replace(base, offset=base.offset + i))
         assert time.monotonic() - started < 0.05  # offer() only queues
-        deadline = time.monotonic() + 10
-        while p.counts()["timeout"] < 1:
-            assert time.monotonic() < deadline, "no timeout counted"
-            time.sleep(0.02)
+        wait_until(lambda: p.counts()["timeout"] >= 1, timeout=10, what="a timeout counted")
     finally:
         assert p.stop(timeout=10) is True
     counts = p.counts()
@@ -364,10 +361,7 @@ def test_the_poster_thread_posts_what_is_offered(api, tls):
     p.start()
     try:
         p.offer(fatal())
-        deadline = time.monotonic() + 10
-        while p.counts()["created"] < 1:
-            assert time.monotonic() < deadline, "never posted"
-            time.sleep(0.02)
+        wait_until(lambda: p.counts()["created"] >= 1, timeout=10, what="the event posted")
     finally:
         assert p.stop() is True
     assert [t.name for t in threading.enumerate() if t.name == "k8s events"] == []

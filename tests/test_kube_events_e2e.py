@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from tests.fake_kubeapi import FakeKubeApi, pod
-from tests.helpers import openssl_cert
-from tests.test_serve_e2e import Daemon, append, cri, oom_block, settle, wait_for
+from tests.helpers import openssl_cert, wait_until
+from tests.test_serve_e2e import Daemon, append, cri, oom_block, settle
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
 
@@ -98,7 +98,7 @@ def test_a_tp2_crash_gives_one_event_and_no_restart_gives_another(tmp_path, clus
     shutil.copy(state / "state.json", before_oom)  # the positions before the crash was written
     append(log, TP2.read_text())
     settle(d, 1)  # the one fatal prefill OOM (ranks TP0 and TP1, block and traceback each)
-    wait_for(lambda: results(d) == {"created": 1}, what="one Event created")
+    wait_until(lambda: results(d) == {"created": 1}, what="one Event created", timeout=15.0)
     ((method, path, body),) = writes(api)
     assert (method, path) == ("POST", "/api/v1/namespaces/llm/events")
     assert body["involvedObject"] == {"apiVersion": "v1", "kind": "Pod", "namespace": "llm", "name": "llama-0",
@@ -121,12 +121,12 @@ def test_a_tp2_crash_gives_one_event_and_no_restart_gives_another(tmp_path, clus
     shutil.copy(before_oom, state / "state.json")
     d = start(daemons, config, state, env)
     settle(d, 1)
-    wait_for(lambda: results(d) == {"replayed": 1}, what="the recounted OOM recognised")
+    wait_until(lambda: results(d) == {"replayed": 1}, what="the recounted OOM recognised", timeout=15.0)
     assert len(writes(api)) == 1
     # A new OOM on the same pod after all that: the restarted recorder starts a new Event (as client-go does).
     append(log, cri(oom_block(rank="TP0")))
     settle(d, 2)
-    wait_for(lambda: results(d) == {"replayed": 1, "created": 1}, what="the new OOM's Event")
+    wait_until(lambda: results(d) == {"replayed": 1, "created": 1}, what="the new OOM's Event", timeout=15.0)
     assert [m for m, _, _ in writes(api)] == ["POST", "POST"]
 
 
@@ -137,7 +137,7 @@ def test_history_read_on_a_first_start_gives_no_event(tmp_path, cluster, daemons
     settle(d, 1)
     append(log, cri(oom_block(rank="TP0")))  # a live one, as a barrier: its Event proves the poster ran
     settle(d, 2)
-    wait_for(lambda: results(d) == {"created": 1}, what="one Event, for the live OOM")
+    wait_until(lambda: results(d) == {"created": 1}, what="one Event, for the live OOM", timeout=15.0)
     assert len(writes(api)) == 1
 
 
@@ -152,5 +152,7 @@ def test_a_foreign_containers_oom_gives_no_event(tmp_path, cluster, daemons):
     append(log, cri(oom_block(rank="TP0")))  # an SGLang OOM as a barrier: its Event proves the poster ran
     settle(d, 1)
     # Every fatal OOM counted was offered to the poster: wait until each has its result, whatever it is.
-    wait_for(lambda: sum(results(d).values()) == fatal_total(d) >= 1, what="a result for every counted OOM")
+    wait_until(
+        lambda: sum(results(d).values()) == fatal_total(d) >= 1, what="a result for every counted OOM", timeout=15.0
+    )
     assert [b["involvedObject"]["name"] for _, _, b in writes(api)] == ["llama-0"]

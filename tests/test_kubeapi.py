@@ -25,8 +25,8 @@ from sglang_oom_exporter.sources.kubeapi import (
 from sglang_oom_exporter.sources.scrape import TargetScraper
 from tests.fake_kubeapi import FakeKubeApi, pod
 from tests.fake_sglang import FakeSGLang
-from tests.helpers import openssl_cert
-from tests.test_serve_e2e import Daemon, append, settle, wait_for
+from tests.helpers import openssl_cert, wait_until
+from tests.test_serve_e2e import Daemon, append, settle
 
 NODE = "gpu-node-1"
 ANNOTATION = "sglang-oom-exporter/port"
@@ -219,18 +219,13 @@ def test_started_discovery_scrapes_the_pods_sglang(api, tls):
         targets = NodeTargets(client(api, tls), NODE, lambda: {("llm", "llama-0")}, interval=0.2, scrape_interval=0.2)
         targets.start()
         try:
-            deadline = time.monotonic() + 8
-            scraper = None
-            while scraper is None or not scraper.up:
-                assert time.monotonic() < deadline, "the discovered target was never scraped"
-                scraper = targets.scraper_for("llm", "llama-0")
-                time.sleep(0.05)
+            wait_until(lambda: (s := targets.scraper_for("llm", "llama-0")) is not None and s.up, timeout=8,
+                       what="the discovered target scraped")  # fmt: skip
+            scraper = targets.scraper_for("llm", "llama-0")
             assert scraper.snapshot.token_usage == 0.75
             # The pod leaves the node: its scrape thread stops with it.
             api.pods = []
-            while targets.scrapers():
-                assert time.monotonic() < deadline, "the removed pod kept its scraper"
-                time.sleep(0.05)
+            wait_until(lambda: not (targets.scrapers()), timeout=8, what="the removed pod's scraper to stop")
         finally:
             assert targets.stop() is True
 
@@ -242,17 +237,13 @@ def test_a_restart_gives_known_targets_their_scrape_threads_back(api, tls):
         targets = NodeTargets(client(api, tls), NODE, lambda: {("llm", "llama-0")}, interval=60, scrape_interval=0.1)
         targets.start()
         try:
-            deadline = time.monotonic() + 8
-            while targets.scraper_for("llm", "llama-0") is None or not targets.scraper_for("llm", "llama-0").up:
-                assert time.monotonic() < deadline, "never scraped"
-                time.sleep(0.05)
+            wait_until(lambda: (s := targets.scraper_for("llm", "llama-0")) is not None and s.up, timeout=8,
+                       what="the target scraped")  # fmt: skip
             assert targets.stop() is True
             scraper = targets.scraper_for("llm", "llama-0")
             sglang.mode = "http500"
             targets.start()  # the next refresh is 60 s away: only a restarted scrape thread can see the 500
-            while scraper.up:
-                assert time.monotonic() < deadline, "the known target was not scraped after the restart"
-                time.sleep(0.05)
+            wait_until(lambda: not (scraper.up), timeout=8, what="the known target scraped (down) after the restart")
             assert scraper.errors_total["http_status"] >= 1
         finally:
             assert targets.stop() is True
@@ -371,12 +362,18 @@ def test_serve_in_node_mode_gives_pod_events_their_sglang_context(tmp_path, tls,
             def metric(name, **labels):
                 return d.metrics().get((name, tuple(sorted(labels.items()))))
 
-            wait_for(lambda: metric("sglang_oom_exporter_discovered_targets") == 1.0, what="one discovered target")
+            wait_until(
+                lambda: metric("sglang_oom_exporter_discovered_targets") == 1.0,
+                what="one discovered target",
+                timeout=15.0,
+            )
             # The target series name the pod they serve (issue 18), so KV near-full pages name it too.
             pod_labels = {"target": sglang.url, "namespace": "llm", "pod": "llama-0"}
-            wait_for(lambda: metric("sglang_oom_target_up", **pod_labels) == 1.0, what="the pod's SGLang up")
-            wait_for(lambda: metric("sglang_oom_target_server_arg", **pod_labels, arg="chunked_prefill_size")
-                     == 16384, what="server args")  # fmt: skip
+            wait_until(
+                lambda: metric("sglang_oom_target_up", **pod_labels) == 1.0, what="the pod's SGLang up", timeout=15.0
+            )
+            wait_until(lambda: metric("sglang_oom_target_server_arg", **pod_labels, arg="chunked_prefill_size")
+                     == 16384, what="server args", timeout=15.0)  # fmt: skip
             assert all(auth == "Bearer tok-1" for _, auth in api.requests)
             assert api.requests[0][0] == "/api/v1/pods?fieldSelector=spec.nodeName%3Dgpu-node-1&resourceVersion=0"
             append(log, CRI_PREFILL)
@@ -393,8 +390,8 @@ def test_serve_in_node_mode_gives_pod_events_their_sglang_context(tmp_path, tls,
             assert metric("sglang_oom_suggested_flag_value", **labels) == 4096
             # The API answers 401 from now on: counted, and the mapping stays.
             api.mode = "unauthorized"
-            wait_for(lambda: (metric("sglang_oom_exporter_discovery_errors_total", reason="http_status") or 0) >= 1,
-                     what="a counted 401")  # fmt: skip
+            wait_until(lambda: (metric("sglang_oom_exporter_discovery_errors_total", reason="http_status") or 0) >= 1,
+                     what="a counted 401", timeout=15.0)  # fmt: skip
             assert metric("sglang_oom_exporter_discovered_targets") == 1.0
             assert d.healthy() is True
         finally:
@@ -428,23 +425,18 @@ def test_started_discovery_maps_a_new_pod_before_the_interval(api, tls):
                           new_scraper=lambda url: TargetScraper(url, fetch=fetch))  # fmt: skip
     targets.start()
     try:
-        deadline = time.monotonic() + 8
-        while targets.refreshes < 1:
-            assert time.monotonic() < deadline, "no first list"
-            time.sleep(0.05)
+        wait_until(lambda: not (targets.refreshes < 1), timeout=8, what="no first list")
         followed.add(("llm", "a"))  # the exporter starts following the pod's log
-        while targets.scraper_for("llm", "a") is None:
-            assert time.monotonic() < deadline, "the new pod waited for the 600 s interval"
-            time.sleep(0.05)
+        wait_until(
+            lambda: targets.scraper_for("llm", "a") is not None,
+            timeout=8,
+            what="the new pod waited for the 600 s interval",
+        )
         # The mapping becomes visible a moment before the refresh is counted; with a 600 s interval the second
         # list can only be the early one for the new pod.
-        while targets.refreshes < 2:
-            assert time.monotonic() < deadline, "the early list was not counted"
-            time.sleep(0.05)
+        wait_until(lambda: not (targets.refreshes < 2), timeout=8, what="the early list was not counted")
         assert targets.refreshes == 2
-        while not fetched:
-            assert time.monotonic() < deadline, "the new target was not scraped"
-            time.sleep(0.05)
+        wait_until(lambda: bool(fetched), timeout=8, what="the new target was not scraped")
         assert fetched[0] == "http://10.0.0.5:30000/metrics"
     finally:
         assert targets.stop() is True

@@ -27,6 +27,7 @@ import yaml
 from sglang_oom_exporter.render.alerts import RULES_PATH
 from tests.fake_kubeapi import FakeKubeApi, pod
 from tests.fake_sglang import FakeSGLang
+from tests.helpers import wait_until
 from tests.operator_scrape import meta_for_endpoint, meta_for_pod, pod_monitor_config, service_monitor_config
 from tests.promstack import (
     ALERTMANAGER,
@@ -35,7 +36,6 @@ from tests.promstack import (
     Prometheus,
     WebhookReceiver,
     require_binaries,
-    wait_until,
 )
 from tests.test_alerts_e2e import _alertmanager_config
 from tests.test_helm import CHART, template

@@ -15,7 +15,8 @@ import sys
 import pytest
 
 from tests import test_serve_e2e
-from tests.test_serve_e2e import Daemon, append, cri, oom_block, settle, wait_for
+from tests.helpers import wait_until
+from tests.test_serve_e2e import Daemon, append, cri, oom_block, settle
 
 daemon_factory = test_serve_e2e.daemon_factory  # the same fixture: a real `serve` process per call
 
@@ -67,7 +68,9 @@ def test_a_pytorch_cuda_oom_in_a_foreign_container_counts_nothing_and_costs_no_s
     d = daemon_factory("--kubernetes-logs", str(root))
     # Files that appear after the first look are read from their start.
     (ray / "0.log").write_text(cri(TORCH_OOM))
-    wait_for(lambda: gauge(d, "sglang_oom_exporter_foreign_events_total") == 1, what="the foreign CUDA OOM")
+    wait_until(
+        lambda: gauge(d, "sglang_oom_exporter_foreign_events_total") == 1, what="the foreign CUDA OOM", timeout=15.0
+    )
     (sglang / "0.log").write_text(cri(BANNER + oom_block()))
     settle(d, 1)
     assert d.total("cuda_oom") == 0
@@ -91,7 +94,7 @@ def test_sglang_under_any_container_name_survives_rotation_next_run_and_restart(
     (kserve / "0.log").write_text(cri(BANNER + BARE_CUDA_OOM))
     # main: health checks past the head a restarted daemon would probe, then SGLang's own KV-pool text.
     (main / "0.log").write_text(cri(FILLER))
-    wait_for(lambda: d.total("cuda_oom") == 1, what="the kserve-container CUDA OOM")
+    wait_until(lambda: d.total("cuda_oom") == 1, what="the kserve-container CUDA OOM", timeout=15.0)
     assert series_of(d, "main") == []  # not (yet) shown to be SGLang: no series
     append(main / "0.log", cri(oom_block()))
     # model: no banner, a CUDA OOM whose traceback runs through sglang/srt.

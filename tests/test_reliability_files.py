@@ -18,7 +18,8 @@ import pytest
 from sglang_oom_exporter.sources.handles import HandleBudget
 from sglang_oom_exporter.sources.tail import FileTailer, TailChunk
 from tests import test_serve_e2e
-from tests.test_serve_e2e import Daemon, oom_block, settle, wait_for
+from tests.helpers import wait_until
+from tests.test_serve_e2e import Daemon, oom_block, settle
 
 daemon_factory = test_serve_e2e.daemon_factory  # the real daemon on real files, killed after each test
 
@@ -72,7 +73,7 @@ def _passes(d: Daemon, n: int) -> None:
             seen.append(stamp)
         return len(seen) > n
 
-    wait_for(moved, what=f"{n} passes of the loop")
+    wait_until(moved, what=f"{n} passes of the loop", timeout=15.0)
 
 
 def test_events_a_writer_adds_after_its_file_was_deleted_are_drained(tmp_path, daemon_factory):
@@ -109,7 +110,7 @@ class LimitedDaemon(Daemon):
         # stderr to a file: 300 event lines would fill a pipe nobody reads and block the daemon.
         with open(os.path.join(self.state_dir + ".stderr"), "ab") as err:
             self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err, preexec_fn=limit)
-        wait_for(lambda: self.healthy() is not None, what="the daemon to answer /healthz")
+        wait_until(lambda: self.healthy() is not None, what="the daemon to answer /healthz", timeout=15.0)
         return self
 
 
@@ -120,7 +121,7 @@ def test_more_files_than_the_open_file_limit_are_all_counted_and_http_answers(tm
         f.write_text("[2026-03-14 22:00:00 TP0] started\n")
     d = LimitedDaemon([str(tmp_path / "*.log")], str(tmp_path / "state")).start()
     try:
-        wait_for(lambda: d.healthy() is True, timeout=30, what="/healthz 200")
+        wait_until(lambda: d.healthy() is True, timeout=30, what="/healthz 200")
         for f in files:
             _append(f, oom_block())
         settle(d, len(files))

@@ -15,7 +15,8 @@ import time
 
 import pytest
 
-from tests.test_serve_e2e import Daemon, oom_block, settle, wait_for
+from tests.helpers import wait_until
+from tests.test_serve_e2e import Daemon, oom_block, settle
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(60)]
 
@@ -116,7 +117,7 @@ def test_ready_still_waits_for_the_saved_positions(tmp_path):
     _history(tmp_path, 1)
     d = Daemon([str(tmp_path / "*.log")], str(tmp_path / "state"), STATE_ENV).start()
     try:
-        wait_for(lambda: d.healthy() is True, what="/healthz 200")
+        wait_until(lambda: d.healthy() is True, what="/healthz 200", timeout=15.0)
         assert os.path.exists(os.path.join(d.state_dir, "state.json"))
     finally:
         d.stop()

@@ -18,8 +18,8 @@ from sglang_oom_exporter.daemon.logsource import LogSource
 from sglang_oom_exporter.detect.pipeline import Pipeline
 from sglang_oom_exporter.sources.tail import RECREATED, FileTailer, TailChunk, TailItem, TailReset
 from tests import test_serve_e2e
-from tests.helpers import CATALOG, MATCHER
-from tests.test_serve_e2e import Daemon, oom_block, settle, wait_for
+from tests.helpers import CATALOG, MATCHER, wait_until
+from tests.test_serve_e2e import Daemon, oom_block, settle
 
 daemon_factory = test_serve_e2e.daemon_factory  # the real daemon on real files, killed after each test
 
@@ -40,12 +40,12 @@ def test_a_path_flipping_between_file_and_directory_counts_every_generation(tmp_
     for i in range(FLIPS):
         path.write_text(oom_block())
         inodes.append(path.stat().st_ino)
-        wait_for(lambda n=i + 1: d.total() >= n, what=f"generation {i + 1} counted")
+        wait_until(lambda n=i + 1: d.total() >= n, what=f"generation {i + 1} counted", timeout=15.0)
         errors = _errors(d)
         path.unlink()
         path.mkdir()
         # The daemon looks at the directory (one read error per look, never a crash), and lets the file go.
-        wait_for(lambda e=errors: _errors(d) > e, what=f"the directory at the path, flip {i + 1}")
+        wait_until(lambda e=errors: _errors(d) > e, what=f"the directory at the path, flip {i + 1}", timeout=15.0)
         path.rmdir()
     # was 1 to 5 of 10 on ext4: each reused inode's event was taken for a repeat. And settle would time out: the
     # directory's size (4096) less the file's offset stood as file_lag_bytes, a backlog that was never there.

@@ -15,8 +15,9 @@ import time
 
 import pytest
 
+from tests.helpers import wait_until
 from tests.test_app import BLOCK, _app, _run
-from tests.test_serve_e2e import Daemon, oom_block, settle, wait_for
+from tests.test_serve_e2e import Daemon, oom_block, settle
 
 
 def _state_path(tmp_path) -> str:
@@ -112,7 +113,7 @@ def test_sigkill_in_the_first_second_loses_nothing_written_while_down(tmp_path):
     started = time.monotonic()
     proc = first.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
     try:
-        wait_for(lambda: first.healthy() is True, timeout=20, what="/healthz 200")
+        wait_until(lambda: first.healthy() is True, timeout=20, what="/healthz 200")
         proc.send_signal(signal.SIGKILL)
         ready_after = time.monotonic() - started
         proc.wait(timeout=10)

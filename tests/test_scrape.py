@@ -12,6 +12,7 @@ from sglang_oom_exporter.sources.http import REASONS, ScrapeError, fetch
 from sglang_oom_exporter.sources.scrape import ScrapeLoop, TargetScraper
 from sglang_oom_exporter.sources.sglang_metrics import KvSnapshot, parse_metrics, parse_server_info
 from tests.fake_sglang import FakeSGLang
+from tests.helpers import wait_until
 
 DATA = Path(__file__).parent / "data" / "scrape"
 ERAS = sorted(p.stem for p in DATA.glob("*.prom"))
@@ -22,14 +23,6 @@ CAP = 1 << 20
 
 def _body(era: str) -> bytes:
     return (DATA / f"{era}.prom").read_bytes()
-
-
-def _wait_for(condition, timeout: float = 5.0) -> None:
-    """Poll a condition until it holds or the deadline passes."""
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "condition not met before the deadline"
-        time.sleep(0.01)
 
 
 @pytest.fixture
@@ -303,12 +296,12 @@ def test_loop_hanging_target_does_not_delay_the_good_one():
         started = time.monotonic()
         loop.start()
         assert time.monotonic() - started < 0.5, "start() must not scrape in the caller's thread"
-        _wait_for(lambda: len(good_scraper.history) >= 5)
+        wait_until(lambda: len(good_scraper.history) >= 5, timeout=5.0, what="the condition")
         first = good_scraper.history
         assert first[4].time - first[0].time < TIMEOUT, "the good target waited for the hanging one"
-        _wait_for(lambda: bad_scraper.errors_total["timeout"] >= 1)
+        wait_until(lambda: bad_scraper.errors_total["timeout"] >= 1, timeout=5.0, what="the condition")
         count = len(good_scraper.history)
-        _wait_for(lambda: len(good_scraper.history) > count)
+        wait_until(lambda: len(good_scraper.history) > count, timeout=5.0, what="the condition")
         assert good_scraper.up
         assert not bad_scraper.up
         assert good_scraper.snapshot is not None

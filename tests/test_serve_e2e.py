@@ -22,6 +22,8 @@ from collections.abc import Callable, Iterator
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from tests.helpers import wait_until
+
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(60)]
 
 _SECOND = [0]
@@ -78,7 +80,7 @@ class Daemon:
         env = {**os.environ, **self.env} if self.env else None
         self.proc = subprocess.Popen(self.command(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
                                      preexec_fn=self._renice if self.nice else None)  # fmt: skip
-        wait_for(self.started, what="the daemon to answer /healthz with its starting positions saved")
+        wait_until(self.started, what="the daemon to answer /healthz with its starting positions saved", timeout=15.0)
         return self
 
     def _renice(self) -> None:
@@ -154,15 +156,6 @@ class Daemon:
         return self.proc.stderr.read().decode(errors="replace")
 
 
-def wait_for(cond: Callable[[], object], *, timeout: float = 15.0, what: str = "condition") -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if cond():
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
 def caught_up(daemon: Daemon) -> float | None:
     """The daemon's loop timestamp when it has nothing left to do (no pending event, no open record, no
     unread byte), else None."""
@@ -186,7 +179,7 @@ def settle(daemon: Daemon, expected: float, kind: str = "prefill") -> None:
     Caught up for one whole pass of its loop: a late double count would need a pending event, an open
     record or unread bytes, and the daemon reports all three.
     """
-    wait_for(lambda: daemon.total(kind) >= expected, what=f"{kind} total {expected}")
+    wait_until(lambda: daemon.total(kind) >= expected, what=f"{kind} total {expected}", timeout=15.0)
     first: list[float] = []
 
     def passed_a_whole_pass() -> bool:
@@ -197,7 +190,7 @@ def settle(daemon: Daemon, expected: float, kind: str = "prefill") -> None:
         first[:1] = first[:1] or [stamp]
         return stamp > first[0]
 
-    wait_for(passed_a_whole_pass, what="the daemon to catch up")
+    wait_until(passed_a_whole_pass, what="the daemon to catch up", timeout=15.0)
     assert daemon.total(kind) == expected
 
 
@@ -265,7 +258,9 @@ def test_path_absent_for_a_second_then_recreated(tmp_path, daemon_factory):
     os.unlink(log)
     # The deletion is seen (the deleted file is kept while a writer may still hold it, so no reset yet).
     stamp = d.metrics()[("sglang_oom_exporter_loop_timestamp_seconds", ())]
-    wait_for(lambda: d.metrics()[("sglang_oom_exporter_loop_timestamp_seconds", ())] > stamp, what="a pass")
+    wait_until(
+        lambda: d.metrics()[("sglang_oom_exporter_loop_timestamp_seconds", ())] > stamp, what="a pass", timeout=15.0
+    )
     time.sleep(1.0)  # the scenario: the path stays missing for a second
     log.write_text(oom_block() + oom_block() + oom_block())
     settle(d, 4)
@@ -307,7 +302,11 @@ def test_restart_counts_what_was_written_while_down_once(tmp_path, daemon_factor
     if sig == signal.SIGKILL:
         # SIGKILL leaves only the periodic save; whatever came after it is re-read and
         # counted again from that save's counters, so one save is all the scenario needs.
-        wait_for(lambda: d.metrics().get(("sglang_oom_exporter_state_saves_total", ()), 0) >= 1, what="a state save")
+        wait_until(
+            lambda: d.metrics().get(("sglang_oom_exporter_state_saves_total", ()), 0) >= 1,
+            what="a state save",
+            timeout=15.0,
+        )
     assert d.stop(sig) == (0 if sig == signal.SIGTERM else -signal.SIGKILL)
     append(log, "".join(oom_block() for _ in range(5)))
     d2 = daemon_factory(str(log))
@@ -322,8 +321,8 @@ def test_restart_between_a_block_and_its_traceback(tmp_path, daemon_factory):
     d = daemon_factory("--from-beginning", "--traceback-wait", "30s", str(log))
     # The block is seen: pending, or already counted (a block naming its kind counts after 0.15 s of quiet,
     # README "When an event counts"). Waiting for pending alone raced that 0.15 s on a loaded machine.
-    wait_for(lambda: d.metrics().get(("sglang_oom_exporter_pending_events", ())) == 1 or d.total() == 1,
-             what="the block, pending or counted")  # fmt: skip
+    wait_until(lambda: d.metrics().get(("sglang_oom_exporter_pending_events", ())) == 1 or d.total() == 1,
+             what="the block, pending or counted", timeout=15.0)  # fmt: skip
     assert d.stop(signal.SIGTERM) == 0
     append(log, tail)
     d2 = daemon_factory(str(log))
@@ -366,7 +365,7 @@ def test_stdin_passes_through_and_counts(tmp_path):
     try:
         d = Daemon([], str(tmp_path))
         d.port, d.proc = port, proc
-        wait_for(lambda: d.healthy() is not None, what="/healthz")
+        wait_until(lambda: d.healthy() is not None, what="/healthz", timeout=15.0)
         text = oom_block() + oom_block(traceback=False)
         assert proc.stdin is not None
         assert proc.stdout is not None
@@ -427,7 +426,7 @@ def test_sighup_reloads_the_config(tmp_path, daemon_factory):
     target = f"http://127.0.0.1:{_free_port()}"  # nothing listens there: the new scraper reports it down
     config.write_text(f"paths: ['{second}/*.log']\ntargets: [{{url: '{target}'}}]\n")
     d.send(signal.SIGHUP)
-    wait_for(lambda: d.healthy() is True, what="the reloaded paths to be followed")
+    wait_until(lambda: d.healthy() is True, what="the reloaded paths to be followed", timeout=15.0)
     append(second / "b.log", oom_block())
     settle(d, 1)
     assert d.count(source="b") == 1
@@ -437,6 +436,6 @@ def test_sighup_reloads_the_config(tmp_path, daemon_factory):
     assert metrics[("sglang_oom_exporter_config_reloads_total", (("result", "applied"),))] == 1.0
     config.write_text("paths: [\n")  # broken YAML: refused, the running configuration stays
     d.send(signal.SIGHUP)
-    wait_for(lambda: d.metrics().get(("sglang_oom_exporter_config_reloads_total", (("result", "failed"),))) == 1.0,
-             what="the failed reload to be counted")  # fmt: skip
+    wait_until(lambda: d.metrics().get(("sglang_oom_exporter_config_reloads_total", (("result", "failed"),))) == 1.0,
+             what="the failed reload to be counted", timeout=15.0)  # fmt: skip
     assert d.healthy() is True

@@ -12,11 +12,12 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 import urllib.error
 import urllib.request
 
 import pytest
+
+from tests.helpers import wait_until
 
 # Imported only when a setting asks for them; a plain `serve PATH` asks for none. (PyYAML is not among them:
 # every start parses the built-in catalog.yaml with it.)
@@ -66,10 +67,7 @@ def test_a_plain_serve_imports_nothing_only_some_settings_need(tmp_path):
     with (tmp_path / "stderr").open("wb") as err:
         proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err, env=env)
         try:
-            deadline = time.monotonic() + 30
-            while not _answers(port, proc):
-                assert time.monotonic() < deadline, "timed out waiting for /healthz"
-                time.sleep(0.05)
+            wait_until(lambda: _answers(port, proc), timeout=30, what="/healthz")
         finally:
             proc.send_signal(signal.SIGTERM)
             code = proc.wait(timeout=20)

@@ -12,7 +12,8 @@ import urllib.request
 import pytest
 
 from tests.fake_sglang import FakeSGLang
-from tests.test_serve_e2e import Daemon, append, settle, wait_for
+from tests.helpers import wait_until
+from tests.test_serve_e2e import Daemon, append, settle
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(90)]
 
@@ -57,9 +58,9 @@ def _metric(d: Daemon, name: str, **labels: str) -> float | None:
 
 def test_event_carries_kv_context_server_args_and_a_concrete_suggestion(daemon, fake):
     d, log = daemon
-    wait_for(lambda: _metric(d, "sglang_oom_target_up", target=fake.url) == 1.0, what="target up")
-    wait_for(lambda: _metric(d, "sglang_oom_target_server_arg", target=fake.url, arg="chunked_prefill_size") == 16384,
-             what="server args")  # fmt: skip
+    wait_until(lambda: _metric(d, "sglang_oom_target_up", target=fake.url) == 1.0, what="target up", timeout=15.0)
+    wait_until(lambda: _metric(d, "sglang_oom_target_server_arg", target=fake.url, arg="chunked_prefill_size") == 16384,
+             what="server args", timeout=15.0)  # fmt: skip
     append(log, PREFILL.format(s=1))
     settle(d, 1)
     with urllib.request.urlopen(f"http://127.0.0.1:{d.port}/events", timeout=5) as r:
@@ -79,27 +80,27 @@ def test_event_carries_kv_context_server_args_and_a_concrete_suggestion(daemon, 
 
 def test_target_up_flips_with_the_endpoint_and_says_why(daemon, fake):
     d, _ = daemon
-    wait_for(lambda: _metric(d, "sglang_oom_target_up", target=fake.url) == 1.0, what="target up")
+    wait_until(lambda: _metric(d, "sglang_oom_target_up", target=fake.url) == 1.0, what="target up", timeout=15.0)
     fake.mode = "http500"
-    wait_for(lambda: _metric(d, "sglang_oom_target_up", target=fake.url) == 0.0, what="target down")
+    wait_until(lambda: _metric(d, "sglang_oom_target_up", target=fake.url) == 0.0, what="target down", timeout=15.0)
     assert _metric(d, "sglang_oom_target_scrape_errors_total", target=fake.url, reason="http_status") >= 1
     fake.mode = "html"
-    wait_for(lambda: (_metric(d, "sglang_oom_target_scrape_errors_total", target=fake.url, reason="not_metrics")
-                      or 0) >= 1, what="not_metrics")  # fmt: skip
+    wait_until(lambda: (_metric(d, "sglang_oom_target_scrape_errors_total", target=fake.url, reason="not_metrics")
+                      or 0) >= 1, what="not_metrics", timeout=15.0)  # fmt: skip
     assert _metric(d, "sglang_oom_target_up", target=fake.url) == 0.0
     fake.mode = "ok"
-    wait_for(lambda: _metric(d, "sglang_oom_target_up", target=fake.url) == 1.0, what="target up again")
+    wait_until(lambda: _metric(d, "sglang_oom_target_up", target=fake.url) == 1.0, what="target up again", timeout=15.0)
 
 
 def test_a_hanging_endpoint_does_not_slow_log_tailing(daemon, fake):
     d, log = daemon
-    wait_for(lambda: _metric(d, "sglang_oom_target_up", target=fake.url) == 1.0, what="target up")
+    wait_until(lambda: _metric(d, "sglang_oom_target_up", target=fake.url) == 1.0, what="target up", timeout=15.0)
     fake.mode = "hang"
-    wait_for(lambda: (_metric(d, "sglang_oom_target_scrape_errors_total", target=fake.url, reason="timeout")
-                      or 0) >= 1, what="a timed-out scrape")  # fmt: skip
+    wait_until(lambda: (_metric(d, "sglang_oom_target_scrape_errors_total", target=fake.url, reason="timeout")
+                      or 0) >= 1, what="a timed-out scrape", timeout=15.0)  # fmt: skip
     started = time.monotonic()
     append(log, PREFILL.format(s=2))
-    wait_for(lambda: d.total() == 1, what="the event while the target hangs")
+    wait_until(lambda: d.total() == 1, what="the event while the target hangs", timeout=15.0)
     elapsed = time.monotonic() - started
     # The block waits --traceback-wait (1 s in these tests) for a traceback that never comes; the hanging
     # scrape runs in its own thread and adds nothing, so the 3 s latency bound still holds.
@@ -143,7 +144,7 @@ def test_every_era_of_metrics_is_mirrored(era_daemon, era):
     expected = yaml.safe_load(open(os.path.join(HERE, "data", "scrape", era[:-5] + ".expected.yaml")))
     from sglang_oom_exporter.metrics.collector import TARGET_VALUES
 
-    wait_for(lambda: _metric(d, "sglang_oom_target_up", target=fake.url) == 1.0, what="target up")
+    wait_until(lambda: _metric(d, "sglang_oom_target_up", target=fake.url) == 1.0, what="target up", timeout=15.0)
     # Mirrored values carry SGLang's engine_type when the era gives one, and no such label otherwise.
     labels = {"target": fake.url, **({"engine_type": expected["engine_type"]} if "engine_type" in expected else {})}
     values = {k: v for k, v in expected.items() if k != "engine_type"}
