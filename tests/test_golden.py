@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import glob
 import os
-from typing import Any
 
 import pytest
 
@@ -18,19 +17,14 @@ from sglang_oom_exporter.catalog.loader import EVENT_FIELDS
 from sglang_oom_exporter.detect import finder as finders
 from sglang_oom_exporter.detect import reader
 from sglang_oom_exporter.scan import scan_paths
-from tests.helpers import CATALOG, golden_counts, load_yaml, scan_bytes
+from tests.helpers import CATALOG, scan_bytes
+from tests.support.golden import golden_counts, load_expected
 
 HERE = os.path.dirname(__file__)
 CASES = sorted(glob.glob(os.path.join(HERE, "data", "logs", "*.log")))
 FINDERS = ("hyperscan", "bytes.find")
 # Numbers the matcher derives rather than extracts: a golden may assert them too.
 DERIVED_NUMBERS = frozenset({"shortfall_tokens", "shortfall_note", "limiting_pool"})
-
-
-def load_expected(path: str) -> dict[str, Any]:
-    """The parsed <case>.expected.yaml of a log (parsed once per process, through libyaml: both finders'
-    cases, the core-fields check and test_scan_lookback read it), a copy each call."""
-    return dict(load_yaml(path[: -len(".log")] + ".expected.yaml"))
 
 
 @pytest.fixture(params=FINDERS)
