@@ -58,14 +58,14 @@ def test_golden(path, finder):
 
 
 def test_every_fixture_has_an_expected_file_whose_events_state_exactly_the_golden_fields():
-    assert len(CASES) == 81
+    assert len(CASES) >= 81  # a floor, not the count: a new kind's case touches only its own files
     events = 0
     for path in CASES:
         assert os.path.exists(path[: -len(".log")] + ".expected.yaml"), path
         for event in load_expected(path)["events"]:
             assert sorted(event) == sorted(GOLDEN_FIELDS), path
             events += 1
-    assert events == 118
+    assert events >= 118
 
 
 def test_the_golden_fields_and_the_fields_not_from_the_log_are_every_field_of_a_json_event_once():
