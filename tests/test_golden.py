@@ -3,7 +3,8 @@
 totals, and every event whole: each field scan's JSON gives from the log, nothing left out (tests/support/golden.py
 names the few fields that come from the catalog or the server instead, and why).
 
-The expected files were written from docs/sglang-facts.md, independently of the parser. Every case runs with
+The expected files were written from docs/sglang-facts.md, independently of the parser; the fields added when the
+comparison became whole were proposed from a scan and each checked against the log text first. Every case runs with
 both literal finders of the prefiltering reader (Hyperscan and the portable bytes.find), which must
 select the same lines.
 """
