@@ -116,58 +116,6 @@ def openssl_cert(directory: Path, name: str = "server") -> tuple[Path, Path]:
     return cert, key
 
 
-LOGS_DIR = Path(__file__).parent / "data" / "logs"
-# What every golden event states (tests/test_golden.py checks them): the rest (numbers, pools, suggestions) is optional.
-GOLDEN_CORE = ("kind", "line", "fatal", "ranks", "time")
-
-
-def golden_counts(stated: dict[str, int] | None) -> dict[str, int]:
-    """The full counts dict a golden's `counts:` means: it lists only non-zero counts, so a missing kind is 0.
-    A kind id the catalog does not have, or a stated zero, is an error (the file would say something false or
-    something redundant)."""
-    stated = dict(stated or {})
-    unknown = sorted(set(stated) - set(CATALOG.ids))
-    if unknown:
-        raise ValueError(f"unknown kind id(s) {unknown} in a golden's counts")
-    zeros = sorted(k for k, v in stated.items() if v == 0)
-    if zeros:
-        raise ValueError(f"a golden lists only non-zero counts, not {zeros}")
-    return {k: stated.get(k, 0) for k in CATALOG.ids}
-
-
-def write_golden(
-    case: str, log: str, description: str, events: list[dict[str, Any]], directory: Path = LOGS_DIR
-) -> tuple[Path, Path]:
-    """Write a golden case, <case>.log and <case>.expected.yaml, from what its author expects: the facts.
-
-    The expected file is built from `events` alone (the non-zero counts per catalog kind, in catalog order, and
-    the retraction totals are derived from them), never from a scan of the log, so a golden can disagree with the parser: that is its
-    job. Each event states at least GOLDEN_CORE; numbers go under `numbers:` (or at the top level when
-    `scan --format json` has them there, as requested_tokens). CONTRIBUTING.md "Add an OOM kind" shows its use.
-    """
-    kinds = {k.id for k in CATALOG.kinds}
-    counts: dict[str, int] = {}
-    for i, event in enumerate(events):
-        missing = [key for key in GOLDEN_CORE if key not in event]
-        if missing or event["kind"] not in kinds:
-            raise ValueError(f"event {i}: missing {missing} or unknown kind {event.get('kind')!r}")
-        counts[event["kind"]] = counts.get(event["kind"], 0) + 1
-    retract = [e for e in events if e["kind"] == CATALOG.retraction_kind]
-    expected = {
-        "description": description,
-        "counts": {k: counts[k] for k in CATALOG.ids if k in counts},
-        "retractions": {
-            "events": len(retract),
-            "retracted_requests": sum(int(e.get("numbers", {}).get("retracted_requests", 0)) for e in retract),
-        },
-        "events": events,
-    }
-    log_path, expected_path = directory / f"{case}.log", directory / f"{case}.expected.yaml"
-    log_path.write_text(log if log.endswith("\n") else log + "\n", encoding="utf-8")
-    expected_path.write_text(dump_yaml(expected), encoding="utf-8")
-    return log_path, expected_path
-
-
 def wait_until(condition: Callable[[], Any], *, timeout: float, what: str, interval: float = 0.05) -> Any:
     """The tests' one wait: poll `condition` until it returns something truthy (returned) or `timeout` seconds
     pass (AssertionError naming `what`). Never sleep to synchronise; wait for the state instead."""

@@ -1,4 +1,4 @@
-"""tests/helpers.write_golden: the expected file comes from the author's events, and test_golden's rules read it."""
+"""tests/support/golden.write_golden: the expected file comes from the author's events, and test_golden's rules read it."""
 
 from __future__ import annotations
 
@@ -7,49 +7,55 @@ import re
 import pytest
 
 from sglang_oom_exporter.scan import scan_paths
-from tests.helpers import CATALOG, GOLDEN_CORE, golden_counts, load_yaml, write_golden
+from tests.helpers import CATALOG, load_yaml
+from tests.support.golden import GOLDEN_FIELDS, from_the_log, golden_counts, golden_event, write_golden
 
-LINE = "[2026-11-20 04:12:09 TP0] KV page use-after-free: 2 owner page refs are in the free pool, sample pages=[1, 2]"
+TEXT = "KV page use-after-free: 2 owner page refs are in the free pool, sample pages=[1, 2]"
+LINE = f"[2026-11-20 04:12:09 TP0] {TEXT}"
+# What the author states for LINE: every golden field, read off the line and the facts (section 11.2).
+EVENT = {"kind": "memory_leak", "line": 1, "fatal": False, "ranks": ["TP0"], "time": "2026-11-20T04:12:09",
+         "phase": None, "subphase": None, "inferred": False, "message": TEXT, "numbers": {"use_after_free_refs": 2},
+         "pools": [], "excerpt": TEXT}  # fmt: skip
 
 
 def test_write_golden_derives_counts_and_retractions_from_the_declared_events(tmp_path):
-    retract = "[2026-11-20 04:12:10 TP0] KV cache pool is full. Retract requests. #retracted_reqs: 3, #new_token_ratio: 0.4 -> 0.5"
-    events = [
-        {"kind": "memory_leak", "line": 1, "fatal": False, "ranks": ["TP0"], "time": "2026-11-20T04:12:09"},
-        {"kind": "retract", "line": 2, "fatal": False, "ranks": ["TP0"], "time": "2026-11-20T04:12:10",
-         "numbers": {"retracted_requests": 3}},
-    ]  # fmt: skip
-    log, expected = write_golden("case", f"{LINE}\n{retract}", "two texts", events, directory=tmp_path)
+    text = "KV cache pool is full. Retract requests. #retracted_reqs: 3, #new_token_ratio: 0.4 -> 0.5"
+    retract = {**EVENT, "kind": "retract", "line": 2, "time": "2026-11-20T04:12:10", "message": text, "excerpt": text,
+               "numbers": {"retracted_requests": 3, "new_token_ratio_from": 0.4, "new_token_ratio_to": 0.5}}  # fmt: skip
+    log_text = f"{LINE}\n[2026-11-20 04:12:10 TP0] {text}"
+    log, expected = write_golden("case", log_text, "two texts", [EVENT, retract], directory=tmp_path)
     data = load_yaml(expected)
-    assert data["counts"] == {"memory_leak": 1, "retract": 1}
-    assert data["retractions"] == {"events": 1, "retracted_requests": 3}
+    assert data == {"description": "two texts", "counts": {"memory_leak": 1, "retract": 1},
+                    "retractions": {"events": 1, "retracted_requests": 3}, "events": [EVENT, retract]}  # fmt: skip
     got = scan_paths(CATALOG, [str(log)]).to_json()
     assert got["counts"] == golden_counts(data["counts"])
-    assert [(e["kind"], e["fatal"], e["source"]) for e in got["events"]] == [
-        ("memory_leak", False, f"{log}:1"),
-        ("retract", False, f"{log}:2"),
-    ]
+    assert [from_the_log(e) for e in got["events"]] == [golden_event(log, e) for e in data["events"]]
 
 
-@pytest.mark.parametrize("missing", GOLDEN_CORE)
-def test_write_golden_refuses_an_event_without_a_core_field(tmp_path, missing):
-    event = {"kind": "memory_leak", "line": 1, "fatal": False, "ranks": ["TP0"], "time": "2026-11-20T04:12:09"}
-    del event[missing]
-    with pytest.raises(ValueError, match="missing"):
+@pytest.mark.parametrize("missing", GOLDEN_FIELDS)
+def test_write_golden_refuses_an_event_without_a_golden_field(tmp_path, missing):
+    event = {k: v for k, v in EVENT.items() if k != missing}
+    with pytest.raises(ValueError, match=rf"missing \['{missing}'\]"):
         write_golden("case", LINE, "x", [event], directory=tmp_path)
     assert not (tmp_path / "case.log").exists()
 
 
+@pytest.mark.parametrize("extra", ["title", "suggestions", "requested_tokens"])
+def test_write_golden_refuses_a_field_that_is_not_a_golden_field(tmp_path, extra):
+    # Catalog text and the top-level copies of numbers are not stated: test_golden would never compare them.
+    with pytest.raises(ValueError, match=rf"not a golden field \['{extra}'\]"):
+        write_golden("case", LINE, "x", [{**EVENT, extra: None}], directory=tmp_path)
+
+
 def test_write_golden_refuses_a_kind_the_catalog_does_not_have(tmp_path):
-    event = {"kind": "no_such_kind", "line": 1, "fatal": True, "ranks": [], "time": None}
-    with pytest.raises(ValueError, match="unknown kind"):
-        write_golden("case", LINE, "x", [event], directory=tmp_path)
+    with pytest.raises(ValueError, match="unknown kind 'no_such_kind'"):
+        write_golden("case", LINE, "x", [{**EVENT, "kind": "no_such_kind"}], directory=tmp_path)
 
 
 def test_every_section_11_case_named_in_the_facts_exists_and_every_2026_case_is_named():
     from pathlib import Path
 
-    from tests.helpers import LOGS_DIR
+    from tests.support.golden import LOGS_DIR
 
     facts = (Path(__file__).parent.parent / "docs" / "sglang-facts.md").read_text(encoding="utf-8")
     table = facts[facts.index("### 11.13") :]
