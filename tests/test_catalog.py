@@ -10,7 +10,8 @@ import textwrap
 import pytest
 import yaml
 
-from sglang_oom_exporter.catalog.loader import EVENT_FIELDS, CatalogError, default_catalog_path, load_catalog
+from sglang_oom_exporter.catalog import CatalogError, default_catalog_path, load_catalog
+from sglang_oom_exporter.catalog.vocabulary import EVENT_FIELDS
 from sglang_oom_exporter.detect.match import Matcher
 
 CATALOG = load_catalog()

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from sglang_oom_exporter.catalog.loader import EVENT_FIELDS
+from sglang_oom_exporter.catalog.vocabulary import EVENT_FIELDS
 from sglang_oom_exporter.detect import finder as finders
 from sglang_oom_exporter.detect import reader
 from sglang_oom_exporter.scan import scan_paths

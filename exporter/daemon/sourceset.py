@@ -18,7 +18,7 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any
 
-from ..catalog.loader import Catalog
+from ..catalog import Catalog
 from ..config import Config
 from ..detect.evidence import Evidence, probe
 from ..detect.match import Matcher

@@ -19,7 +19,7 @@ from typing import Any
 
 import regex
 
-from ..catalog.loader import Catalog, OomKind, Pattern
+from ..catalog import Catalog, OomKind, Pattern
 from ..catalog.vocabulary import (
     FIELD_TYPES,
     KV_FAILURE_PHASES,

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
-from ..catalog.loader import Catalog
+from ..catalog import Catalog
 from ..detect.assemble import DETAIL_LITERALS, TRACEBACK_OPENERS, Assembler
 from ..detect.decode import CRI_PARTIAL_LITERALS, CRI_SPANS, Decoder
 from ..detect.dedupe import Deduper

@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterable, MutableSequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from ..catalog.loader import Catalog
+from ..catalog import Catalog
 from ..detect.match import Matcher
 from ..detect.model import OomEvent
 from ..detect.pipeline import Pipeline, PipelineStats
