@@ -5,10 +5,9 @@ not one per kind: their Meaning, Impact and Mitigation are written here, about t
 from __future__ import annotations
 
 from ..catalog import Catalog
-from ..config import DEFAULT_PORT
 from .alertspec import AlertSpec
 from .options import RenderOptions
-from .runbook_parts import dashboard_note, find_exporter, labels_note, page, series_note
+from .runbook_parts import PORT, dashboard_note, find_exporter, labels_note, page, series_note
 
 # What each pack alert (not one per kind) means, in the runbook's four parts. Kind alerts take theirs from
 # the catalog; these describe the exporter and the pack itself.
@@ -128,7 +127,7 @@ def pack_page(spec: AlertSpec, catalog: Catalog, options: RenderOptions) -> str:
         commands = (
             "```sh\n"
             + find_exporter(job)
-            + f"curl -s 'http://127.0.0.1:{DEFAULT_PORT}/events?limit=50' | jq '.events[] | select(.fatal) | "
+            + f"curl -s 'http://127.0.0.1:{PORT}/events?limit=50' | jq '.events[] | select(.fatal) | "
             "{time, kind, labels, suggestions}'\n"
             "kubectl get pod -n NAMESPACE POD   # RESTARTS\n"
             "kubectl logs -n NAMESPACE POD -c CONTAINER --previous | sglang-oom-exporter scan -\n```\n"
@@ -136,8 +135,8 @@ def pack_page(spec: AlertSpec, catalog: Catalog, options: RenderOptions) -> str:
     elif spec.role == "kv_near_full":
         commands = (
             "```sh\n# The exporter's mirror of SGLang's KV state (sidecar mode: the exporter runs in the SGLang pod):\n"
-            f"kubectl port-forward -n NAMESPACE pod/POD {DEFAULT_PORT} &\n"
-            f"curl -s http://127.0.0.1:{DEFAULT_PORT}/metrics | grep -E "
+            f"kubectl port-forward -n NAMESPACE pod/POD {PORT} &\n"
+            f"curl -s http://127.0.0.1:{PORT}/metrics | grep -E "
             "'^sglang_oom_target_(token_usage|kv_|max_total|pending_prealloc|decode_prealloc|running|queued)'\n"
             "# SGLang's own view (start it with --enable-metrics), from a pod that reaches it:\n"
             "curl -s http://SGLANG_HOST:30000/metrics | grep -E "
@@ -149,9 +148,9 @@ def pack_page(spec: AlertSpec, catalog: Catalog, options: RenderOptions) -> str:
             "```sh\n"
             f"kubectl get pods -A -l app.kubernetes.io/name={job} -o wide\n"
             "kubectl logs -n EXPORTER_NAMESPACE EXPORTER_POD --tail=100\n"
-            f"kubectl port-forward -n EXPORTER_NAMESPACE pod/EXPORTER_POD {DEFAULT_PORT} &\n"
-            f"curl -s http://127.0.0.1:{DEFAULT_PORT}/healthz; echo\n"
-            f"curl -s http://127.0.0.1:{DEFAULT_PORT}/metrics | grep -E '^sglang_oom_(exporter|target)_'\n"
+            f"kubectl port-forward -n EXPORTER_NAMESPACE pod/EXPORTER_POD {PORT} &\n"
+            f"curl -s http://127.0.0.1:{PORT}/healthz; echo\n"
+            f"curl -s http://127.0.0.1:{PORT}/metrics | grep -E '^sglang_oom_(exporter|target)_'\n"
             "# Plain hosts: the same curls against EXPORTER_HOST, and the service's journal or log.\n```\n"
         )
     else:  # pragma: no cover - every pack role is listed above

@@ -7,10 +7,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from ..catalog import OomKind
-from ..config import DEFAULT_PORT
 from .alertspec import AlertSpec
 from .options import GENERATED_NOTE, OVERVIEW_DASHBOARD_UID, RenderOptions
 from .promql import SOURCE_LABELS
+
+PORT = 9877
 
 
 def quote(text: str) -> str:
@@ -24,7 +25,7 @@ def find_exporter(job: str) -> str:
         "# 1. The exporter on the pod's node (DaemonSet mode; in sidecar mode it is the pod itself):\n"
         "NODE=$(kubectl get pod -n NAMESPACE POD -o jsonpath='{.spec.nodeName}')\n"
         f"kubectl get pods -A -l app.kubernetes.io/name={job} --field-selector spec.nodeName=$NODE\n"
-        f"kubectl port-forward -n EXPORTER_NAMESPACE pod/EXPORTER_POD {DEFAULT_PORT} &\n"
+        f"kubectl port-forward -n EXPORTER_NAMESPACE pod/EXPORTER_POD {PORT} &\n"
     )
 
 

@@ -13,12 +13,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from ..catalog import Catalog, OomKind
-from ..config import DEFAULT_PORT
 from .alerts import alert_pack
 from .alertspec import AlertSpec
 from .options import GENERATED_NOTE, Files, RenderOptions
 from .pack_runbooks import pack_page
-from .runbook_parts import dashboard_note, find_exporter, labels_note, page, quote, series_note, steps
+from .runbook_parts import PORT, dashboard_note, find_exporter, labels_note, page, quote, series_note, steps
 
 RUNBOOK_DIR = "docs/runbooks"
 INDEX = f"{RUNBOOK_DIR}/README.md"
@@ -31,7 +30,7 @@ def _kind_commands(kind: OomKind, job: str) -> str:
         "```sh\n"
         + find_exporter(job)
         + "# 2. The recent events of this kind, with their numbers and suggested flag values:\n"
-        f"curl -s 'http://127.0.0.1:{DEFAULT_PORT}/events?limit=50' | jq '.events[] | select(.kind == \"{kind.id}\")'\n"
+        f"curl -s 'http://127.0.0.1:{PORT}/events?limit=50' | jq '.events[] | select(.kind == \"{kind.id}\")'\n"
         "# 3. The crashed container's own log (it restarted, so --previous), scanned for every OOM and its fix:\n"
         "kubectl logs -n NAMESPACE POD -c CONTAINER --previous | sglang-oom-exporter scan -\n"
         "#    without a local install, run scan inside the exporter's container:\n"
@@ -40,7 +39,7 @@ def _kind_commands(kind: OomKind, job: str) -> str:
         "# 4. The raw lines:\n"
         f"kubectl logs -n NAMESPACE POD -c CONTAINER --previous | grep -F {grep}\n"
         "# Plain files instead of Kubernetes (SOURCE is the alert's source label):\n"
-        f"sglang-oom-exporter scan /path/to/SOURCE.log; curl -s 'http://EXPORTER_HOST:{DEFAULT_PORT}/events?limit=50'\n"
+        f"sglang-oom-exporter scan /path/to/SOURCE.log; curl -s 'http://EXPORTER_HOST:{PORT}/events?limit=50'\n"
         "```\n"
     )
 
