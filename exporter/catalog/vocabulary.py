@@ -1,5 +1,8 @@
 """The catalog's vocabulary: the closed lists a catalog entry may use (event fields, severities, phases,
 suggestion rules, the shape of a kind id). The loader checks against them; other code may import them.
+
+It is also the one home of the names detection shares with the catalog: the phases, the phase-frame groups
+and the KV pools an event names. detect/ and advise/ import them and never spell them again.
 """
 
 from __future__ import annotations
