@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from . import __version__
-from .catalog.loader import CatalogError, load_catalog
+from .catalog import CatalogError, load_catalog
 from .scan import InputError, format_text, load_server_args, scan_paths
 
 EXIT_OK, EXIT_OOM, EXIT_USAGE = 0, 1, 2

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 import yaml
 
-from sglang_oom_exporter.catalog.loader import load_catalog
+from sglang_oom_exporter.catalog import load_catalog
 from sglang_oom_exporter.detect.match import Matcher
 from sglang_oom_exporter.detect.model import OomEvent
 from sglang_oom_exporter.scan import scan_stream

@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 from sglang_oom_exporter.advise import limits
 from sglang_oom_exporter.advise.rules import RULES
 from sglang_oom_exporter.advise.suggest import suggest
-from sglang_oom_exporter.catalog.model import OomKind
+from sglang_oom_exporter.catalog import OomKind
 from sglang_oom_exporter.detect.model import OomEvent
 from tests.helpers import CATALOG
 

@@ -12,7 +12,7 @@ import pytest
 import yaml
 from prometheus_client import CollectorRegistry, generate_latest
 
-from sglang_oom_exporter.catalog.loader import CatalogError, default_catalog_path, load_catalog
+from sglang_oom_exporter.catalog import CatalogError, default_catalog_path, load_catalog
 from sglang_oom_exporter.config import Config
 from sglang_oom_exporter.daemon.app import App
 from sglang_oom_exporter.daemon.logsource import LogSource

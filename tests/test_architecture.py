@@ -184,3 +184,19 @@ def test_the_private_read_finder() -> None:
         "        return self._a, self._b._c, other._d, C._k, cls._e\n"
     )
     assert sorted(private_reads("m.py", tree)) == ["from .a import _x", "other._d", "self._b._c"]
+
+
+# The catalog's one way in: its package (the façade: values, loading, errors, the checks) and its closed lists.
+CATALOG_PUBLIC = frozenset({f"{PKG}.catalog", f"{PKG}.catalog.vocabulary"})
+
+
+def test_code_outside_the_catalog_imports_it_through_its_facade() -> None:
+    """No module outside catalog/ imports loader, model, validate, ... directly: one façade, one import path."""
+    found = sorted(
+        f"{name} -> {target}"
+        for name, targets in import_graph().items()
+        if not name.startswith(f"{PKG}.catalog")
+        for target in targets
+        if target.startswith(f"{PKG}.catalog.") and target not in CATALOG_PUBLIC
+    )
+    assert found == []

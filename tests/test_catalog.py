@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import os
 import textwrap
@@ -9,7 +10,8 @@ import textwrap
 import pytest
 import yaml
 
-from sglang_oom_exporter.catalog.loader import EVENT_FIELDS, CatalogError, default_catalog_path, load_catalog
+from sglang_oom_exporter.catalog import CatalogError, default_catalog_path, load_catalog
+from sglang_oom_exporter.catalog.vocabulary import EVENT_FIELDS
 from sglang_oom_exporter.detect.match import Matcher
 
 CATALOG = load_catalog()
@@ -179,19 +181,98 @@ def test_the_decode_fix_keeps_its_running_req_hint():
     assert step["action"] == "lower it, for example to the #running-req seen just before the failure"
 
 
-def test_no_python_module_names_a_kind():
-    # The catalog is the only home of a kind. prefill and decode are also phase names, and mamba a KV pool
-    # name (detect/match.py), which code may use.
-    from sglang_oom_exporter.catalog.loader import PHASE_GROUPS, PHASES
-
+def _package_modules() -> list[str]:
     package = os.path.dirname(os.path.dirname(default_catalog_path()))
-    ids = [k for k in CATALOG.ids if k not in {*PHASES, *PHASE_GROUPS, "mamba"}]
+    return sorted(os.path.join(d, n) for d, _dirs, files in os.walk(package) for n in files if n.endswith(".py"))
+
+
+def _spellings(text: str) -> list[str]:
+    return [k for k in CATALOG.ids for quoted in (f'"{k}"', f"'{k}'") for _ in range(text.count(quoted))]
+
+
+def _vocabulary_path() -> str:
+    from sglang_oom_exporter.catalog import vocabulary
+
+    return os.path.realpath(vocabulary.__file__)
+
+
+def test_no_python_module_names_a_kind():
+    # The catalog is the only home of a kind: no module spells any kind id, whatever else the word means there,
+    # with one exception, catalog/vocabulary.py, where a phase may share its name with a kind (prefill, decode);
+    # the next test holds it to that, and the one after to its constants not being used as kinds.
+    found = [
+        (os.path.basename(path), kid)
+        for path in _package_modules()
+        if os.path.realpath(path) != _vocabulary_path()
+        for kid in _spellings(open(path, encoding="utf-8").read())
+    ]
+    assert found == []
+
+
+def test_the_vocabulary_spells_a_kind_id_only_as_a_phase_the_catalog_uses():
+    from sglang_oom_exporter.catalog import vocabulary
+
+    with open(_vocabulary_path(), encoding="utf-8") as fh:
+        text = fh.read()
+    constants = {
+        node.targets[0].id: node.value.value
+        for node in ast.parse(text).body
+        if isinstance(node, ast.Assign)
+        and len(node.targets) == 1
+        and isinstance(node.targets[0], ast.Name)
+        and isinstance(node.value, ast.Constant)
+        and node.value.value in CATALOG.ids
+    }
+    # Every spelling is the whole value of one such NAME = "id" line: none in a tuple, a dict, a comment or text.
+    assert sorted(_spellings(text)) == sorted(constants.values())
+    assert sorted(constants) == ["PHASE_DECODE", "PHASE_PREFILL"]
+    # ... and each is a phase the catalog itself uses: a kind's phase, a phase_kinds key and a phase_frames group.
+    for name, value in constants.items():
+        assert getattr(vocabulary, name) == value
+        assert value in vocabulary.PHASES
+        assert value in {k.phase for k in CATALOG.kinds}
+        assert value in CATALOG.phase_kinds
+        assert value in CATALOG.phase_frames
+
+
+def _names_a_kind(node: ast.expr) -> bool:
+    """An expression that holds a kind id: `x.kind`, `x.id`, `kind`, `kind_id`."""
+    return (isinstance(node, ast.Attribute) and node.attr in {"kind", "id"}) or (
+        isinstance(node, ast.Name) and node.id in {"kind", "kind_id"}
+    )
+
+
+def test_no_module_uses_a_phase_that_shares_a_kind_id_as_that_kind():
+    # The phase constants of the vocabulary that are also kind ids (and the collections holding them) are
+    # phases: a module that looks a kind up by one, or compares a kind with one, names a kind in disguise.
+    from sglang_oom_exporter.catalog import vocabulary
+
+    def holds_a_kind_id(value: object) -> bool:
+        if isinstance(value, str):
+            return value in CATALOG.ids
+        if isinstance(value, (tuple, list, frozenset, set)):
+            return any(holds_a_kind_id(v) for v in value)
+        if isinstance(value, dict):
+            return any(holds_a_kind_id(v) for v in (*value, *value.values()))
+        return False
+
+    disguised = {name for name in dir(vocabulary) if name.isupper() and holds_a_kind_id(getattr(vocabulary, name))}
+    assert {"PHASE_PREFILL", "PHASE_DECODE", "KV_PHASES"} <= disguised
+
+    def is_disguised(node: ast.expr) -> bool:
+        return any(isinstance(n, ast.Name) and n.id in disguised for n in ast.walk(node))
+
     found = []
-    for directory, _dirs, files in os.walk(package):
-        for name in (f for f in files if f.endswith(".py")):
-            with open(os.path.join(directory, name), encoding="utf-8") as fh:
-                text = fh.read()
-            found += [(name, kid) for kid in ids if f'"{kid}"' in text or f"'{kid}'" in text]
+    for path in _package_modules():
+        with open(path, encoding="utf-8") as fh:
+            tree = ast.parse(fh.read())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "kind":
+                found += [(os.path.basename(path), node.lineno) for a in node.args if is_disguised(a)]
+            if isinstance(node, ast.Compare):
+                sides = [node.left, *node.comparators]
+                if any(_names_a_kind(s) for s in sides) and any(is_disguised(s) for s in sides):
+                    found.append((os.path.basename(path), node.lineno))
     assert found == []
 
 

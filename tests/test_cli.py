@@ -166,7 +166,7 @@ def test_catalog_without_the_fallback_kind_exits_2_with_a_clear_error(cli, tmp_p
     # It used to pass the loader and die later with a cut-short traceback: KeyError: 'unknown'.
     import yaml
 
-    from sglang_oom_exporter.catalog.loader import default_catalog_path
+    from sglang_oom_exporter.catalog import default_catalog_path
 
     with open(default_catalog_path(), encoding="utf-8") as fh:
         data = yaml.safe_load(fh)

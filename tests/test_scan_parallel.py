@@ -223,7 +223,7 @@ def test_the_catalog_reads_the_same_through_libyaml_as_through_pure_python():
     # that file:line errors quote, must be the one the pure-Python loader gives.
     import yaml
 
-    from sglang_oom_exporter.catalog import loader, yamltree
+    from sglang_oom_exporter.catalog import default_catalog_path, yamltree
 
     if not yaml.__with_libyaml__:
         pytest.skip("PyYAML without libyaml: the pure-Python loader is the only one")
@@ -233,7 +233,7 @@ def test_the_catalog_reads_the_same_through_libyaml_as_through_pure_python():
         pass
 
     Pure.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, yamltree.construct_mapping)
-    text = open(loader.default_catalog_path(), encoding="utf-8").read()
+    text = open(default_catalog_path(), encoding="utf-8").read()
     fast = yaml.load(text, Loader=yamltree.LineLoader)  # noqa: S506 - a SafeLoader subclass
     assert fast == yaml.load(text, Loader=Pure)  # noqa: S506 - a SafeLoader subclass
     assert fast["kinds"][0]["__line__"] == text[: text.index("- id:")].count("\n") + 1

@@ -18,7 +18,7 @@ import time
 import pytest
 from prometheus_client import CollectorRegistry, Counter
 
-from sglang_oom_exporter.catalog.loader import load_catalog
+from sglang_oom_exporter.catalog import load_catalog
 from sglang_oom_exporter.config import parse_listen
 from sglang_oom_exporter.detect.model import OomEvent, PoolState
 from sglang_oom_exporter.events.sink import event_json

@@ -6,7 +6,7 @@ import pytest
 
 from sglang_oom_exporter.advise.rules import RULES
 from sglang_oom_exporter.advise.suggest import suggest
-from sglang_oom_exporter.catalog.loader import SUGGEST_RULES
+from sglang_oom_exporter.catalog.vocabulary import SUGGEST_RULES
 from sglang_oom_exporter.detect.model import OomEvent
 from tests.helpers import CATALOG
 

@@ -8,6 +8,7 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
+from ..catalog.vocabulary import PHASE_SPEC_VERIFY
 from ..detect.model import OomEvent, Suggestion
 from .limits import (
     BEYOND_EXAMPLE,
@@ -149,7 +150,7 @@ def _below_current(flag: str, current: float | None, value: int, rule: str) -> S
 def speculative(event: OomEvent, args: Mapping[str, Any]) -> list[Suggestion]:
     """Fewer draft tokens, when speculative decoding is on."""
     drafts = num(args, "speculative_num_draft_tokens")
-    if event.subphase != "spec_verify" and not args.get("speculative_algorithm"):
+    if event.subphase != PHASE_SPEC_VERIFY and not args.get("speculative_algorithm"):
         return []
     if drafts is None:
         return [

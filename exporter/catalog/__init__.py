@@ -1,18 +1,33 @@
-"""The OOM catalog: catalog.yaml (the only place an OOM kind is defined) and its loader.
+"""The OOM catalog: catalog.yaml (the only place an OOM kind is defined), its loader and its values.
 
-Everything downstream (matcher, metrics, suggestions, alerts, runbooks, dashboards) reads kinds from here.
+Everything downstream (matcher, metrics, suggestions, alerts, runbooks, dashboards) reads kinds from here. This
+package is the one way in: code outside catalog/ imports these names from `sglang_oom_exporter.catalog`, and the
+closed lists an entry may use from `catalog.vocabulary` (tests/test_architecture.py checks).
+
+  loader.py        reads a catalog file (the tree from yamltree.py) and hands it to validate.py
+  model.py         the values: Catalog, OomKind, Pattern, RemediationStep
+  validate.py      the top level and the roles; kind_fields.py each kind, alert_fields.py the alert blocks
+  vocabulary.py    the closed lists (event fields, severities, phases, suggestion rules, pools)
 """
 
 from __future__ import annotations
 
-from .loader import Catalog, CatalogError, OomKind, Pattern, RemediationStep, default_catalog_path, load_catalog
+from .alert_fields import AlertFields
+from .loader import default_catalog_path, load_catalog, load_tree
+from .model import Catalog, OomKind, Pattern, RemediationStep
+from .validate import CatalogError, Validator
+from .yamltree import parse_tree
 
 __all__ = [
+    "AlertFields",
     "Catalog",
     "CatalogError",
     "OomKind",
     "Pattern",
     "RemediationStep",
+    "Validator",
     "default_catalog_path",
     "load_catalog",
+    "load_tree",
+    "parse_tree",
 ]

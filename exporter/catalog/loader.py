@@ -12,15 +12,8 @@ from pathlib import Path
 from typing import Any
 
 from . import yamltree
-from .model import Catalog, OomKind, Pattern, RemediationStep
+from .model import Catalog
 from .validate import CatalogError, Validator
-from .vocabulary import EVENT_FIELDS, KV_PHASES, PHASE_GROUPS, PHASES, SEVERITIES, SUGGEST_RULES
-
-# The value types live in model.py; they are imported from here by most of the code.
-__all__ = [
-    "EVENT_FIELDS", "KV_PHASES", "PHASES", "PHASE_GROUPS", "SEVERITIES", "SUGGEST_RULES", "Catalog", "CatalogError",
-    "OomKind", "Pattern", "RemediationStep", "default_catalog_path", "load_catalog", "load_tree",
-]  # fmt: skip
 
 
 def default_catalog_path() -> str:
@@ -40,4 +33,4 @@ def load_tree(path: str) -> Any:
         text = Path(path).read_text(encoding="utf-8")
     except OSError as exc:
         raise CatalogError([f"{path}: cannot read: {exc.strerror or exc}"]) from exc
-    return yamltree.parse(text, path)
+    return yamltree.parse_tree(text, path)

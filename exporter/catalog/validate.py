@@ -13,7 +13,7 @@ from ..errors import ProblemsError
 from .alert_fields import AlertFields
 from .kind_fields import KindFields
 from .model import Catalog, OomKind
-from .vocabulary import KV_PHASES, PHASE_GROUPS, SEVERITIES
+from .vocabulary import KV_PHASES, PHASE_FRAMES, PHASE_GROUPS, SEVERITIES
 
 _TOP_KEYS = frozenset(
     {"version", "phase_frames", "allocator_frames", "fallback_kind", "retraction_kind", "phase_kinds", "kinds",
@@ -61,7 +61,7 @@ class Validator:
         for dup in sorted({i for i in ids if ids.count(i) > 1}):
             self.err(data, "kinds", f"duplicate id {dup!r}")
         for fn, target in allocators.items():
-            if target != "frames" and target not in ids:
+            if target != PHASE_FRAMES and target not in ids:
                 self.err(data, f"allocator_frames.{fn}", f"names unknown kind {target!r}")
         roles = self._roles(data, ids)
         alert_pack = AlertFields(self, SEVERITIES).check(data)
@@ -79,7 +79,7 @@ class Validator:
             self.err(data, "phase_kinds", f"must map each of {', '.join(KV_PHASES)} to a kind id")
         else:
             phase_kinds = {p: self._role(raw, p, ids, required=True, where=f"phase_kinds.{p}") for p in KV_PHASES}
-        if fallback and fallback in ids and self._kind_phase(data, fallback) != "frames":
+        if fallback and fallback in ids and self._kind_phase(data, fallback) != PHASE_FRAMES:
             self.err(data, "fallback_kind", f"kind {fallback!r} must have phase: frames (its phase is undecided)")
         return {"fallback_kind": fallback, "retraction_kind": retraction, "phase_kinds": phase_kinds}
 

@@ -1,5 +1,8 @@
 """The catalog's vocabulary: the closed lists a catalog entry may use (event fields, severities, phases,
 suggestion rules, the shape of a kind id). The loader checks against them; other code may import them.
+
+It is also the one home of the names detection shares with the catalog: the phases, the phase-frame groups
+and the KV pools an event names. detect/ and advise/ import them and never spell them again.
 """
 
 from __future__ import annotations
@@ -45,10 +48,27 @@ FIELD_TYPES: dict[str, str] = {
 FIELD_KINDS = ("int", "float", "text", "count")
 EVENT_FIELDS = frozenset(FIELD_TYPES)
 SEVERITIES = ("critical", "warning", "info")
-PHASES = ("prefill", "decode", "frames", "none")
-PHASE_GROUPS = ("spec_verify", "decode", "prefill")
+# The phases a kind's `phase:` may name. Two are also kind ids of the shipped catalog: this module is the only
+# Python that may spell them (tests/test_catalog.py), and the detection modules import these names.
+PHASE_PREFILL = "prefill"
+PHASE_DECODE = "decode"
+PHASE_FRAMES = "frames"  # the traceback frames decide the phase (and an allocator frame may point here too)
+PHASE_NONE = "none"  # not a KV allocation
+PHASES = (PHASE_PREFILL, PHASE_DECODE, PHASE_FRAMES, PHASE_NONE)
+# The groups of `phase_frames`, in the order they are checked. Speculative verify says "Prefill" but is a
+# step of decode: SUBPHASES maps such a group to the phase it counts as.
+PHASE_SPEC_VERIFY = "spec_verify"
+PHASE_GROUPS = (PHASE_SPEC_VERIFY, PHASE_DECODE, PHASE_PREFILL)
+SUBPHASES = {PHASE_SPEC_VERIFY: PHASE_DECODE}
 # The phases a KV failure is resolved to; `phase_kinds` in the catalog names the kind each one counts as.
-KV_PHASES = ("prefill", "decode")
+KV_PHASES = (PHASE_PREFILL, PHASE_DECODE)
+# The phases of a KV allocation failure: one of KV_PHASES, or one the frames decide.
+KV_FAILURE_PHASES = (*KV_PHASES, PHASE_FRAMES)
+# KV pools as an event names them (`pools`, `limiting_pool`): SGLang's older texts say "Available tokens" or
+# "full tokens" for the full pool and "swa tokens" for the sliding-window one; any other pool keeps the name
+# the message gives it (Available mamba: N, [mamba-active] total=N).
+POOL_FULL = "full"
+POOL_SWA = "swa"
 # Suggestion rules a kind (or one of its patterns) may name in `suggest:`; advise/rules.py implements each.
 SUGGEST_RULES = (
     "none",

@@ -20,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import TYPE_CHECKING, BinaryIO
 
-from ..catalog.loader import Catalog
+from ..catalog import Catalog
 from ..config import Config, nothing_to_follow
 from ..events.sink import EventSink
 from ..events.store import EventStore

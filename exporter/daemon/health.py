@@ -1,7 +1,8 @@
 """What /healthz says about the loop: ready, starting, stalled, or what keeps it from reading every source.
 
 Sits beside the loop (loop.py), which notes each pass here; the HTTP edge calls Loop.health(). Each change of the
-trouble is logged once, not every pass.
+trouble is logged once, not every pass, on the logger the loop hands it: health is the loop's story, and its
+lines carry the loop's logger name (`logger=sglang_oom_exporter.daemon.loop`), which operators filter on.
 """
 
 from __future__ import annotations
@@ -12,16 +13,14 @@ from ..events.store import Health
 from .sourceset import SourceFacts, SourceSet
 from .state import StateKeeper
 
-# Health is the loop's story: its lines keep the loop's logger name, which operators filter on.
-log = logging.getLogger(__name__.rpartition(".")[0] + ".loop")
-
 
 class HealthWatch:
     """Follows the state saves' outcome and the source set's trouble."""
 
-    def __init__(self, sources: SourceSet, keeper: StateKeeper) -> None:
+    def __init__(self, sources: SourceSet, keeper: StateKeeper, log: logging.Logger) -> None:
         self.sources = sources
         self.keeper = keeper
+        self.log = log
         self.state_dir: str | None = None
         self._state_seen = (keeper.errors, keeper.saves)
         self._state_failing = False  # the last save attempt failed, and none has succeeded since
@@ -42,7 +41,7 @@ class HealthWatch:
                 return
             self._trouble_logged = trouble
             level = logging.WARNING if self._state_failing else logging.INFO
-            log.log(level, "health: %s", trouble or f"following {facts.followed} log source(s)")
+            self.log.log(level, "health: %s", trouble or f"following {facts.followed} log source(s)")
 
     def report(self) -> Health:
         """Ready when sources are being read (some may still be waiting to appear); otherwise the reason.

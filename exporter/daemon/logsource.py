@@ -15,6 +15,7 @@ from typing import Any
 from ..detect.evidence import Evidence
 from ..detect.pipeline import Pipeline
 from ..sources.tail import TRUNCATED, FileTailer, TailPosition, TailReset
+from .lazypipe import LazyPipeline
 
 # A record with no new line for this long is complete (a traceback cut mid-write). One that looks whole (a
 # traceback past its exception text, a block past its numbers) is closed after the pipeline's rank window.
@@ -32,7 +33,7 @@ class LogSource:
     path: str
     labels: tuple[str, ...]
     label_map: dict[str, str]
-    pipeline: Pipeline
+    pipeline: Pipeline | LazyPipeline  # stdin's is built at once, a file's on its first byte
     tailer: FileTailer | None
     generation: str | None = None
     resume_lineno: int | None = None  # line number at the restored offset

@@ -102,7 +102,7 @@ class Loop:
         # edge and starts services before run() primes the files, and /healthz must say `starting` meanwhile.
         self._starting = True
         self._begun = False  # the starting positions are saved (begin() or run())
-        self._health = HealthWatch(sources, keeper)
+        self._health = HealthWatch(sources, keeper, log)
         self._health.state_dir = config.state_dir
         self._published = Publisher(sources)  # read statistics, handed to the metrics page as files are read
         self.pending = 0  # events waiting for their traceback or other ranks, at the end of the last pass

@@ -13,7 +13,7 @@ import threading
 from dataclasses import replace
 from typing import Any, BinaryIO
 
-from ..catalog.loader import Catalog, CatalogError, load_catalog
+from ..catalog import Catalog, CatalogError, load_catalog
 from ..config import Config, ConfigError, load_config, nothing_to_follow, parse_listen, unknown_env
 from ..metrics import PageRegistry
 from ..sources.handles import raise_open_file_limit

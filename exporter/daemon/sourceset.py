@@ -9,6 +9,7 @@ Nothing here decides when to look: the loop (loop.py) does.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import threading
@@ -18,7 +19,7 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any
 
-from ..catalog.loader import Catalog
+from ..catalog import Catalog
 from ..config import Config
 from ..detect.evidence import Evidence, probe
 from ..detect.match import Matcher
@@ -375,11 +376,12 @@ class SourceSet:
             self.sink.record(event, labels, label_map, context(label_map), live=live)
 
         # A file's pipeline is built on its first byte (most followed files stay quiet); stdin's at once.
-        pipeline = (Pipeline if path == STDIN else LazyPipeline)(
-            self.catalog, self._matcher, source=label_map.get("source") or "/".join(labels), location=path,
-            sink=record, extra_prefixes=self.config.prefix_regex, wait_seconds=self.config.traceback_wait,
-            evidence=evidence,
+        make = functools.partial(
+            Pipeline, self.catalog, self._matcher, source=label_map.get("source") or "/".join(labels),
+            location=path, sink=record, extra_prefixes=self.config.prefix_regex,
+            wait_seconds=self.config.traceback_wait, evidence=evidence,
         )  # fmt: skip
+        pipeline = make() if path == STDIN else LazyPipeline(make)
         source = LogSource(path, labels, label_map, pipeline, None, directory=directory, evidence=evidence)
         evidence.on_identified = lambda: self._identified(source)
         if path != STDIN:

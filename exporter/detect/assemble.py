@@ -33,9 +33,20 @@ _NOISE = regex.compile(
     r"|#tokens: \d+"
     r"|#full_tokens: \d+, #(?:swa_tokens|mamba_num): \d+)"
 )
-_HEADER = regex.compile(r"Traceback \(most recent call last\):\s*$|hit an exception:?\s*$|^Exception in [\w ]+:\s*$")
+# The lines that open a traceback, in one table: (the whole line as a regex, a literal every such line holds).
+# A header alone opens a record here, so the reader must pass it too: the pipeline hands it TRACEBACK_OPENERS
+# ("Exception in ModelRpcClient:" / "... ControllerSingle:", facts 10.5).
+TRACEBACK_HEADERS: tuple[tuple[str, str], ...] = (
+    (r"Traceback \(most recent call last\):\s*$", "Traceback (most recent call last)"),
+    (r"hit an exception:?\s*$", "hit an exception"),
+    (r"^Exception in [\w ]+:\s*$", "Exception in "),
+)
+TRACEBACK_OPENERS = tuple(lit for _, lit in TRACEBACK_HEADERS)
+_HEADER = regex.compile("|".join(rx for rx, _ in TRACEBACK_HEADERS))
 _FRAME = regex.compile(r'^\s+File "(?P<path>[^"]*)", line \d+, in (?P<func>[\w<>.]+)')
 _CHAINED = ("During handling of the above exception", "The above exception was the direct cause")
+# A chained exception goes on in the same record: its link line, then its own "Traceback ..." header.
+_CHAIN_LINES = ("Traceback", *_CHAINED)
 # The lines a logged block continues with (facts 2, 10), in one table: (start of the line as a regex, the literal
 # that the reader keeps its window open for, whether the line can be a block's last). The reader's literals and
 # the assembler's regex are both derived from it. A hint line ("1. ") and the leak warning's second line need no
@@ -217,7 +228,7 @@ class Assembler:
             m = _FRAME.match(message)
             if m is not None:
                 rec.frames.append((m.group("path"), m.group("func")))
-            elif message and message[0] not in " \t" and not message.startswith(("Traceback", *_CHAINED)):
+            elif message and message[0] not in " \t" and not message.startswith(_CHAIN_LINES):
                 rec.exceptions.append([message])
                 rec.state = "exception"
         elif rec.state == "exception":
@@ -264,7 +275,7 @@ def _continues(rec: _Open, message: str, *, prefixed: bool) -> bool:
         if prefixed:
             return (
                 message[:1] in (" ", "\t")
-                or message.startswith(("Traceback", *_CHAINED))
+                or message.startswith(_CHAIN_LINES)
                 or _EXCEPTION_SHAPED.match(message) is not None
                 or blank
             )

@@ -20,8 +20,20 @@ from ..detect.model import LogLine, RawLine
 
 MAX_JOINED = 256 * 1024  # a joined CRI line longer than this is cut (a giant line, not an OOM block)
 
+# The CRI log format (containerd, CRI-O): "<RFC 3339 time> <stream> <tag> <text>", the tag P for a partial
+# record (the line goes on in the stream's next record) and F for its last or only one. Its markers live here;
+# the pipeline's reader literals are derived from them.
+CRI_STREAMS = ("stdout", "stderr")
+CRI_PARTIAL = "P"
+CRI_FULL = "F"
+# A CRI partial record can cut an anchor in two ("Out of mem" | "ory."): no piece holds the literal, so
+# every partial record is a hit of its own; they are rare (long lines, or a write without its newline).
+CRI_PARTIAL_LITERALS = tuple(f" {s} {CRI_PARTIAL} " for s in CRI_STREAMS)
+CRI_SPANS = tuple((f" {s} {CRI_PARTIAL} ", f" {s} {CRI_FULL} ") for s in CRI_STREAMS)
+_CRI_STREAM_WORDS = tuple(f"{s} ".encode() for s in CRI_STREAMS)
 _CRI = regex.compile(
-    r"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?(?:Z|[+-]\d\d:?\d\d)) (stdout|stderr) ([PF])(?: (.*))?$",
+    r"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?(?:Z|[+-]\d\d:?\d\d)) "
+    rf"({'|'.join(CRI_STREAMS)}) ([{CRI_PARTIAL}{CRI_FULL}])(?: (.*))?$",
     regex.DOTALL,
 )
 _CI_TIME = regex.compile(r"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d+Z) ")
@@ -69,7 +81,7 @@ class Decoder:
 
     def _cri(self, raw: RawLine, ts: str, stream: str, tag: str, content: str) -> LogLine | None:
         pending = self._partials.get(stream)
-        if tag == "P":
+        if tag == CRI_PARTIAL:
             if pending is None:
                 self._partials[stream] = (raw, ts, [content])
             elif sum(len(p) for p in pending[2]) < MAX_JOINED:
@@ -123,7 +135,7 @@ def wrapper_stream(line: bytes) -> bytes | None:
     first = line[:1]
     if first.isdigit():
         sp = line.find(b" ", 0, 48)
-        if sp > 0 and line[sp + 1 : sp + 8] in (b"stdout ", b"stderr "):
+        if sp > 0 and line[sp + 1 : sp + 8] in _CRI_STREAM_WORDS:
             return line[sp + 1 : sp + 7]
     elif first == b"{":
         i = line.rfind(b'"stream":"')

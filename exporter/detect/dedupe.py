@@ -28,6 +28,7 @@ import re
 from collections.abc import Callable, Collection, Sequence
 from typing import Any
 
+from ..catalog.vocabulary import PHASE_FRAMES
 from ..detect.match import excerpt
 from ..detect.model import OomEvent, Report
 from ..detect.prefix import epoch_of, iso_time
@@ -177,7 +178,7 @@ class Deduper:
             return True
         behind = -1 if lineno is None else lineno - group.last_lineno
         waiting = group.waiting()
-        if any(r.resolve == "frames" for r in waiting):
+        if any(r.resolve == PHASE_FRAMES for r in waiting):
             return behind >= FRAMES_LINES  # its kind is in the traceback's frames: only the wait or position
         if behind >= SETTLE_LINES:
             return True

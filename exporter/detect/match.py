@@ -19,8 +19,16 @@ from typing import Any
 
 import regex
 
-from ..catalog.loader import Catalog, OomKind, Pattern
-from ..catalog.vocabulary import FIELD_TYPES
+from ..catalog import Catalog, OomKind, Pattern
+from ..catalog.vocabulary import (
+    FIELD_TYPES,
+    KV_FAILURE_PHASES,
+    PHASE_FRAMES,
+    PHASE_GROUPS,
+    POOL_FULL,
+    POOL_SWA,
+    SUBPHASES,
+)
 from ..detect.model import PoolState, Record, Report
 
 log = logging.getLogger(__name__)
@@ -32,8 +40,6 @@ MAX_EXCERPT_LINES = 8
 MAX_NUMBER = 2**53
 _MAX_DIGITS = len(str(MAX_NUMBER))  # longer digit runs are out of range without parsing them
 MAX_EXCERPT_LINE = 300
-_KV_PHASES = ("prefill", "decode", "frames")
-_SUBPHASES = {"spec_verify": "decode"}  # a phase-frames group that is a step of a phase: speculative verify
 _BAD_CONTEXT = ("'", '"', "obj=", "text=", "input_ids", "prompt")
 _RAISED = regex.compile(r"^[A-Za-z_][\w.]*(?:Error|Exception): ")
 _POOL_TOTAL = regex.compile(
@@ -60,7 +66,8 @@ _LEAK_FIELDS = {"total": "total", "available": "free", "evictable": "evictable",
                 "session_held": "session_held", "uncached": "uncached"}  # fmt: skip
 _PAGED_AVAILABLE = regex.compile(r"token[_ ]to[_ ]kv[_ ]pool(?:[_ ]allocator)?\.available[_ ]size\(\) ?= ?(\d+)")
 _PAGED_EVICTABLE = regex.compile(r"tree[_ ]cache\.evictable[_ ]size\(\) ?= ?(\d+)")
-_POOL_NAMES = {"tokens": "full", "full tokens": "full", "swa tokens": "swa", "swa": "swa", "mamba": "mamba"}
+# The words of _POOL_TOTAL that name a pool otherwise (POOL_* in the vocabulary); any other word is the name.
+_POOL_WORDS = {"tokens": POOL_FULL, "full tokens": POOL_FULL, "swa tokens": POOL_SWA}
 _DIGITS = regex.compile(r"\d+")
 SHORTFALL_NOTE = (
     "paged allocators fail on whole pages and round each request up to a page, so a real failure can ask for "
@@ -75,9 +82,7 @@ class Matcher:
         self.catalog = catalog
         self.anchors = catalog.anchors()  # computed once per run: every pipeline's reader and assembler ask
         self._kinds = catalog.kinds
-        self._phase_frames = [
-            (g, _frame_specs(catalog.phase_frames.get(g, ()))) for g in ("spec_verify", "decode", "prefill")
-        ]
+        self._phase_frames = [(g, _frame_specs(catalog.phase_frames.get(g, ()))) for g in PHASE_GROUPS]
         self._allocators = dict(catalog.allocator_frames)
         self.numbers_dropped = 0  # numbers out of range left out of events (numbers_dropped_total)
 
@@ -124,7 +129,7 @@ class Matcher:
         pools = _pools(text, dropped)
         if dropped:
             self._dropped(kind.id, record, dropped)
-        if pools and kind.phase in _KV_PHASES and "available_tokens" not in numbers:
+        if pools and kind.phase in KV_FAILURE_PHASES and "available_tokens" not in numbers:
             _add_limiting_pool(numbers, pools)
         raised = record.kind == "traceback" or _RAISED.match(first) is not None
         fatal = (
@@ -162,7 +167,9 @@ class Matcher:
         if target is None:
             return None
         fallback = self.catalog.fallback_kind
-        kind_id, resolve = (fallback, "frames") if target == "frames" else (target, self.catalog.kind(target).phase)
+        kind_id, resolve = (
+            (fallback, PHASE_FRAMES) if target == PHASE_FRAMES else (target, self.catalog.kind(target).phase)
+        )
         kind = self.catalog.kind(kind_id)
         return Report(
             kind=kind_id,
@@ -171,7 +178,7 @@ class Matcher:
             record=record,
             body="",
             short="",
-            message=f"(traceback cut short in {target if target != 'frames' else 'alloc_token_slots'})",
+            message=f"(traceback cut short in {target if target != PHASE_FRAMES else 'alloc_token_slots'})",
             frames_phase=frames_phase,
             inferred=True,
             numbers={},
@@ -205,14 +212,14 @@ class Matcher:
         Speculative verify says "Prefill" but is a decode step; the generic text needs frames to name its phase.
         The kind a resolved phase counts as comes from the catalog's phase_kinds.
         """
-        if base.resolve not in _KV_PHASES:
+        if base.resolve not in KV_FAILURE_PHASES:
             return base.kind, None, None
         frames = [r.frames_phase for r in reports if r.frames_phase]
-        sub = next((f for f in frames if f in _SUBPHASES), None)
+        sub = next((f for f in frames if f in SUBPHASES), None)
         if sub is not None:
-            return self.catalog.phase_kinds[_SUBPHASES[sub]], _SUBPHASES[sub], sub
+            return self.catalog.phase_kinds[SUBPHASES[sub]], SUBPHASES[sub], sub
         frames_phase = frames[0] if frames else None
-        if base.resolve == "frames":
+        if base.resolve == PHASE_FRAMES:
             if frames_phase is not None and frames_phase in self.catalog.phase_kinds:
                 return self.catalog.phase_kinds[frames_phase], frames_phase, None
             return base.kind, None, None
@@ -310,7 +317,7 @@ def _pools(text: str, dropped: list[str]) -> tuple[PoolState, ...]:
     """Every pool the message describes, any era (facts 2, 10.2), each field as its name says."""
     pools: dict[str, PoolState] = {}
     for m in _POOL_TOTAL.finditer(text):
-        name = "swa" if m.group("swa") else _POOL_NAMES[m.group("name")]
+        name = POOL_SWA if m.group("swa") else _POOL_WORDS.get(m.group("name"), m.group("name"))
         if name in pools:
             continue
         pools[name] = PoolState(
@@ -321,13 +328,13 @@ def _pools(text: str, dropped: list[str]) -> tuple[PoolState, ...]:
         )
     a, e = _PAGED_AVAILABLE.search(text), _PAGED_EVICTABLE.search(text)
     if a or e:
-        full = pools.get("full", PoolState("full"))
-        pools["full"] = replace(
+        full = pools.get(POOL_FULL, PoolState(POOL_FULL))
+        pools[POOL_FULL] = replace(
             full,
-            free=full.free if full.free is not None else _int(a.group(1) if a else None, "full.free", dropped),
+            free=full.free if full.free is not None else _int(a.group(1) if a else None, f"{POOL_FULL}.free", dropped),
             evictable=full.evictable
             if full.evictable is not None
-            else _int(e.group(1) if e else None, "full.evictable", dropped),
+            else _int(e.group(1) if e else None, f"{POOL_FULL}.evictable", dropped),
         )
     for m in _LEAK_POOL.finditer(text):
         name = m.group("name")
@@ -336,7 +343,7 @@ def _pools(text: str, dropped: list[str]) -> tuple[PoolState, ...]:
                       for k, v in _PAIR.findall(m.group("pairs")) if k in _LEAK_FIELDS}  # fmt: skip
             pools[name] = PoolState(name, **fields)
     for m in _COUNTED_POOL.finditer(text):
-        name = m.group("name") or "full"
+        name = m.group("name") or POOL_FULL
         if name not in pools:
             fields = {}
             for key, value in _PAIR.findall(m.group("pairs")):

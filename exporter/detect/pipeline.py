@@ -9,9 +9,9 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
-from ..catalog.loader import Catalog
-from ..detect.assemble import DETAIL_LITERALS, Assembler
-from ..detect.decode import Decoder
+from ..catalog import Catalog
+from ..detect.assemble import DETAIL_LITERALS, TRACEBACK_OPENERS, Assembler
+from ..detect.decode import CRI_PARTIAL_LITERALS, CRI_SPANS, Decoder
 from ..detect.dedupe import Deduper
 from ..detect.evidence import Evidence, EvidenceScanner
 from ..detect.match import Matcher
@@ -19,13 +19,6 @@ from ..detect.model import Gap, OomEvent, RawLine, Record, Report
 from ..detect.prefix import PrefixParser
 from ..detect.reader import LineReader
 
-# One literal of every traceback header the assembler knows (its _HEADER): a header alone still opens a record
-# there, so the reader must pass it too ("Exception in ModelRpcClient:" / "... ControllerSingle:", facts 10.5).
-TRACEBACK_OPENERS = ("Traceback (most recent call last)", "hit an exception", "Exception in ")
-# A CRI partial record can cut an anchor in two ("Out of mem" | "ory."): no piece holds the literal, so
-# every partial record is a hit of its own; they are rare (long lines, or a write without its newline).
-CRI_PARTIAL_LITERALS = (" stdout P ", " stderr P ")
-CRI_SPANS = ((" stdout P ", " stdout F "), (" stderr P ", " stderr F "))
 # A file that begins mid-traceback (rotation cut it) has no header and no exception line, only frames that may
 # end in an allocator (R5). Every frame line is a hit, so the reader passes all of them (a path in a custom log
 # format is no frame); a frame of SGLang's own code (OWN_CODE) may then start a headless traceback.

@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..catalog.vocabulary import KV_FAILURE_PHASES
 from ..detect.model import Report
 
 CROSS_RANK_SECONDS = 1.5  # ranks of one tick straddle a second boundary (R6)
@@ -95,7 +96,7 @@ class Group:
 
 def expects_trace(block: Report) -> bool:
     """A fatal KV block: since 0.4.5 it is re-raised and a traceback follows (older eras exit(1) silently)."""
-    return block.fatal and block.resolve in ("prefill", "decode", "frames")
+    return block.fatal and block.resolve in KV_FAILURE_PHASES
 
 
 def close(a: float | None, b: float | None, line_a: int, line_b: int, seconds: float) -> bool:

@@ -17,7 +17,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from ..advise.suggest import with_suggestions
-from ..catalog.loader import Catalog
+from ..catalog import Catalog
 from ..detect.model import OomEvent
 from .redact import redact_excerpt, redact_line
 

@@ -17,7 +17,7 @@ from collections.abc import Iterator, Mapping
 from prometheus_client.core import CounterMetricFamily
 from prometheus_client.registry import Collector
 
-from ..catalog.loader import Catalog
+from ..catalog import Catalog
 from ..config import Config
 from ..sources.kubeclient import ApiClient
 from .correlate import Correlator

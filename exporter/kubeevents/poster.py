@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote
 
-from ..catalog.loader import Catalog
+from ..catalog import Catalog
 from ..detect.model import OomEvent
 from ..sources.kubeclient import ApiClient, DiscoveryError
 from .correlate import Correlator, event_name

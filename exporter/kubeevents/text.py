@@ -14,7 +14,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from ..catalog.loader import Catalog
+from ..catalog import Catalog
 from ..detect.model import OomEvent, Suggestion, format_number
 from ..render import RenderOptions, runbook_page_url
 from ..render.alertspec import RETRACTIONS_HIGH, alert_name

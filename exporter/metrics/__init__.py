@@ -9,8 +9,7 @@ statistics into SourceTable as it reads them, and /metrics joins the cached byte
 
     # HELP sglang_oom_events_total SGLang OOM events seen in the logs, one per server-level failure.
     # TYPE sglang_oom_events_total counter
-    sglang_oom_events_total{kind="prefill",source="sglang-0"} 1.0
-    sglang_oom_events_total{kind="decode",source="sglang-0"} 0.0
+    sglang_oom_events_total{kind="<a kind id of the catalog>",source="sglang-0"} 1.0
     sglang_oom_exporter_files_watched 1.0
 
 Why not prometheus_client Counters: the event counters continue from the state file after a restart (a Counter

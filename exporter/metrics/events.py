@@ -12,7 +12,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..catalog.loader import Catalog
+from ..catalog import Catalog
 from ..detect.model import OomEvent
 from .exposition import Family, Page
 from .names import NAMESPACE, Labels

@@ -22,10 +22,7 @@ import copy
 from pathlib import Path
 from typing import Any
 
-from ..catalog import Catalog, CatalogError, default_catalog_path
-from ..catalog.alert_fields import AlertFields
-from ..catalog.loader import load_tree
-from ..catalog.validate import Validator
+from ..catalog import AlertFields, Catalog, CatalogError, Validator, default_catalog_path, load_tree, parse_tree
 from ..catalog.vocabulary import SEVERITIES
 from .alerts import alert_pack
 
@@ -53,23 +50,7 @@ def _settable(block: dict[str, Any]) -> set[str]:
 def _parse(text: str, path: str) -> Any:
     """The overrides' tree: the catalog's line-keeping YAML, plus each key's own line (`__keys__`), so that an
     error about one key names its line even in a block mapping."""
-    import yaml
-
-    from ..catalog import yamltree
-
-    class KeyLineLoader(yamltree.LineLoader):
-        """LineLoader that also keeps the line of every key."""
-
-    def construct(loader: KeyLineLoader, node: yaml.MappingNode) -> dict[str, Any]:
-        mapping = yamltree.construct_mapping(loader, node)
-        mapping["__keys__"] = {str(k.value): k.start_mark.line + 1 for k, _ in node.value}
-        return mapping
-
-    KeyLineLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, construct)
-    try:
-        return yaml.load(text, Loader=KeyLineLoader)  # noqa: S506 - a SafeLoader
-    except yaml.YAMLError:
-        return yamltree.parse(text, path)  # raises CatalogError with the line
+    return parse_tree(text, path, key_lines=True)
 
 
 def _at(node: dict[str, Any], key: str) -> dict[str, Any]:

@@ -22,13 +22,13 @@ from collections.abc import Callable, Iterable, MutableSequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from ..catalog.loader import Catalog
+from ..catalog import Catalog
 from ..detect.match import Matcher
 from ..detect.model import OomEvent
 from ..detect.pipeline import Pipeline, PipelineStats
 from ..sources.fileid import GZIP_MAGIC
 from .join import Collector, Joiner, Joins, Segment, cut_points, drop, scan_range
-from .serial import open_input, progress_meter, scan_stream
+from .serial import CHUNK, open_input, progress_meter, scan_stream
 
 if TYPE_CHECKING:
     from ..progress import Progress
@@ -43,7 +43,7 @@ class ScanOptions:
     prefilter: bool = True
     extra_prefixes: tuple[str, ...] = ()
     finder: str = "auto"
-    chunk: int = 4 * 1024 * 1024
+    chunk: int = CHUNK
 
 
 @dataclass(slots=True)

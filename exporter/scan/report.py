@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..catalog.loader import Catalog
+from ..catalog import Catalog
 from ..detect.model import OomEvent
 from ..detect.pipeline import PipelineStats
 from ..events.sink import event_json

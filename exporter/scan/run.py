@@ -13,7 +13,7 @@ import os
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from ..catalog.loader import Catalog
+from ..catalog import Catalog
 from ..detect.match import Matcher
 from ..events.sink import Context, EventSink
 from .report import ScanResult

@@ -11,7 +11,7 @@ import sys
 from collections.abc import Callable, Iterable
 from typing import IO, TYPE_CHECKING, BinaryIO
 
-from ..catalog.loader import Catalog
+from ..catalog import Catalog
 from ..detect.match import Matcher
 from ..detect.model import OomEvent
 from ..detect.pipeline import Pipeline, PipelineStats

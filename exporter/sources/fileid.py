@@ -3,7 +3,9 @@
     FileTailer (tail.py) --> TailChunk / TailReset (reason in RESET_REASONS) --> daemon/logsource.py
     TailPosition (identity, offset, fingerprint) <--> the state file
 
-A generation is told by its inode and the fingerprint of its first bytes; compression by content.
+A generation is told by its inode and the fingerprint of its first bytes; compression by content. matches()
+says whether a file holds a saved generation, and find_rotated() looks for one beside its path (renamed, copied
+by copytruncate, compressed).
 """
 
 from __future__ import annotations
@@ -11,6 +13,8 @@ from __future__ import annotations
 import gzip
 import hashlib
 import io
+import os
+import stat
 import zlib
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -174,3 +178,45 @@ def head_bytes(path: str, size: int) -> bytes | None:
     except (OSError, EOFError, zlib.error):
         return None
     return data if len(data) == size else None
+
+
+_COMPRESSED_SUFFIX = ".gz"  # only to rank siblings (plain first); compression itself is told by content
+
+
+def matches(path: str, pos: TailPosition) -> bool:
+    """Whether the file at path holds the saved generation (plain or .gz): its first bytes, and its bytes just
+    before the saved offset when the position has that mark (a new file may begin with the same banner)."""
+    head = head_bytes(path, pos.fingerprint_len)
+    if head is None or fingerprint(head) != pos.fingerprint:
+        return False
+    if not pos.mark_len:
+        return True
+    before = bytes_before(path, pos.offset, pos.mark_len)
+    return before is not None and fingerprint(before) == pos.mark
+
+
+def find_rotated(path: str, pos: TailPosition) -> str | None:
+    """A sibling (n.log.<ts>, app.log.1, *.gz) holding the saved generation, or None."""
+    directory, base = os.path.split(path)
+    try:
+        names = os.listdir(directory or ".")
+    except OSError:
+        return None
+    ranked = []
+    for name in names:
+        if name == base or not name.startswith(base):
+            continue
+        sibling = os.path.join(directory, name)
+        try:
+            st = os.stat(sibling)
+        except OSError:
+            continue
+        same = (st.st_dev, st.st_ino) == (pos.dev, pos.ino)
+        # An empty fingerprint matches anything, so then only the inode can say it is ours.
+        if stat.S_ISREG(st.st_mode) and (same or pos.fingerprint_len > 0):
+            # A rename keeps the inode, so it ranks first; plain beats .gz of the same generation.
+            ranked.append((not same, name.endswith(_COMPRESSED_SUFFIX), -st.st_mtime_ns, sibling))
+    for *_, sibling in sorted(ranked):
+        if matches(sibling, pos):
+            return sibling
+    return None

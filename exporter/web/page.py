@@ -13,7 +13,7 @@ import re
 import time
 
 from .. import __version__
-from ..catalog.loader import Catalog
+from ..catalog import Catalog
 from ..detect.model import OomEvent
 from ..events.store import Health, StoredEvent
 

@@ -20,7 +20,7 @@ from urllib.parse import parse_qs, urlsplit
 from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import choose_encoder, gzip_accepted
 
-from ..catalog.loader import Catalog
+from ..catalog import Catalog
 from ..events.sink import event_json
 from ..events.store import EventStore, Health
 from ..metrics.exposition import PageRegistry, join_gzip, join_plain

@@ -18,7 +18,7 @@ import threading
 from collections.abc import Callable, Iterator
 
 from .. import __version__
-from ..catalog.loader import Catalog
+from ..catalog import Catalog
 
 INDEX = "README.md"
 _DETAILS = re.compile(r"<details><summary>(.*)</summary>")

@@ -23,7 +23,7 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily
 from prometheus_client.registry import Collector
 
-from ..catalog.loader import Catalog
+from ..catalog import Catalog
 from ..events.store import EventStore, Health
 from ..metrics.names import SELF
 from .httpd import EVICT_AFTER, LISTEN_BACKLOG, MAX_CONNECTIONS, MAX_HEAD_BYTES, REQUEST_TIMEOUT, HTTPServer
