@@ -14,7 +14,7 @@ from dataclasses import replace
 from typing import Any, BinaryIO
 
 from ..catalog.loader import Catalog, CatalogError, load_catalog
-from ..config import Config, ConfigError, load_config, nothing_to_follow, parse_listen, unknown_env
+from ..config import SETTINGS, Config, ConfigError, load_config, nothing_to_follow, parse_listen, unknown_env
 from ..metrics import PageRegistry
 from ..sources.handles import raise_open_file_limit
 from ..sources.watch import Waker
@@ -25,10 +25,7 @@ from .signals import SignalRelay
 
 log = logging.getLogger("sglang_oom_exporter")
 
-_FLAG_KEYS = ("listen", "state_dir", "from_beginning", "kubernetes_logs", "config", "force_polling", "poll_interval",
-              "sweep_interval",
-              "traceback_wait", "source_retention", "web_config", "log_level", "catalog", "prefix_regex",
-              "sglang_url", "scrape_interval", "scrape_timeout")  # fmt: skip
+_FLAG_KEYS = tuple(s.dest for s in SETTINGS if s.dest is not None)  # the flags cli.py made from the table
 _LOAD_ERRORS = (ConfigError, CatalogError, WebConfigError)
 
 
