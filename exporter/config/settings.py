@@ -42,7 +42,8 @@ class Setting:
     metavar: str = ""
     shown: str = ""  # how the default reads where the value itself says nothing (None, a structure)
     note: str = ""  # more for the reference page than --help has room for
-    reload: bool = True  # SIGHUP applies a change; False: kept until a restart (daemon/app.py RESTART_ONLY)
+    values: str = ""  # what a structured setting takes, in words
+    reload: bool | None = True  # SIGHUP applies a change; False: kept until a restart (app.py RESTART_ONLY)
 
     @property
     def env_var(self) -> str | None:
@@ -78,6 +79,8 @@ class Setting:
     @property
     def bounds(self) -> str:
         """The allowed values in words ("" when any value of the type goes)."""
+        if self.values:
+            return self.values
         if self.kind == "duration" and self.low is not None and self.high is not None:
             return f"{format_duration(self.low)} to {format_duration(self.high)}"
         if self.kind == "int" and self.low is not None and self.high is not None:
@@ -104,9 +107,10 @@ def _duration(name: str, default: float, low: float, high: float, help: str, **k
 SETTINGS: tuple[Setting, ...] = (
     Setting("paths", "structured", (), "log files or globs to follow; '-' reads stdin and passes it through to "
             "stdout", flag=False, metavar="PATH|GLOB|-", shown="none",
+            values="a list of paths and globs",
             note="the command line's arguments; the variable is comma-separated"),
-    Setting("sources", "structured", (), "named log sources: a list of {path, name}, followed like paths",
-            env=False, flag=False, shown="none"),
+    Setting("sources", "structured", (), "named log sources, followed like paths",
+            env=False, flag=False, shown="none", values="a list of {path, name}"),
     Setting("listen", "listen", DEFAULT_LISTEN, "HTTP listen address", metavar="HOST:PORT", reload=False),
     Setting("state_dir", "text", None, "keep positions, counters and dedupe memory here", metavar="DIR",
             shown="none, nothing is kept across restarts", reload=False),
@@ -114,10 +118,12 @@ SETTINGS: tuple[Setting, ...] = (
             "on a first start without state, read existing files from their start, not their end"),
     Setting("kubernetes", "structured", None, "Kubernetes node mode: follow ROOT/<ns>_<pod>_<uid>/<container>/<n>.log "
             "(e.g. /var/log/pods)", env="KUBERNETES_LOGS", flag="--kubernetes-logs", metavar="ROOT", shown="off",
+            values="a mapping with logs_root",
             note="the flag and the variable give logs_root; the file's mapping also takes namespace, pod, "
-            "container (filter regexes), discover_targets and events (docs/kubernetes.md)"),
+            "container (filter regexes), discover_targets and events (docs/kubernetes.md). A reload applies "
+            "the filters; switching the mode on or off, discover_targets and events need a restart"),
     Setting("config", "structured", None, "YAML config file (unknown keys are errors)", env="CONFIG",
-            file=False, metavar="FILE", shown="none"),
+            file=False, metavar="FILE", shown="none", values="a path", reload=None),
     Setting("force_polling", "bool", False, "poll instead of inotify (network and overlay filesystems)",
             reload=False),
     _duration("poll_interval", 1.0, MS, HOUR, "loop tick, and the polling interval with --force-polling"),
@@ -137,10 +143,11 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("catalog", "text", None, "use this catalog instead of the built-in one", metavar="FILE",
             shown="the built-in one"),
     Setting("prefix_regex", "structured", (), "extra log-prefix pattern (named groups ts and ranks); repeatable",
-            env=False, metavar="REGEX", shown="none"),
+            env=False, metavar="REGEX", shown="none", values="a list of regexes"),
     Setting("targets", "structured", (), "SGLang base URL to scrape (/metrics, /server_info), e.g. "
             "http://127.0.0.1:30000; repeatable. One URL serves every log source; map several with 'targets:' "
             "in the config file", env="SGLANG_URL", flag="--sglang-url", metavar="URL", shown="none",
+            values="a list of {url, source}",
             note="the file takes a list of {url, source}; the variable is comma-separated"),
     _duration("scrape_interval", 15.0, MS, DAY, "how often to scrape each SGLang"),
     _duration("scrape_timeout", 5.0, MS, HOUR, "give up on one scrape after this"),

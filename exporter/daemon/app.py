@@ -43,7 +43,7 @@ RELOAD_RESULTS = ("applied", "partial", "failed")
 # Settings a running daemon cannot change (reload=False in the settings table): the socket, the state file,
 # the TLS/auth setup, the kind of file watcher and the size of the event ring are built once. A reload keeps
 # them and says so.
-RESTART_ONLY = tuple(s.name for s in SETTINGS if not s.reload)
+RESTART_ONLY = tuple(s.name for s in SETTINGS if s.reload is False)
 
 
 class App:
