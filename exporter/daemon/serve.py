@@ -25,18 +25,19 @@ from .signals import SignalRelay
 
 log = logging.getLogger("sglang_oom_exporter")
 
-_FLAG_KEYS = tuple(s.dest for s in SETTINGS if s.dest is not None)  # the flags cli.py made from the table
+_FLAG_KEYS = tuple(s.dest for s in SETTINGS if s.dest is not None)
 _LOAD_ERRORS = (ConfigError, CatalogError, WebConfigError)
 
 
-def _flags(args: argparse.Namespace) -> dict[str, Any]:
+def config_flags(args: argparse.Namespace) -> dict[str, Any]:
+    """load_config's `flags` from serve's parsed command line (the flags cli.py made from the settings table)."""
     flags = {key: getattr(args, key, None) for key in _FLAG_KEYS}
     flags["paths"] = list(args.paths)
     return flags
 
 
 def _load(args: argparse.Namespace) -> tuple[Config, Catalog]:
-    config = load_config(flags=_flags(args))
+    config = load_config(flags=config_flags(args))
     # "-" is stdin: read by the stdin pump, never discovered as a file.
     return replace(config, paths=tuple(p for p in config.paths if p != "-")), load_catalog(config.catalog)
 
