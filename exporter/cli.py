@@ -118,7 +118,8 @@ def _render_parser(sub: Any) -> None:
 
 
 def _serve_parser(sub: Any) -> None:
-    from .config import DEFAULT_LISTEN
+    """serve's flags, one per row of the settings table that has one, with its help and default from there."""
+    from .config.settings import DEFAULT_LISTEN, ENV_PREFIX, SETTINGS
 
     serve = sub.add_parser(
         "serve",
@@ -126,68 +127,31 @@ def _serve_parser(sub: Any) -> None:
         description=(
             "Follow log files, globs, Kubernetes pod logs or stdin, count every OOM exactly once (across "
             "rotations and restarts, with --state-dir), and serve /metrics, /healthz, /events and an HTML page "
-            f"on {DEFAULT_LISTEN} by default. Flags override SGLANG_OOM_EXPORTER_* environment variables, which "
-            "override the --config file. SIGTERM/SIGINT save the state and exit 0; SIGHUP reloads the config."
+            f"on {DEFAULT_LISTEN} by default. Flags override {ENV_PREFIX}* environment variables, which "
+            "override the --config file. SIGTERM/SIGINT save the state and exit 0; SIGHUP reloads the config. "
+            "Every setting: docs/configuration-reference.md."
         ),
     )
-    serve.add_argument("paths", nargs="*", metavar="PATH|GLOB|-", help="log files or globs to follow; '-' reads stdin "
-                       "and passes it through to stdout")  # fmt: skip
-    serve.add_argument("--listen", metavar="HOST:PORT", help=f"HTTP listen address (default {DEFAULT_LISTEN})")
-    serve.add_argument("--state-dir", metavar="DIR", help="keep positions, counters and dedupe memory here")
-    serve.add_argument(
-        "--from-beginning",
-        action="store_const",
-        const=True,
-        default=None,
-        help="on a first start without state, read existing files from their start, not their end",
-    )
-    serve.add_argument(
-        "--kubernetes-logs",
-        metavar="ROOT",
-        help="Kubernetes node mode: follow ROOT/<ns>_<pod>_<uid>/<container>/<n>.log (e.g. /var/log/pods)",
-    )
-    serve.add_argument("--config", metavar="FILE", help="YAML config file (unknown keys are errors)")
-    serve.add_argument("--check-config", action="store_true", help="validate the configuration and exit 0 or 1")
-    serve.add_argument(
-        "--force-polling",
-        action="store_const",
-        const=True,
-        default=None,
-        help="poll instead of inotify (network and overlay filesystems)",
-    )
-    serve.add_argument(
-        "--poll-interval",
-        metavar="DURATION",
-        help="loop tick, and the polling interval with --force-polling (default 1s)",
-    )
-    serve.add_argument(
-        "--sweep-interval",
-        metavar="DURATION",
-        help="stat every followed file this often even without a file event (default 10s)",
-    )
-    serve.add_argument(
-        "--traceback-wait",
-        metavar="DURATION",
-        help="how long the generic 0.5.4+ OOM text waits for the traceback that names its phase (default 2.5s)",
-    )
-    serve.add_argument(
-        "--source-retention",
-        metavar="DURATION",
-        help="drop the series of a source whose log is gone after this long (default 1h)",
-    )
-    serve.add_argument("--web-config", metavar="FILE", help="TLS and basic auth, exporter-toolkit web-config format")
-    serve.add_argument("--log-level", choices=("debug", "info", "warning", "error"), help="default info")
-    serve.add_argument("--catalog", metavar="FILE", help="use this catalog instead of the built-in one")
-    serve.add_argument("--prefix-regex", action="append", metavar="REGEX", help="extra log-prefix pattern; repeatable")
-    serve.add_argument(
-        "--sglang-url",
-        action="append",
-        metavar="URL",
-        help="SGLang base URL to scrape (/metrics, /server_info), e.g. http://127.0.0.1:30000; "
-        "repeatable. One URL serves every log source; map several with 'targets:' in the config file",
-    )
-    serve.add_argument("--scrape-interval", metavar="DURATION", help="how often to scrape each SGLang (default 15s)")
-    serve.add_argument("--scrape-timeout", metavar="DURATION", help="give up on one scrape after this (default 5s)")
+    for setting in SETTINGS:
+        if setting.name == "paths":
+            serve.add_argument("paths", nargs="*", metavar=setting.metavar, help=setting.help)
+            continue
+        flag = setting.flag_name
+        if flag is None:
+            continue
+        options: dict[str, Any] = {"help": f"{setting.help} (default: {setting.shown_default})"}
+        if setting.kind == "bool":
+            options.update(action="store_const", const=True, default=None)
+        elif setting.kind == "choice":
+            options.update(choices=setting.choices)
+        else:
+            options.update(metavar=setting.metavar)
+            if setting.kind == "structured" and setting.name in ("prefix_regex", "targets"):
+                options.update(action="append")
+        serve.add_argument(flag, **options)
+        if setting.name == "config":
+            serve.add_argument("--check-config", action="store_true",
+                               help="validate the configuration and exit 0 or 1")  # fmt: skip
 
 
 def main(argv: Sequence[str] | None = None) -> int:

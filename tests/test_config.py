@@ -89,10 +89,12 @@ def test_missing_config_file_is_an_error(tmp_path):
 
 
 def test_kubernetes_filter_defaults_are_one_set():
-    """config.py and discover.py once drifted (LWS `leader` missing from one); now both use one set."""
+    """config.py and discover.py once drifted (LWS `leader` missing from one); now both use one set, which is
+    the one written here: every namespace but Kubernetes' own, any pod, any container but an exporter's."""
+    expected = (r"(?!kube-system$|kube-public$|kube-node-lease$).+", r".+", r"(?i)(?!.*oom-exporter).+")
     k = KubernetesConfig("/var/log/pods")
-    assert (k.namespace, k.pod, k.container) == (KubernetesFilter().namespace, KubernetesFilter().pod,
-                                                 KubernetesFilter().container)  # fmt: skip
+    assert (k.namespace, k.pod, k.container) == expected
+    assert (KubernetesFilter().namespace, KubernetesFilter().pod, KubernetesFilter().container) == expected
     assert KubernetesFilter().matches_container("lws-leader")
     assert not KubernetesFilter().matches_container("sglang-oom-exporter")
     assert not KubernetesFilter().matches_pod("kube-system", "kube-apiserver-node1")

@@ -1,7 +1,6 @@
-"""Configuration, the settings' names: which keys exist, of which type and within which bounds, and the
-Builder that checks each value as the file, the environment and the flags hand it in (load.py layers them).
-
-A new scalar setting is one entry in a key table below (and a field in model.py); a duration also gets bounds.
+"""Configuration, the settings' names: which keys the file, the environment and the flags know, and the Builder
+that checks each value as they hand it in (load.py layers them). All of it is derived from the settings table
+(settings.py): a new setting is a row there, not an entry here.
 """
 
 from __future__ import annotations
@@ -9,31 +8,27 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from .values import DAY, HOUR, LEVELS, MS, parse_bool, parse_bounded_duration, parse_listen, regex_problem
+from .settings import BY_NAME, ENV_PREFIX, NESTED_DURATION_BOUNDS, SCALARS, SETTINGS, Setting
+from .values import parse_bool, parse_bounded_duration, parse_listen, regex_problem
 
-ENV_PREFIX = "SGLANG_OOM_EXPORTER_"
-DURATION_KEYS = (
-    "poll_interval", "sweep_interval", "discover_interval", "state_interval", "traceback_wait", "source_retention",
-    "scrape_interval", "scrape_timeout",
-)  # fmt: skip
-# (smallest, largest) per duration: past these a timer overflows (OverflowError in a wait) or the setting
-# makes no sense (a loop that ticks once a year); either way --check-config says so instead of the daemon dying.
-_DURATION_BOUNDS = {
-    "poll_interval": (MS, HOUR), "sweep_interval": (MS, DAY), "discover_interval": (MS, DAY),
-    "state_interval": (MS, DAY), "traceback_wait": (MS, HOUR), "source_retention": (1.0, 365 * DAY),
-    "scrape_interval": (MS, DAY), "scrape_timeout": (MS, HOUR), "discover_targets.interval": (1.0, DAY),
-}  # fmt: skip
-BOOL_KEYS = ("from_beginning", "force_polling")
-STR_KEYS = ("listen", "state_dir", "catalog", "web_config", "log_level")
-SCALAR_KEYS = (*DURATION_KEYS, *BOOL_KEYS, *STR_KEYS)  # the keys the environment can set too
+# The scalar settings the environment can set (a structured one's variable is read by load.py).
+ENV_SCALARS = tuple(s for s in SCALARS if s.env_var is not None)
 # The environment variables load_config reads, after ENV_PREFIX.
-_KNOWN_ENV = frozenset({"CONFIG", "PATHS", "SGLANG_URL", "KUBERNETES_LOGS", *(k.upper() for k in SCALAR_KEYS)})
-FILE_KEYS = frozenset({*SCALAR_KEYS, "paths", "sources", "kubernetes", "prefix_regex", "recent_events", "targets"})
+_KNOWN_ENV = frozenset(s.env_var.removeprefix(ENV_PREFIX) for s in SETTINGS if s.env_var is not None)
+FILE_KEYS = frozenset(s.name for s in SETTINGS if s.file)
+FILE_SCALARS = tuple(s.name for s in SCALARS if s.file)
 
 
 def bounded_duration(key: str, value: Any) -> float:
-    """parse_duration, then the key's bounds; ValueError names them."""
-    low, high = _DURATION_BOUNDS[key]
+    """parse_duration, then the bounds of the key (a duration setting, or a nested key path such as
+    discover_targets.interval); ValueError names them."""
+    if key in NESTED_DURATION_BOUNDS:
+        low, high = NESTED_DURATION_BOUNDS[key]
+    else:
+        setting = BY_NAME[key]
+        if setting.kind != "duration" or setting.low is None or setting.high is None:
+            raise KeyError(f"{key} is not a bounded duration")
+        low, high = setting.low, setting.high
     return parse_bounded_duration(value, low, high)
 
 
@@ -52,7 +47,7 @@ class Builder:
     def set(self, where: str, key: str, value: Any) -> None:
         """Check one scalar value for its key; keep it, or note the problem at `where`."""
         try:
-            value = _checked(key, value)
+            value = checked(BY_NAME[key], value)
         except ValueError as exc:
             self.problems.append(f"{where}: {exc}")
             return
@@ -65,23 +60,25 @@ class Builder:
             self.problems.append(problem)
 
 
-def _checked(key: str, value: Any) -> Any:
-    if key in DURATION_KEYS:
-        return bounded_duration(key, value)
-    if key in BOOL_KEYS:
+def checked(setting: Setting, value: Any) -> Any:
+    """The value of a scalar setting from what a file, a variable or a flag gave; ValueError says what is wrong."""
+    kind = setting.kind
+    if kind == "duration":
+        return bounded_duration(setting.name, value)
+    if kind == "bool":
         return parse_bool(value)
-    if key == "recent_events":
-        value = int(value)
-        if not 1 <= value <= 100_000:
-            raise ValueError("must be between 1 and 100000")
-        return value
-    if key == "log_level":
-        value = str(value).lower()
-        if value not in LEVELS:
-            raise ValueError(f"must be one of {', '.join(LEVELS)}")
-        return value
-    if key == "listen":
+    if kind == "int":
+        number = int(value)
+        if setting.low is not None and setting.high is not None and not setting.low <= number <= setting.high:
+            raise ValueError(f"must be between {setting.low:g} and {setting.high:g}")
+        return number
+    if kind == "choice":
+        text = str(value).lower()
+        if text not in setting.choices:
+            raise ValueError(f"must be one of {', '.join(setting.choices)}")
+        return text
+    if kind == "listen":
         parse_listen(str(value))
-    if key in STR_KEYS:
-        return str(value)
-    return value
+    if kind == "structured":
+        raise ValueError(f"{setting.name} is not a single value")
+    return str(value)

@@ -11,8 +11,9 @@ from dataclasses import replace
 from typing import Any
 
 from ..errors import ProblemsError
-from .keys import ENV_PREFIX, SCALAR_KEYS, Builder
+from .keys import ENV_SCALARS, Builder
 from .model import Config, KubernetesConfig
+from .settings import ENV_PREFIX
 from .values import URL
 
 
@@ -59,10 +60,10 @@ def _with_logs_root(builder: Builder, root: str) -> None:
 
 
 def _from_env(builder: Builder, env: Mapping[str, str]) -> None:
-    for key in SCALAR_KEYS:
-        name = ENV_PREFIX + key.upper()
+    for setting in ENV_SCALARS:
+        name = str(setting.env_var)
         if env.get(name):
-            builder.set(name, key, env[name])
+            builder.set(name, setting.name, env[name])
     if env.get(ENV_PREFIX + "PATHS"):
         builder.values["paths"] = tuple(p for p in env[ENV_PREFIX + "PATHS"].split(",") if p)
     if env.get(ENV_PREFIX + "SGLANG_URL"):

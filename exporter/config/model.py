@@ -1,6 +1,7 @@
 """Configuration, the values: the frozen dataclasses `serve` is given. Raw dicts stop before these.
 
-A new setting is a field here with its default, plus its key in keys.py (the defaults work without any file).
+A new setting is a field here, its default taken from its row in the settings table (settings.py), where its
+key, bounds, variable, flag and help live too. The defaults work without any file.
 """
 
 from __future__ import annotations
@@ -9,9 +10,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from ..sources.discover import DEFAULT_CONTAINER_FILTER, DEFAULT_NAMESPACE_FILTER, DEFAULT_POD_FILTER
+from .settings import DEFAULT_LISTEN, DEFAULT_PORT, default
 
-DEFAULT_PORT = 9877
-DEFAULT_LISTEN = f":{DEFAULT_PORT}"
+__all__ = ["DEFAULT_LISTEN", "DEFAULT_PORT", "Config", "DiscoverTargetsConfig", "EventsConfig", "KubernetesConfig"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,23 +52,23 @@ class Config:
 
     paths: tuple[str, ...] = ()
     names: Mapping[str, str] = field(default_factory=dict)  # path or glob -> source name
-    listen: str = DEFAULT_LISTEN
-    state_dir: str | None = None
-    from_beginning: bool = False
+    listen: str = default("listen")
+    state_dir: str | None = default("state_dir")
+    from_beginning: bool = default("from_beginning")
     kubernetes: KubernetesConfig | None = None
-    force_polling: bool = False
-    poll_interval: float = 1.0  # the loop's tick, and the polling observer's interval with force_polling
-    sweep_interval: float = 10.0  # stat every followed file even without a file event (a missed event)
-    discover_interval: float = 5.0
-    state_interval: float = 5.0
-    traceback_wait: float = 2.5
-    source_retention: float = 3600.0
-    recent_events: int = 200
-    catalog: str | None = None
+    force_polling: bool = default("force_polling")
+    poll_interval: float = default("poll_interval")
+    sweep_interval: float = default("sweep_interval")
+    discover_interval: float = default("discover_interval")
+    state_interval: float = default("state_interval")
+    traceback_wait: float = default("traceback_wait")
+    source_retention: float = default("source_retention")
+    recent_events: int = default("recent_events")
+    catalog: str | None = default("catalog")
     prefix_regex: tuple[str, ...] = ()
-    web_config: str | None = None
-    log_level: str = "info"
+    web_config: str | None = default("web_config")
+    log_level: str = default("log_level")
     sglang_urls: tuple[str, ...] = ()  # SGLang base URLs to scrape (/metrics, /server_info)
     target_sources: Mapping[str, str] = field(default_factory=dict)  # url -> source name it serves
-    scrape_interval: float = 15.0
-    scrape_timeout: float = 5.0
+    scrape_interval: float = default("scrape_interval")
+    scrape_timeout: float = default("scrape_timeout")

@@ -39,14 +39,17 @@ def parse_bounded_duration(value: Any, low: float, high: float) -> float:
     """parse_duration, then low <= seconds <= high; ValueError names the bounds."""
     seconds = parse_duration(value)
     if not (math.isfinite(seconds) and low <= seconds <= high):
-        raise ValueError(f"{str(value).strip()!r} must be between {_human(low)} and {_human(high)}")
+        raise ValueError(f"{str(value).strip()!r} must be between {format_duration(low)} and {format_duration(high)}")
     return seconds
 
 
-def _human(seconds: float) -> str:
-    for unit, size in (("d", DAY), ("h", HOUR), ("s", 1.0)):
+def format_duration(seconds: float) -> str:
+    """Seconds as parse_duration reads them, in the largest whole unit: 3600 -> 1h, 2.5 -> 2.5s, 0.001 -> 1ms."""
+    for unit, size in (("d", DAY), ("h", HOUR), ("m", 60.0), ("s", 1.0)):
         if seconds >= size and seconds % size == 0:
             return f"{seconds / size:g}{unit}"
+    if seconds >= 1:
+        return f"{seconds:g}s"
     return f"{seconds * 1000:g}ms"
 
 

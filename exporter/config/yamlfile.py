@@ -8,7 +8,7 @@ from typing import Any
 
 import yaml
 
-from .keys import FILE_KEYS, SCALAR_KEYS, Builder, bounded_duration
+from .keys import FILE_KEYS, FILE_SCALARS, Builder, bounded_duration
 from .model import DiscoverTargetsConfig, EventsConfig, KubernetesConfig
 from .values import FILTER_NAME_MAX, URL, filter_problem, parse_bool
 
@@ -24,7 +24,7 @@ def read_file(builder: Builder, path: str) -> None:
         return
     for key in sorted(set(data) - FILE_KEYS):
         builder.problems.append(f"{path}: {key}: unknown key")
-    for key in (*SCALAR_KEYS, "recent_events"):
+    for key in FILE_SCALARS:
         if key in data and data[key] is not None:
             builder.set(f"{path}: {key}", key, data[key])
     _paths(builder, path, data)

@@ -21,7 +21,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, BinaryIO
 
 from ..catalog import Catalog
-from ..config import Config, nothing_to_follow
+from ..config import SETTINGS, Config, nothing_to_follow
 from ..events.sink import EventSink
 from ..events.store import EventStore
 from ..metrics import EventCounts, ExporterCollector, fatal_kinds, group_family, label_names_for
@@ -40,9 +40,10 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 RELOAD_RESULTS = ("applied", "partial", "failed")
-# Settings a running daemon cannot change: the socket, the state file, the TLS/auth setup, the kind of
-# file watcher and the size of the event ring are built once. A reload keeps them and says so.
-RESTART_ONLY = ("listen", "state_dir", "web_config", "force_polling", "recent_events")
+# Settings a running daemon cannot change (reload=False in the settings table): the socket, the state file,
+# the TLS/auth setup, the kind of file watcher and the size of the event ring are built once. A reload keeps
+# them and says so.
+RESTART_ONLY = tuple(s.name for s in SETTINGS if s.reload is False)
 
 
 class App:

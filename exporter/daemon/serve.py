@@ -14,7 +14,7 @@ from dataclasses import replace
 from typing import Any, BinaryIO
 
 from ..catalog import Catalog, CatalogError, load_catalog
-from ..config import Config, ConfigError, load_config, nothing_to_follow, parse_listen, unknown_env
+from ..config import SETTINGS, Config, ConfigError, load_config, nothing_to_follow, parse_listen, unknown_env
 from ..metrics import PageRegistry
 from ..sources.handles import raise_open_file_limit
 from ..sources.watch import Waker
@@ -25,21 +25,19 @@ from .signals import SignalRelay
 
 log = logging.getLogger("sglang_oom_exporter")
 
-_FLAG_KEYS = ("listen", "state_dir", "from_beginning", "kubernetes_logs", "config", "force_polling", "poll_interval",
-              "sweep_interval",
-              "traceback_wait", "source_retention", "web_config", "log_level", "catalog", "prefix_regex",
-              "sglang_url", "scrape_interval", "scrape_timeout")  # fmt: skip
+_FLAG_KEYS = tuple(s.dest for s in SETTINGS if s.dest is not None)
 _LOAD_ERRORS = (ConfigError, CatalogError, WebConfigError)
 
 
-def _flags(args: argparse.Namespace) -> dict[str, Any]:
+def config_flags(args: argparse.Namespace) -> dict[str, Any]:
+    """load_config's `flags` from serve's parsed command line (the flags cli.py made from the settings table)."""
     flags = {key: getattr(args, key, None) for key in _FLAG_KEYS}
     flags["paths"] = list(args.paths)
     return flags
 
 
 def _load(args: argparse.Namespace) -> tuple[Config, Catalog]:
-    config = load_config(flags=_flags(args))
+    config = load_config(flags=config_flags(args))
     # "-" is stdin: read by the stdin pump, never discovered as a file.
     return replace(config, paths=tuple(p for p in config.paths if p != "-")), load_catalog(config.catalog)
 

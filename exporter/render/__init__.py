@@ -1,4 +1,5 @@
-"""Render: catalog -> the generated files of the alert pack (rules, runbooks, dashboards, chart copies).
+"""Render: catalog -> the generated files of the alert pack (rules, runbooks, dashboards, chart copies), and
+the settings table -> the configuration reference (docs/configuration-reference.md).
 
 Every generated file is a pure function of the catalog and a few options, written under one output root
 (the repository root by default). `render --check` compares a fresh render with the files on disk and names
@@ -59,9 +60,10 @@ def renderers() -> list[Renderer]:
     from .chart import render_chart
     from .dashboards import render_dashboards
     from .runbooks import render_runbooks
+    from .settingsdoc import render_settings_reference
 
     # The chart copies what the others wrote: it stays last.
-    return [render_alerts, render_runbooks, render_dashboards, render_chart]
+    return [render_alerts, render_runbooks, render_dashboards, render_settings_reference, render_chart]
 
 
 def render_all(catalog: Catalog, options: RenderOptions | None = None) -> Files:

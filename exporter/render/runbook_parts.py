@@ -7,11 +7,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from ..catalog import OomKind
+from ..config.settings import DEFAULT_PORT
 from .alertspec import AlertSpec
 from .options import GENERATED_NOTE, OVERVIEW_DASHBOARD_UID, RenderOptions
 from .promql import SOURCE_LABELS
 
-PORT = 9877
+PORT = DEFAULT_PORT  # the exporter's own port, to port-forward to
 
 
 def quote(text: str) -> str:
