@@ -18,7 +18,7 @@ from sglang_oom_exporter.catalog.loader import EVENT_FIELDS
 from sglang_oom_exporter.detect import finder as finders
 from sglang_oom_exporter.detect import reader
 from sglang_oom_exporter.scan import scan_paths
-from tests.helpers import CATALOG, golden_counts, load_yaml, scan_bytes
+from tests.support.helpers import CATALOG, golden_counts, load_yaml, scan_bytes
 
 HERE = os.path.dirname(__file__)
 CASES = sorted(glob.glob(os.path.join(HERE, "data", "logs", "*.log")))

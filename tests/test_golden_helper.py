@@ -7,7 +7,7 @@ import re
 import pytest
 
 from sglang_oom_exporter.scan import scan_paths
-from tests.helpers import CATALOG, GOLDEN_CORE, golden_counts, load_yaml, write_golden
+from tests.support.helpers import CATALOG, GOLDEN_CORE, golden_counts, load_yaml, write_golden
 
 LINE = "[2026-11-20 04:12:09 TP0] KV page use-after-free: 2 owner page refs are in the free pool, sample pages=[1, 2]"
 
@@ -49,7 +49,7 @@ def test_write_golden_refuses_a_kind_the_catalog_does_not_have(tmp_path):
 def test_every_section_11_case_named_in_the_facts_exists_and_every_2026_case_is_named():
     from pathlib import Path
 
-    from tests.helpers import LOGS_DIR
+    from tests.support.helpers import LOGS_DIR
 
     facts = (Path(__file__).parent.parent / "docs" / "sglang-facts.md").read_text(encoding="utf-8")
     table = facts[facts.index("### 11.13") :]

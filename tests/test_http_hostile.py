@@ -5,7 +5,6 @@ Every server listens on 127.0.0.1 port 0; every loop is bounded by a deadline or
 
 from __future__ import annotations
 
-# ruff: noqa: F811  (pytest fixtures imported from other test modules)
 import http.client
 import os
 import signal
@@ -20,9 +19,10 @@ import pytest
 
 from sglang_oom_exporter.web.server import EVICT_AFTER, LISTEN_BACKLOG, MAX_CONNECTIONS, MAX_HEAD_BYTES
 from sglang_oom_exporter.web.webconfig import WebConfig
-from tests.helpers import openssl_cert, wait_until
-from tests.test_serve_e2e import daemon_factory, oom_block, settle  # noqa: F401 (fixture)
-from tests.test_server import catalog, get, registry, serve  # noqa: F401 (fixtures)
+from tests.support.daemon import settle
+from tests.support.helpers import openssl_cert, wait_until
+from tests.support.logs import oom_block
+from tests.support.server import get
 
 
 def _open_slowloris(port: int, n: int) -> list[socket.socket]:

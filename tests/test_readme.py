@@ -6,7 +6,7 @@ import os
 import re
 import subprocess
 
-from tests.helpers import CATALOG
+from tests.support.helpers import CATALOG
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 README = open(os.path.join(ROOT, "README.md")).read()

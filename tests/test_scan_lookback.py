@@ -15,8 +15,7 @@ import pytest
 
 from sglang_oom_exporter.detect import reader
 from sglang_oom_exporter.scan import scan_paths
-from tests.helpers import CATALOG
-from tests.test_golden import load_expected
+from tests.support.helpers import CATALOG, load_yaml
 
 HERE = os.path.dirname(__file__)
 CASES = sorted(glob.glob(os.path.join(HERE, "data", "logs", "*.log")))
@@ -52,7 +51,7 @@ def test_every_golden_log_gives_the_same_json_with_four_look_back_lines_and_with
         assert none == unfiltered, os.path.basename(path)
         events += len(json.loads(none)["events"])
     # The comparison covered every event the golden files expect, not empty results.
-    assert events == sum(len(load_expected(path)["events"]) for path in CASES)
+    assert events == sum(len(load_yaml(path[: -len(".log")] + ".expected.yaml")["events"]) for path in CASES)
 
 
 @pytest.mark.timeout(120)

@@ -11,8 +11,8 @@ import yaml
 from sglang_oom_exporter.sources.http import REASONS, ScrapeError, fetch
 from sglang_oom_exporter.sources.scrape import ScrapeLoop, TargetScraper
 from sglang_oom_exporter.sources.sglang_metrics import KvSnapshot, parse_metrics, parse_server_info
-from tests.fake_sglang import FakeSGLang
-from tests.helpers import wait_until
+from tests.support.fake_sglang import FakeSGLang
+from tests.support.helpers import wait_until
 
 DATA = Path(__file__).parent / "data" / "scrape"
 ERAS = sorted(p.stem for p in DATA.glob("*.prom"))

@@ -34,7 +34,7 @@ from sglang_oom_exporter.metrics import EventCounts, ExporterCollector, PageRegi
 from sglang_oom_exporter.metrics.exposition import CHUNK_SERIES, join_gzip, join_plain
 from sglang_oom_exporter.web.routes import Routes
 from sglang_oom_exporter.web.server import ExporterServer
-from tests.helpers import CATALOG, Clock
+from tests.support.helpers import CATALOG, Clock
 
 OPENMETRICS = "application/openmetrics-text;version=1.0.0"
 

@@ -17,7 +17,7 @@ import urllib.request
 
 import pytest
 
-from tests.helpers import wait_until
+from tests.support.helpers import wait_until
 
 # Imported only when a setting asks for them; a plain `serve PATH` asks for none. (PyYAML is not among them:
 # every start parses the built-in catalog.yaml with it.)

@@ -6,7 +6,6 @@ Servers listen on 127.0.0.1 port 0 and are stopped by the fixture, so the thread
 from __future__ import annotations
 
 import base64
-import http.client
 import json
 import shutil
 import socket
@@ -16,9 +15,8 @@ import threading
 import time
 
 import pytest
-from prometheus_client import CollectorRegistry, Counter
+from prometheus_client import Counter
 
-from sglang_oom_exporter.catalog.loader import load_catalog
 from sglang_oom_exporter.config import parse_listen
 from sglang_oom_exporter.detect.model import OomEvent, PoolState
 from sglang_oom_exporter.events.sink import event_json
@@ -27,7 +25,8 @@ from sglang_oom_exporter.web.page import render_page
 from sglang_oom_exporter.web.routes import ROUTE_PATHS
 from sglang_oom_exporter.web.server import MAX_HEAD_BYTES, MAX_LIMIT, ExporterServer
 from sglang_oom_exporter.web.webconfig import WebConfig
-from tests.helpers import openssl_cert
+from tests.support.helpers import openssl_cert
+from tests.support.server import get
 
 HOSTILE = "<script>document.title='pwned'</script>"
 CHROMIUM = "/usr/bin/chromium"
@@ -40,42 +39,6 @@ CHROMIUM_HEADLESS = (
     "--no-first-run",
     "--disable-dev-shm-usage",
 )
-
-
-@pytest.fixture(scope="module")
-def catalog():
-    return load_catalog()
-
-
-@pytest.fixture
-def registry():
-    """A fresh registry with one counter sample, standing in for metrics.py."""
-    reg = CollectorRegistry()
-    Counter("sglang_oom_events", "OOM events.", ["kind", "source"], registry=reg).labels("prefill", "web").inc(3)
-    return reg
-
-
-@pytest.fixture
-def serve(registry, catalog):
-    """Start ExporterServers on 127.0.0.1:0 and stop every one after the test."""
-    started: list[ExporterServer] = []
-
-    def start(events=None, health=lambda: Health(True, ""), **kwargs):
-        server = ExporterServer(
-            ("127.0.0.1", 0),
-            registry=registry,
-            catalog=catalog,
-            events=events if events is not None else EventStore(),
-            health=health,
-            **kwargs,
-        )
-        server.start()
-        started.append(server)
-        return server
-
-    yield start
-    for server in started:
-        server.stop()
 
 
 def event(n=1, kind="prefill", **fields):
@@ -93,20 +56,6 @@ def event(n=1, kind="prefill", **fields):
     }
     values.update(fields)
     return OomEvent(**values)
-
-
-def get(server, path, headers=None, *, context=None, method="GET"):
-    """One request; returns (status, headers, body)."""
-    if context is None:
-        conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=5)
-    else:
-        conn = http.client.HTTPSConnection("127.0.0.1", server.port, timeout=5, context=context)
-    try:
-        conn.request(method, path, headers=headers or {})
-        response = conn.getresponse()
-        return response.status, response.headers, response.read()
-    finally:
-        conn.close()
 
 
 # EventStore

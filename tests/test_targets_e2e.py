@@ -11,23 +11,15 @@ import urllib.request
 
 import pytest
 
-from tests.fake_sglang import FakeSGLang
-from tests.helpers import wait_until
-from tests.test_serve_e2e import Daemon, append, settle
+from tests.support.daemon import Daemon, settle
+from tests.support.fake_sglang import FakeSGLang
+from tests.support.helpers import wait_until
+from tests.support.logs import PREFILL, append
+from tests.support.sglang_data import INFO, METRICS
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(90)]
 
 HERE = os.path.dirname(__file__)
-METRICS = open(os.path.join(HERE, "data", "scrape", "v0.5.16-dp2.prom"), "rb").read()
-INFO = {
-    "chunked_prefill_size": 16384, "max_prefill_tokens": 16384, "max_running_requests": 256,
-    "mem_fraction_static": 0.88, "page_size": 1, "context_length": 32768, "max_total_num_tokens": 61440,
-    "version": "0.5.16", "internal_states": [{"last_gen_throughput": 1.0}],
-}  # fmt: skip
-PREFILL = (
-    "[2026-03-14 22:10:{s:02d} TP0] Prefill out of memory. Try to lower your batch size.\n"
-    "Try to allocate 16384 tokens.\nAvailable tokens: 6100 (available_size=5980 + evictable_size=120)\n\n"
-)
 
 
 @pytest.fixture

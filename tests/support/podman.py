@@ -27,9 +27,9 @@ import subprocess
 import time
 from pathlib import Path
 
-from tests import helpers
+from tests.support import helpers
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 IMAGE = "localhost/sglang-oom-exporter:test"
 BASE_IMAGE = "localhost/sglang-oom-exporter-test-base:bookworm"
 TOOLS = ("podman", "runc", "catatonit", "mmdebstrap")

@@ -21,6 +21,7 @@ tiny gap, the daemon exits at once and start() retries on a new port (up to thre
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
 import signal
@@ -31,7 +32,7 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -39,11 +40,13 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.helpers import wait_until
+from sglang_oom_exporter.render.alerts import ALERTMANAGER_PATH
+from tests.support.helpers import wait_until
 
 PROMETHEUS = "prometheus"
 ALERTMANAGER = "prometheus-alertmanager"  # Debian's name; upstream tarballs call it `alertmanager`
 DEFAULT_JOB = "sglang-oom-exporter"
+ROOT = Path(__file__).resolve().parents[2]
 _START_ATTEMPTS = 3
 
 
@@ -435,3 +438,26 @@ class _WebhookHandler(BaseHTTPRequestHandler):
         self.send_response(200)
         self.send_header("Content-Length", "0")
         self.end_headers()
+
+
+def alertmanager_config(hook_url: str) -> str:
+    """The example Alertmanager config, its webhooks pointed at the test's receiver (path = receiver name), 1s waits."""
+    config = yaml.safe_load((ROOT / ALERTMANAGER_PATH).read_text())
+    for receiver in config["receivers"]:
+        for hook in receiver.get("webhook_configs", []):
+            hook["url"] = f"{hook_url}/{receiver['name']}"
+    config["route"].update(group_wait="1s", group_interval="1s")
+    return str(yaml.safe_dump(config, sort_keys=False))
+
+
+@contextlib.contextmanager
+def alerting(
+    workdir: Path, hook: WebhookReceiver, rule_files: Sequence[Path], **prometheus: Any
+) -> Iterator[tuple[Prometheus, Alertmanager]]:
+    """An Alertmanager with the example config delivering to `hook`, and a Prometheus evaluating `rule_files` and
+    sending it the alerts (its other arguments, the targets or scrape configs, as given); both stopped on exit."""
+    with (
+        Alertmanager(workdir / "am", alertmanager_config(hook.url)) as am,
+        Prometheus(workdir / "prom", rule_files=rule_files, alertmanager_url=am.url, **prometheus) as prom,
+    ):
+        yield prom, am

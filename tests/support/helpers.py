@@ -116,7 +116,7 @@ def openssl_cert(directory: Path, name: str = "server") -> tuple[Path, Path]:
     return cert, key
 
 
-LOGS_DIR = Path(__file__).parent / "data" / "logs"
+LOGS_DIR = Path(__file__).resolve().parent.parent / "data" / "logs"
 # What every golden event states (tests/test_golden.py checks them): the rest (numbers, pools, suggestions) is optional.
 GOLDEN_CORE = ("kind", "line", "fatal", "ranks", "time")
 
