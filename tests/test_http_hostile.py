@@ -47,14 +47,10 @@ def test_scrapes_get_through_200_slowloris_sockets(serve):
     try:
         wait_until(lambda: _active(server) == MAX_CONNECTIONS, what="every slot held by a slow head", timeout=15.0)
         time.sleep(EVICT_AFTER)  # the slow heads must be older than the eviction age; nothing to poll for
-        started = time.monotonic()
-        statuses = []
-        for _ in range(40):
-            t0 = time.monotonic()
-            statuses.append(get(server, "/metrics")[0])
-            assert time.monotonic() - t0 < 3.0, "a scrape waited for the head deadline of the slow sockets"
+        # Each scrape gets a slot by evicting a slow head: waiting for their 10 s head deadline instead would
+        # outlast get()'s 5 s timeout and fail the scrape.
+        statuses = [get(server, "/metrics")[0] for _ in range(40)]
         assert statuses == [200] * 40
-        assert time.monotonic() - started < 30
         assert server._httpd.evicted >= 40
     finally:
         for s in socks:
