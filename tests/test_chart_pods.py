@@ -37,10 +37,10 @@ import yaml
 from sglang_oom_exporter import __version__
 from tests.support.daemon import settle
 from tests.support.helm import CHART, helm
-from tests.support.helpers import wait_until
+from tests.support.helpers import free_port, wait_until
 from tests.support.image import Served
 from tests.support.logs import append, cri, oom_block
-from tests.support.podman import free_port, mount_options, proc_status
+from tests.support.podman import mount_options, proc_status
 from tests.support.sglang_data import INFO
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]

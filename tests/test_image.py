@@ -18,10 +18,10 @@ import pytest
 from sglang_oom_exporter import __version__
 from sglang_oom_exporter.project import PROJECT_URL
 from tests.support.daemon import settle
-from tests.support.helpers import wait_until
+from tests.support.helpers import free_port, wait_until
 from tests.support.image import Served
 from tests.support.logs import cri, oom_block
-from tests.support.podman import free_port, mount_options, proc_status
+from tests.support.podman import mount_options, proc_status
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 

@@ -17,8 +17,8 @@ import time
 
 import pytest
 
-from tests.support.daemon import Daemon, free_port, settle
-from tests.support.helpers import wait_until
+from tests.support.daemon import Daemon, settle
+from tests.support.helpers import free_port, wait_until
 from tests.support.logs import append, cri, oom_block
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(60)]

@@ -21,7 +21,6 @@ import configparser
 import json
 import os
 import shutil
-import socket
 import ssl
 import subprocess
 import time
@@ -45,13 +44,6 @@ def skip_reason() -> str | None:
     if missing:
         return f"{', '.join(missing)} not installed (.ci/run installs podman, runc, catatonit and mmdebstrap with apt)"
     return None
-
-
-def free_port() -> int:
-    """A TCP port free on 127.0.0.1 now (host networking: the containers listen on the host's loopback)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class Podman:

@@ -25,7 +25,6 @@ import contextlib
 import json
 import shutil
 import signal
-import socket
 import subprocess
 import threading
 import time
@@ -41,7 +40,7 @@ import pytest
 import yaml
 
 from sglang_oom_exporter.render.alerts import ALERTMANAGER_PATH
-from tests.support.helpers import wait_until
+from tests.support.helpers import free_port, wait_until
 
 PROMETHEUS = "prometheus"
 ALERTMANAGER = "prometheus-alertmanager"  # Debian's name; upstream tarballs call it `alertmanager`
@@ -63,13 +62,6 @@ def require_binaries(*names: str) -> None:
     missing = [n for n in names if find_binary(n) is None]
     if missing:
         pytest.skip(f"{', '.join(missing)} not on PATH (Debian packages prometheus, prometheus-alertmanager; .ci/run)")
-
-
-def free_port() -> int:
-    """A loopback TCP port that was free a moment ago."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def http_get_json(url: str, *, timeout: float = 5.0) -> Any:
