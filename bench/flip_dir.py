@@ -4,7 +4,7 @@ Usage::
 
     python bench/flip_dir.py [--rate 10] [--flips 30] [--glob] [--no-dir]
 
-Starts the real daemon (tests/test_serve_e2e.Daemon: `serve --listen 127.0.0.1:P --state-dir S PATH`) on one
+Starts the real daemon (tests/support/daemon.py Daemon: `serve --listen 127.0.0.1:P --state-dir S PATH`) on one
 path in a temp dir (or on `*.log` with --glob), then --flips times: writes a new file there holding one fatal
 OOM block, holds it for half a period, removes it and makes a directory at the path (--no-dir: leaves it
 missing), holds that for half a period, removes the directory. --rate is flips a second. It then waits up to
@@ -23,7 +23,8 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from tests.test_serve_e2e import Daemon, oom_block
+from tests.support.daemon import Daemon
+from tests.support.logs import oom_block
 
 
 def main() -> int:

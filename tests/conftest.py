@@ -14,6 +14,8 @@ import pytest
 
 # Threads get this long to finish after a test: a stopped observer's threads exit asynchronously.
 _THREAD_GRACE_SECONDS = 2.0
+# The harness's fixtures, for every test module (tests/support: the daemon, the HTTP server, the fake API, the CLI).
+pytest_plugins = ["tests.support.daemon", "tests.support.server", "tests.support.kubeapi", "tests.support.cli"]
 _ROOT = Path(__file__).resolve().parent.parent
 
 if sys.dont_write_bytecode and not sys.pycache_prefix:
@@ -31,7 +33,7 @@ def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
     """`-n auto`: three workers per CPU. Much of the suite's time is spent waiting on the processes it drives
     (daemons, a real Prometheus and Alertmanager, helm): with one worker per CPU the CPUs sat idle for half
     the run, with two still for a fifth (2 CPUs: 59 s with 4 workers, 53 s with 6, the same CPU seconds).
-    Tests of a rate run their daemon at a higher priority where allowed (test_serve_e2e.Daemon.nice)."""
+    Tests of a rate run their daemon at a higher priority where allowed (tests/support/daemon.py, Daemon.nice)."""
     return 3 * len(os.sched_getaffinity(0))
 
 
@@ -54,7 +56,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 @pytest.fixture(scope="session", autouse=True)
 def _shared_dir(tmp_path_factory):
     """Give helpers.once_per_run the directory the xdist workers of this run share (their basetemps' parent)."""
-    from tests import helpers
+    from tests.support import helpers
 
     if os.environ.get("PYTEST_XDIST_WORKER"):
         helpers.SHARED_DIR = tmp_path_factory.getbasetemp().parent / "shared"
@@ -63,7 +65,7 @@ def _shared_dir(tmp_path_factory):
 @pytest.fixture
 def tls(tmp_path):
     """(cert, key, token file) for a fake Kubernetes API server on 127.0.0.1; the cert is its own CA."""
-    from tests.helpers import openssl_cert
+    from tests.support.helpers import openssl_cert
 
     cert, key = openssl_cert(tmp_path, "apiserver")
     token = tmp_path / "token"
@@ -94,9 +96,9 @@ def _no_leaked_threads():
 
 @pytest.fixture(scope="session")
 def podman(tmp_path_factory, _shared_dir):
-    """podman confined to this test run (tests/podman.py); skips with the reason where it cannot run."""
-    from tests import helpers
-    from tests.podman import Podman, skip_reason
+    """podman confined to this test run (tests/support/podman.py); skips with the reason where it cannot run."""
+    from tests.support import helpers
+    from tests.support.podman import Podman, skip_reason
 
     reason = skip_reason()
     if reason:
@@ -108,7 +110,7 @@ def podman(tmp_path_factory, _shared_dir):
 @pytest.fixture(scope="session")
 def image(podman) -> str:
     """The project's image built from the Dockerfile, once per test run; its name."""
-    from tests.podman import built_image
+    from tests.support.podman import built_image
 
     built = built_image(podman)
     print(f"\nimage built: seconds per step {built['seconds']}")

@@ -24,7 +24,7 @@ from sglang_oom_exporter.advise.rules import RULES
 from sglang_oom_exporter.advise.suggest import suggest
 from sglang_oom_exporter.catalog import OomKind
 from sglang_oom_exporter.detect.model import OomEvent
-from tests.helpers import CATALOG
+from tests.support.helpers import CATALOG
 
 _NUMBER = re.compile(r"(?<![\w.])\d+(?:\.\d+)?")
 

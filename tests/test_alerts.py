@@ -32,8 +32,8 @@ from sglang_oom_exporter.render.alerts import (
     retraction_kind,
     rules_file,
 )
-from tests.helpers import dump_yaml, load_yaml
-from tests.promtool_rules import isolate as _isolate
+from tests.support.helpers import dump_yaml, load_yaml
+from tests.support.promtool_rules import isolate as _isolate
 
 ROOT = Path(__file__).resolve().parent.parent
 RULES = ROOT / RULES_PATH
@@ -270,7 +270,7 @@ def _without_branch(expr: str, marker: str) -> str:
 @pytest.mark.timeout(40)
 def test_the_guard_alerts_read_series_a_live_daemon_exports_with_the_values_their_tests_assume(tmp_path):
     """A corrupt state file and a configured log that does not exist: the series the guards read, on real serve."""
-    from tests.test_serve_e2e import Daemon
+    from tests.support.daemon import Daemon
 
     state = tmp_path / "state"
     state.mkdir()

@@ -3,7 +3,7 @@
     fake SGLang (server args) <- serve (follows server.log, other.log) <- prometheus (rendered rules, 1s)
                                                         -> prometheus-alertmanager (the example config) -> webhook
 
-The daemon follows two temporary logs (sources "server" and "other") and scrapes tests/fake_sglang.py for
+The daemon follows two temporary logs (sources "server" and "other") and scrapes tests/support/fake_sglang.py for
 the server's args, so an OOM carries a concrete suggestion. Prometheus loads the committed rules file and
 scrapes the daemon every second under job sglang-oom-exporter; Alertmanager runs a copy of
 alerts/alertmanager.example.yml whose two webhook receivers point at an http.server inside this test and
@@ -33,18 +33,20 @@ import yaml
 from sglang_oom_exporter.catalog import load_catalog
 from sglang_oom_exporter.render import RenderOptions
 from sglang_oom_exporter.render.alerts import ALERTMANAGER_PATH, RETRACTIONS_HIGH, RULES_PATH, alert_pack, rules_file
-from tests.fake_sglang import FakeSGLang
-from tests.helpers import wait_until
-from tests.promstack import (
+from tests.support.daemon import Daemon
+from tests.support.fake_sglang import FakeSGLang
+from tests.support.helpers import wait_until
+from tests.support.logs import PREFILL, append
+from tests.support.promstack import (
     ALERTMANAGER,
     PROMETHEUS,
     Alertmanager,
-    Prometheus,
     WebhookReceiver,
+    alerting,
+    alertmanager_config,
     require_binaries,
 )
-from tests.test_serve_e2e import Daemon, append
-from tests.test_targets_e2e import INFO, PREFILL
+from tests.support.sglang_data import INFO
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(90)]
 
@@ -57,21 +59,11 @@ KV_HALF_USED = b"# TYPE sglang:token_usage gauge\nsglang:token_usage 0.5\n"
 
 
 def test_config_for_the_test_is_the_example_with_local_receivers_and_short_waits():
-    config = yaml.safe_load(_alertmanager_config("http://127.0.0.1:1"))
+    config = yaml.safe_load(alertmanager_config("http://127.0.0.1:1"))
     example = yaml.safe_load((ROOT / ALERTMANAGER_PATH).read_text())
     assert config["inhibit_rules"] == example["inhibit_rules"]
     assert config["route"]["routes"] == example["route"]["routes"]
     assert [r["name"] for r in config["receivers"]] == ["default", "pager", "ticket", "null"]
-
-
-def _alertmanager_config(hook_url: str) -> str:
-    """The example config, its webhooks pointed at the test's receiver (path = receiver name), 1s waits."""
-    config = yaml.safe_load((ROOT / ALERTMANAGER_PATH).read_text())
-    for receiver in config["receivers"]:
-        for hook in receiver.get("webhook_configs", []):
-            hook["url"] = f"{hook_url}/{receiver['name']}"
-    config["route"].update(group_wait="1s", group_interval="1s")
-    return yaml.safe_dump(config, sort_keys=False)
 
 
 def _fast_retraction_rules(path: Path) -> Path:
@@ -100,22 +92,13 @@ def test_an_oom_in_the_log_pages_with_its_fix_and_warnings_are_inhibited(tmp_pat
     with FakeSGLang() as fake, WebhookReceiver() as hook:
         fake.metrics_body = KV_HALF_USED
         fake.info_body = json.dumps(INFO).encode()
-        daemon = Daemon(["--sglang-url", fake.url, "--scrape-interval", "0.3s", "--scrape-timeout", "1s",
-                         str(server_log), str(other_log)], str(tmp_path / "state"))  # fmt: skip
-        daemon.start()
-        try:
-            with (
-                Alertmanager(tmp_path / "am", _alertmanager_config(hook.url)) as am,
-                Prometheus(
-                    tmp_path / "prom",
-                    rule_files=[ROOT / RULES_PATH],
-                    targets=[f"127.0.0.1:{daemon.port}"],
-                    alertmanager_url=am.url,
-                ) as prom,
-            ):
-                _run(prom, am, hook, server_log, other_log, tmp_path)
-        finally:
-            daemon.stop()
+        args = ["--sglang-url", fake.url, "--scrape-interval", "0.3s", "--scrape-timeout", "1s", str(server_log),
+                str(other_log)]  # fmt: skip
+        with (
+            Daemon(args, str(tmp_path / "state")) as daemon,
+            alerting(tmp_path, hook, [ROOT / RULES_PATH], targets=[f"127.0.0.1:{daemon.port}"]) as (prom, am),
+        ):
+            _run(prom, am, hook, server_log, other_log, tmp_path)
     print(f"\nalert e2e: {time.monotonic() - started:.1f}s in all")
 
 

@@ -17,8 +17,8 @@ import yaml
 
 from sglang_oom_exporter.catalog import load_catalog
 from sglang_oom_exporter.render.alerts import alert_pack
-from tests.helpers import load_yaml
-from tests.promtool_rules import RULES
+from tests.support.helpers import load_yaml
+from tests.support.promtool_rules import RULES
 from tools import mutate_alerts
 from tools.mutate_alerts import KIND_RE, families, load_equivalents, mutants, shape
 

@@ -18,48 +18,29 @@ from sglang_oom_exporter.daemon.app import App
 from sglang_oom_exporter.daemon.logsource import LogSource
 from sglang_oom_exporter.daemon.state import StateStore
 from sglang_oom_exporter.scan import scan_paths
-from tests.helpers import CATALOG, Clock
-
-BLOCK = "[2026-03-14 22:07:{s:02d} TP0] Decode out of memory. Try to lower your batch size.\nTry to allocate {s} tokens.\n\n"
-
-
-def _app(tmp_path, catalog=CATALOG, **overrides) -> tuple[App, Clock]:
-    clock = Clock()
-    fields = {"paths": (str(tmp_path / "*.log"),), "state_dir": str(tmp_path / "state"), "traceback_wait": 1.0,
-              "discover_interval": 5.0, "state_interval": 5.0, "sweep_interval": 1.0, **overrides}  # fmt: skip
-    return App(Config(**fields), catalog, clock=clock, wall=clock), clock
-
-
-def _run(app: App, clock: Clock, seconds: float = 3.0) -> None:
-    end = clock.now + seconds
-    while clock.now < end:
-        app.loop.step()
-        clock.now += 0.25
-
-
-def _append(path, text: str) -> None:
-    with open(path, "a") as fh:
-        fh.write(text)
+from tests.support.app import config_fields, make_app, run_app
+from tests.support.helpers import CATALOG
+from tests.support.logs import BLOCK, append
 
 
 def test_first_start_reads_existing_files_from_their_end_and_later_files_from_zero(tmp_path):
     (tmp_path / "old.log").write_text(BLOCK.format(s=1))
-    app, clock = _app(tmp_path)
-    _run(app, clock)
+    app, clock = make_app(tmp_path)
+    run_app(app, clock)
     assert app.counts.total() == 0  # history, not a page
     (tmp_path / "new.log").write_text(BLOCK.format(s=2))
     app.loop.request_discover()
-    _run(app, clock)
+    run_app(app, clock)
     assert app.counts.total("decode") == 1
-    _append(tmp_path / "old.log", BLOCK.format(s=3))
-    _run(app, clock)
+    append(tmp_path / "old.log", BLOCK.format(s=3))
+    run_app(app, clock)
     assert app.counts.total("decode") == 2
 
 
 def test_from_beginning_reads_existing_files(tmp_path):
     (tmp_path / "old.log").write_text(BLOCK.format(s=1) + BLOCK.format(s=5))
-    app, clock = _app(tmp_path, from_beginning=True)
-    _run(app, clock)
+    app, clock = make_app(tmp_path, from_beginning=True)
+    run_app(app, clock)
     assert app.counts.total("decode") == 2
 
 
@@ -68,33 +49,33 @@ def test_block_naming_its_kind_counts_after_the_rank_window_not_before(tmp_path)
     # text): it counts once the rank window has closed, in well under half a second, and only once.
     log = tmp_path / "a.log"
     log.write_text("")
-    app, clock = _app(tmp_path)
-    _run(app, clock, 1)
+    app, clock = make_app(tmp_path)
+    run_app(app, clock, 1)
     log.write_text("[2026-03-14 22:07:33 TP0] Prefill out of memory. Try to lower your batch size.\n\n")
     app.loop.step()
     assert app.counts.total("prefill") == 0  # the other ranks of this tick may still be on their way
-    _run(app, clock, 0.5)
+    run_app(app, clock, 0.5)
     assert app.counts.total("prefill") == 1
-    _run(app, clock, 3)
+    run_app(app, clock, 3)
     assert app.counts.total("prefill") == 1
 
 
 def test_source_series_are_dropped_after_the_retention(tmp_path):
     log = tmp_path / "gone.log"
     log.write_text("x\n")
-    app, clock = _app(tmp_path, source_retention=60.0)
-    _run(app, clock, 1)
+    app, clock = make_app(tmp_path, source_retention=60.0)
+    run_app(app, clock, 1)
     assert ("gone",) in app.counts.known()
     log.unlink()
-    _run(app, clock, 30)
+    run_app(app, clock, 30)
     assert ("gone",) in app.counts.known()
-    _run(app, clock, 40)
+    run_app(app, clock, 40)
     assert ("gone",) not in app.counts.known()
     assert app.sources.paths() == []
 
 
 def test_health_says_why(tmp_path):
-    app, clock = _app(tmp_path)
+    app, clock = make_app(tmp_path)
     app.loop.step()
     health = app.loop.health()
     assert (health.ok, health.reason) == (False, "no log file matches the configured paths yet")
@@ -112,15 +93,15 @@ def test_between_sweeps_only_files_in_changed_directories_are_read(tmp_path):
     other.mkdir()
     (tmp_path / "a.log").write_text("")
     (other / "b.log").write_text("")
-    app, clock = _app(tmp_path, paths=(str(tmp_path / "*.log"), str(other / "*.log")), sweep_interval=600.0)
-    _run(app, clock, 1)
-    _append(tmp_path / "a.log", BLOCK.format(s=1))
-    _append(other / "b.log", BLOCK.format(s=2))
+    app, clock = make_app(tmp_path, paths=(str(tmp_path / "*.log"), str(other / "*.log")), sweep_interval=600.0)
+    run_app(app, clock, 1)
+    append(tmp_path / "a.log", BLOCK.format(s=1))
+    append(other / "b.log", BLOCK.format(s=2))
     app.loop.mark_changed({str(other)})  # what the waker reports for the event in other/
-    _run(app, clock, 3)
+    run_app(app, clock, 3)
     assert app.counts.total("decode") == 1  # b.log only: a.log's directory had no event yet
     app.loop.mark_changed(None)  # too many events to track: read everything
-    _run(app, clock, 3)
+    run_app(app, clock, 3)
     assert app.counts.total("decode") == 2
 
 
@@ -131,11 +112,11 @@ def test_a_backlog_is_read_in_slices_and_counted_exactly_once(tmp_path, monkeypa
     log = tmp_path / "a.log"
     filler = "[2026-03-14 22:07:00 TP0] Decode batch, #running-req: 3, token usage: 0.50\n" * 40
     log.write_text("".join(filler + BLOCK.format(s=s) for s in range(10)))
-    app, clock = _app(tmp_path, from_beginning=True, sweep_interval=600.0)
+    app, clock = make_app(tmp_path, from_beginning=True, sweep_interval=600.0)
     app.loop.step()
     assert app.counts.total("decode") < 10  # one pass read one slice, not the whole file
     assert app.loop.next_timeout() == 0.0
-    _run(app, clock, 4)
+    run_app(app, clock, 4)
     assert app.counts.total("decode") == 10
 
 
@@ -143,7 +124,7 @@ def test_a_backlog_is_read_in_slices_and_counted_exactly_once(tmp_path, monkeypa
 
 
 def test_a_file_created_right_after_a_discovery_is_read_within_a_second(tmp_path):
-    app, clock = _app(tmp_path, sweep_interval=10.0)
+    app, clock = make_app(tmp_path, sweep_interval=10.0)
     app.loop.step()  # discovery at t=0 (nothing yet), sweep at t=0
     clock.now += 0.3
     (tmp_path / "new.log").write_text(BLOCK.format(s=1))
@@ -165,8 +146,8 @@ def test_a_file_created_right_after_a_discovery_is_read_within_a_second(tmp_path
 def test_an_exception_in_one_source_is_counted_and_the_others_are_read(tmp_path, monkeypatch):
     (tmp_path / "bad.log").write_text("")
     (tmp_path / "good.log").write_text("")
-    app, clock = _app(tmp_path)
-    _run(app, clock, 1)
+    app, clock = make_app(tmp_path)
+    run_app(app, clock, 1)
     poll = LogSource.poll
 
     def boom(self, now, budget=None):
@@ -175,8 +156,8 @@ def test_an_exception_in_one_source_is_counted_and_the_others_are_read(tmp_path,
         return poll(self, now, budget)
 
     monkeypatch.setattr(LogSource, "poll", boom)
-    _append(tmp_path / "good.log", BLOCK.format(s=1))
-    _run(app, clock, 3)
+    append(tmp_path / "good.log", BLOCK.format(s=1))
+    run_app(app, clock, 3)
     assert app.counts.total("decode") == 1
     assert app.extra_metrics()["source_errors_total"] == 3  # one per sweep (every second), the only passes that poll
 
@@ -220,11 +201,11 @@ def test_a_kind_added_only_to_a_catalog_copy_is_detected_counted_zero_initialise
     catalog = load_catalog(_catalog_with_a_new_kind(tmp_path))
     log = tmp_path / "a.log"
     log.write_text("")
-    app, clock = _app(tmp_path, catalog)
-    _run(app, clock, 1)
+    app, clock = make_app(tmp_path, catalog)
+    run_app(app, clock, 1)
     assert 'sglang_oom_events_total{kind="host_swap",source="a"} 0.0' in _exposition(app)
-    _append(log, NEW_KIND_LINE)
-    _run(app, clock, 3)
+    append(log, NEW_KIND_LINE)
+    run_app(app, clock, 3)
     assert app.counts.total("host_swap") == 1
     text = _exposition(app)
     assert 'sglang_oom_events_total{kind="host_swap",source="a"} 1.0' in text
@@ -235,30 +216,32 @@ def test_a_kind_added_only_to_a_catalog_copy_is_detected_counted_zero_initialise
 def test_reload_applies_a_new_catalog_to_files_already_followed(tmp_path):
     log = tmp_path / "a.log"
     log.write_text("")
-    app, clock = _app(tmp_path)
-    _run(app, clock, 1)
+    app, clock = make_app(tmp_path)
+    run_app(app, clock, 1)
     new = load_catalog(_catalog_with_a_new_kind(tmp_path))
     assert app.reload(app.config, new) == "applied"
     assert 'sglang_oom_events_total{kind="host_swap",source="a"} 0.0' in _exposition(app)
-    _append(log, NEW_KIND_LINE)
-    _append(log, BLOCK.format(s=9))
-    _run(app, clock, 3)
+    append(log, NEW_KIND_LINE)
+    append(log, BLOCK.format(s=9))
+    run_app(app, clock, 3)
     assert app.counts.total("host_swap") == 1
     assert app.counts.total("decode") == 1
     assert app.reloads == {"applied": 1, "partial": 0, "failed": 0}
 
 
 def test_reload_rebuilds_the_scrapers_and_keeps_an_unchanged_one(tmp_path):
-    app, _clock = _app(tmp_path, sglang_urls=("http://127.0.0.1:1",))
+    app, _clock = make_app(tmp_path, sglang_urls=("http://127.0.0.1:1",))
     kept = app.targets.views()[0]
-    app.reload(Config(**{**_fields(app.config), "sglang_urls": ("http://127.0.0.1:1", "http://127.0.0.1:2")}), CATALOG)
+    app.reload(
+        Config(**{**config_fields(app.config), "sglang_urls": ("http://127.0.0.1:1", "http://127.0.0.1:2")}), CATALOG
+    )
     assert [t.url for t in app.targets.views()] == ["http://127.0.0.1:1", "http://127.0.0.1:2"]
     assert app.targets.views()[0] is kept  # its KV history stays
 
 
 def test_reload_refuses_what_needs_a_restart_and_says_so(tmp_path, caplog):
-    app, _clock = _app(tmp_path)
-    changed = Config(**{**_fields(app.config), "listen": "127.0.0.1:1", "poll_interval": 3.0})
+    app, _clock = make_app(tmp_path)
+    changed = Config(**{**config_fields(app.config), "listen": "127.0.0.1:1", "poll_interval": 3.0})
     with caplog.at_level("WARNING", logger="sglang_oom_exporter.daemon.app"):
         assert app.reload(changed, CATALOG) == "partial"
     assert "kept listen as they were; changing them needs a restart" in caplog.text
@@ -273,16 +256,12 @@ def test_reload_picks_up_new_paths(tmp_path):
     other = tmp_path / "other"
     other.mkdir()
     (other / "b.log").write_text("")
-    app, clock = _app(tmp_path)
-    _run(app, clock, 1)
+    app, clock = make_app(tmp_path)
+    run_app(app, clock, 1)
     assert app.sources.paths() == []
     app.reload(Config(paths=(str(other / "*.log"),), state_dir=app.config.state_dir, traceback_wait=1.0), CATALOG)
-    _run(app, clock, 1)
+    run_app(app, clock, 1)
     assert app.sources.paths() == [str(other / "b.log")]
-
-
-def _fields(config: Config) -> dict:
-    return {name: getattr(config, name) for name in config.__dataclass_fields__}
 
 
 # --- the state keeper ----------------------------------------------------------------------------------------
@@ -291,30 +270,30 @@ def _fields(config: Config) -> dict:
 def test_state_round_trip_continues_counters_and_positions(tmp_path):
     log = tmp_path / "a.log"
     log.write_text("")
-    app, clock = _app(tmp_path)
-    _run(app, clock, 1)
+    app, clock = make_app(tmp_path)
+    run_app(app, clock, 1)
     log.write_text(BLOCK.format(s=1))
-    _run(app, clock)
+    run_app(app, clock)
     app.keeper.save()
     saved = json.loads((tmp_path / "state" / "state.json").read_text())["data"]
     assert saved["files"][str(log)]["position"]["offset"] == log.stat().st_size
-    _append(log, BLOCK.format(s=2))
-    again, clock2 = _app(tmp_path)
+    append(log, BLOCK.format(s=2))
+    again, clock2 = make_app(tmp_path)
     again.keeper.load()
-    _run(again, clock2)
+    run_app(again, clock2)
     assert again.counts.total("decode") == 2
 
 
 def test_the_periodic_save_writes_only_when_something_changed(tmp_path):
     log = tmp_path / "a.log"
     log.write_text("")
-    app, clock = _app(tmp_path, state_interval=5.0)
-    _run(app, clock, 6)
+    app, clock = make_app(tmp_path, state_interval=5.0)
+    run_app(app, clock, 6)
     assert app.keeper.saves == 1  # the first due save writes the initial positions
-    _run(app, clock, 20)
+    run_app(app, clock, 20)
     assert app.keeper.saves == 1  # idle: nothing read, nothing counted, no fsync
-    _append(log, BLOCK.format(s=1))
-    _run(app, clock, 6)
+    append(log, BLOCK.format(s=1))
+    run_app(app, clock, 6)
     # Soon after the empty file's first bytes identify it (a copy of it can be told apart from then on), once
     # the OOM they hold is counted (an eager save waits up to 1 s for events in flight): nothing left for later.
     assert app.keeper.saves == 2
@@ -324,10 +303,10 @@ def test_state_with_other_labels_is_a_warning_and_a_fresh_start(tmp_path):
     StateStore(tmp_path / "state").save(
         {"files": {}, "counters": {"label_names": ["namespace", "pod", "container"], "sources": []}}
     )
-    app, clock = _app(tmp_path)
+    app, clock = make_app(tmp_path)
     app.keeper.load()
     assert app.extra_metrics()["state_errors_total"] == 1
-    _run(app, clock, 1)
+    run_app(app, clock, 1)
     assert app.counts.total() == 0
 
 
@@ -370,14 +349,14 @@ def test_bytes_written_before_a_new_directory_is_watched_are_read_at_once(tmp_pa
     other.mkdir()
     log = other / "b.log"
     log.write_text("")
-    app, clock = _app(tmp_path, sweep_interval=600.0)
+    app, clock = make_app(tmp_path, sweep_interval=600.0)
     waker = FakeWaker()
     app.loop.step()
     app.loop._wait(waker, lambda: None)  # the first watch: every directory is looked at once more
     app.loop.step()
-    app.reload(Config(**{**_fields(app.config), "paths": (str(other / "*.log"),)}), CATALOG)
+    app.reload(Config(**{**config_fields(app.config), "paths": (str(other / "*.log"),)}), CATALOG)
     app.loop.step()  # b.log is discovered and read (empty)
-    _append(log, BLOCK.format(s=1))  # written before other/ is watched: no file event will come
+    append(log, BLOCK.format(s=1))  # written before other/ is watched: no file event will come
     app.loop._wait(waker, lambda: None)
     assert (waker.watched[-1], waker.timeouts[-1]) == ({str(other)}, 0.0)
     app.loop.step()
@@ -389,9 +368,9 @@ def test_bytes_written_before_a_new_directory_is_watched_are_read_at_once(tmp_pa
 def test_the_loop_wakes_when_a_quiet_file_closes_its_records(tmp_path):
     log = tmp_path / "a.log"
     log.write_text("")
-    app, clock = _app(tmp_path, poll_interval=1.0)
-    _run(app, clock, 1)
-    _append(log, "[2026-03-14 22:07:33 TP0] Prefill out of memory. Try to lower your batch size.\n")
+    app, clock = make_app(tmp_path, poll_interval=1.0)
+    run_app(app, clock, 1)
+    append(log, "[2026-03-14 22:07:33 TP0] Prefill out of memory. Try to lower your batch size.\n")
     app.loop.mark_changed({str(tmp_path)})
     app.loop.step()  # read: the record stays open until a second of quiet
     clock.now += 0.9

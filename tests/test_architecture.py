@@ -200,3 +200,65 @@ def test_code_outside_the_catalog_imports_it_through_its_facade() -> None:
         if target.startswith(f"{PKG}.catalog.") and target not in CATALOG_PUBLIC
     )
     assert found == []
+
+
+# ---------------------------------------------------------------------------------------------- the tests' harness
+
+TESTS = SRC.parent / "tests"
+
+
+def harness_breaches(text: str) -> Iterator[str]:
+    """What a test module must not do: import another test module (shared harness belongs in tests/support), or
+    read a private `_name` of tests.support (`from tests.support.x import _name`, or `x._name` on a support module
+    it imported). Imports inside functions count like the others."""
+    tree = ast.parse(text)
+    support_names: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found = [(alias.name, "", alias.asname) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0:
+            found = [(node.module or "", alias.name, alias.asname) for alias in node.names]
+        else:
+            continue
+        for module, name, asname in found:
+            path = f"{module}.{name}".strip(".").split(".")
+            if path[0] == "tests" and len(path) > 1 and path[1].startswith("test_"):
+                yield f"imports {'.'.join(path[:2])}"
+            if module.startswith("tests.support") and name.startswith("_") and not name.startswith("__"):
+                yield f"reads {module}.{name}"
+            if ".".join(path[:2]) == "tests.support" and (name or asname):
+                support_names.add(asname or name or path[-1])
+    for node in ast.walk(tree):
+        if (
+            isinstance(node, ast.Attribute)
+            and isinstance(node.value, ast.Name)
+            and node.value.id in support_names
+            and node.attr.startswith("_")
+            and not node.attr.startswith("__")
+        ):
+            yield f"reads {node.value.id}.{node.attr}"
+
+
+def test_the_harness_breach_finder() -> None:
+    text = (
+        "from tests.test_app import BLOCK\nfrom tests import test_serve_e2e\nimport tests.test_cli as c\n"
+        "from tests.support.daemon import Daemon, _private\nfrom tests.support import helpers\n"
+        "def f():\n    from tests.test_helm import template\n    return helpers._x, helpers.wait_until, other._y\n"
+    )
+    assert sorted(harness_breaches(text)) == [
+        "imports tests.test_app", "imports tests.test_cli", "imports tests.test_helm", "imports tests.test_serve_e2e",
+        "reads helpers._x", "reads tests.support.daemon._private",
+    ]  # fmt: skip
+    assert list(harness_breaches("from tests.support.helpers import wait_until\nimport tests.support.logs\n")) == []
+
+
+def test_test_modules_share_their_harness_only_through_tests_support() -> None:
+    """No test module imports another (13 did: their fixtures and builders now live in tests/support), and the
+    harness imports no test module either."""
+    files = [*sorted(TESTS.glob("test_*.py")), TESTS / "conftest.py", *sorted((TESTS / "support").glob("*.py"))]
+    found = {
+        f"{path.relative_to(TESTS)}: {breach}"
+        for path in files
+        for breach in harness_breaches(path.read_text(encoding="utf-8"))
+    }
+    assert sorted(found) == []

@@ -2,8 +2,6 @@
 input per file instead of dying with a traceback.
 """
 
-# ruff: noqa: F811  (pytest fixtures imported from another test module)
-
 from __future__ import annotations
 
 import json
@@ -17,9 +15,9 @@ import pytest
 from sglang_oom_exporter.detect.match import MAX_NUMBER, Matcher
 from sglang_oom_exporter.detect.pipeline import Pipeline
 from sglang_oom_exporter.scan import scan_paths
-from tests.helpers import CATALOG
-from tests.test_app import _app, _append, _run
-from tests.test_cli import cli  # noqa: F401 (fixture)
+from tests.support.app import make_app, run_app
+from tests.support.helpers import CATALOG
+from tests.support.logs import append
 
 BIG = "9" * 400
 OK_BLOCK = (
@@ -94,10 +92,10 @@ def test_floats_out_of_range_and_inf_are_dropped_too():
 def test_serve_counts_the_event_with_the_400_digit_number(tmp_path):
     log = tmp_path / "a.log"
     log.write_text("")
-    app, clock = _app(tmp_path)
-    _run(app, clock, 1.0)
-    _append(log, BIG_PREFILL)
-    _run(app, clock, 4.0)
+    app, clock = make_app(tmp_path)
+    run_app(app, clock, 1.0)
+    append(log, BIG_PREFILL)
+    run_app(app, clock, 4.0)
     assert app.counts.total("prefill") == 1  # was 0: "cannot record event" (OverflowError in the advice)
     assert app.sink.errors == 0
     assert app.extra_metrics()["numbers_dropped_total"] == 1.0

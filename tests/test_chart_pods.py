@@ -5,7 +5,7 @@ directory; its pod counts an OOM written to a pod log, runs with the rendered se
 kernel's view of the process: uid, capabilities, no_new_privs, seccomp, read-only mounts), and keeps its count
 across a pod restart (the pod deleted and played again, with an OOM written while it was down).
 
-Sidecar: the chart README's sidecar snippet, beside a stand-in SGLang container (tests/fake_sglang.py run in the
+Sidecar: the chart README's sidecar snippet, beside a stand-in SGLang container (tests/support/fake_sglang.py run in the
 same image behind the snippet's own `| tee` into the shared emptyDir) that serves SGLang's /metrics and
 /get_server_info; an OOM it logs reaches the exporter's /events, /metrics and page with the concrete flag
 suggestion, the same one `scan --server-args` gives for that log.
@@ -35,12 +35,13 @@ import pytest
 import yaml
 
 from sglang_oom_exporter import __version__
-from tests.helpers import wait_until
-from tests.podman import free_port, mount_options, proc_status
-from tests.test_helm import CHART, _helm
-from tests.test_image import Served, _started
-from tests.test_serve_e2e import append, cri, oom_block, settle
-from tests.test_targets_e2e import INFO
+from tests.support.daemon import settle
+from tests.support.helm import CHART, helm
+from tests.support.helpers import free_port, wait_until
+from tests.support.image import Served
+from tests.support.logs import append, cri, oom_block
+from tests.support.podman import mount_options, proc_status
+from tests.support.sglang_data import INFO
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
@@ -117,7 +118,7 @@ def helm_template(tmp_path: Path, values: dict, *ci: str) -> list[dict]:
     """`helm template` of the chart (release soe, namespace monitoring) with these values."""
     path = tmp_path / "values.yaml"
     path.write_text(yaml.safe_dump(values))
-    argv = [_helm(), "template", "soe", str(CHART), "--namespace=monitoring"]
+    argv = [helm(), "template", "soe", str(CHART), "--namespace=monitoring"]
     for name in ci:
         argv += ["-f", str(CHART / "ci" / name)]
     proc = subprocess.run([*argv, "-f", str(path)], capture_output=True, text=True, timeout=60, check=False)
@@ -153,10 +154,10 @@ def test_daemonset_pod_counts_an_oom_keeps_it_across_a_restart_and_runs_as_rende
                             "spec": template["spec"]})  # fmt: skip
     (container,) = pod["spec"]["containers"]
     labels = {"namespace": "llm", "pod": "sglang-0", "container": "sglang"}
-    served = Served(port)
+    served = Served(port, podman, f"{name}-oom-exporter")
     try:
         play(podman, tmp_path, [config_map, pod])
-        wait_until(lambda: _started(served, podman, f"{name}-oom-exporter"), timeout=60, what="the DaemonSet pod")
+        wait_until(served.started, timeout=60, what="the DaemonSet pod")
         assert_runs_as_rendered(podman, f"{name}-oom-exporter", pod["spec"]["securityContext"],
                                 container["securityContext"], container["volumeMounts"])  # fmt: skip
         (inspected,) = json.loads(podman("inspect", f"{name}-oom-exporter").stdout)
@@ -175,7 +176,7 @@ def test_daemonset_pod_counts_an_oom_keeps_it_across_a_restart_and_runs_as_rende
         assert (state / "monitoring.soe" / "state.json").is_file()
 
         play(podman, tmp_path, [config_map, pod])
-        wait_until(lambda: _started(served, podman, f"{name}-oom-exporter"), timeout=60, what="the new pod")
+        wait_until(served.started, timeout=60, what="the new pod")
         settle(served, 2)
         assert served.count(**labels) == 2
         assert stop_pod(podman, name) == {"oom-exporter": 0}
@@ -206,7 +207,7 @@ def test_sidecar_snippet_beside_a_stand_in_sglang_pages_the_flag_suggestion(podm
 
     fake_dir = tmp_path / "fake-sglang"
     fake_dir.mkdir()
-    shutil.copy(HERE / "fake_sglang.py", fake_dir)
+    shutil.copy(HERE / "support" / "fake_sglang.py", fake_dir)
     shutil.copy(HERE / "data" / "scrape" / "v0.5.16-dp2.prom", fake_dir / "metrics.prom")
     (fake_dir / "info.json").write_text(json.dumps(INFO))
     sglang_port, port = free_port(), free_port()
@@ -237,11 +238,11 @@ def test_sidecar_snippet_beside_a_stand_in_sglang_pages_the_flag_suggestion(podm
     assert all(p == port for _, p in probes), exporter_named
     exporter = next(c for c in pod["spec"]["containers"] if c["name"] == "oom-exporter")
 
-    served = Served(port)
+    served = Served(port, podman, f"{name}-oom-exporter")
     target = f"http://127.0.0.1:{sglang_port}"
     try:
         play(podman, tmp_path, [pod])
-        wait_until(lambda: _started(served, podman, f"{name}-oom-exporter"), timeout=60, what="the sidecar")
+        wait_until(served.started, timeout=60, what="the sidecar")
         assert_runs_as_rendered(podman, f"{name}-oom-exporter", pod["spec"].get("securityContext") or {},
                                 exporter["securityContext"], exporter["volumeMounts"])  # fmt: skip
         wait_until(lambda: _metric(served, "sglang_oom_target_up", target=target) == 1.0, timeout=60,

@@ -7,7 +7,6 @@ process itself (a stdin pipe, the exit status a shell sees) run `python -m sglan
 from __future__ import annotations
 
 import gzip
-import io
 import json
 import os
 import subprocess
@@ -16,7 +15,7 @@ import sys
 import pytest
 
 from sglang_oom_exporter.cli import main, sample_path
-from tests.helpers import CATALOG
+from tests.support.helpers import CATALOG
 
 HERE = os.path.dirname(__file__)
 OOM = "[2026-03-14 22:07:33 TP0] Prefill out of memory. Try to lower your batch size.\nTry to allocate 16384 tokens.\nAvailable tokens: 6100 (available_size=6000 + evictable_size=100)\n\n"
@@ -27,20 +26,6 @@ def _process(*args: str, stdin: bytes | None = None) -> subprocess.CompletedProc
     return subprocess.run(
         [sys.executable, "-m", "sglang_oom_exporter", *args], input=stdin, capture_output=True, timeout=60, check=False
     )
-
-
-@pytest.fixture
-def cli(capsysbinary, monkeypatch):
-    """Run cli.main() in this process like the command: stdin from bytes, the exit code and the output back."""
-
-    def run(*args: str, stdin: bytes = b"") -> subprocess.CompletedProcess[bytes]:
-        capsysbinary.readouterr()  # only this run's output
-        monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(stdin)))
-        code = main(list(args))
-        out, err = capsysbinary.readouterr()
-        return subprocess.CompletedProcess(list(args), code, out, err)
-
-    return run
 
 
 def test_sample_shows_every_fatal_kind_in_text(cli):

@@ -15,9 +15,9 @@ import pytest
 from sglang_oom_exporter import config as config_module
 from sglang_oom_exporter.config import ConfigError, load_config
 from sglang_oom_exporter.daemon.app import App
-from tests.helpers import CATALOG, wait_until
-from tests.test_app import BLOCK, _app, _append, _fields, _run
-from tests.test_serve_e2e import daemon_factory  # noqa: F401 (fixture)
+from tests.support.app import config_fields, make_app, run_app
+from tests.support.helpers import CATALOG, wait_until
+from tests.support.logs import BLOCK, append
 
 DURATIONS = ("poll_interval", "sweep_interval", "discover_interval", "state_interval", "traceback_wait",
              "source_retention", "scrape_interval", "scrape_timeout")  # fmt: skip
@@ -62,7 +62,7 @@ def test_unknown_prefixed_variables_are_named():
     assert config_module.unknown_env(env) == ["SGLANG_OOM_EXPORTER_LISTN", "SGLANG_OOM_EXPORTER_POLL_INTERVL"]
 
 
-def test_check_config_fails_on_an_unknown_variable_and_serve_warns(tmp_path, monkeypatch, daemon_factory):  # noqa: F811
+def test_check_config_fails_on_an_unknown_variable_and_serve_warns(tmp_path, monkeypatch, daemon_factory):
     monkeypatch.setenv("SGLANG_OOM_EXPORTER_STATE_DIRR", "/tmp/typo")
     proc = subprocess.run([sys.executable, "-m", "sglang_oom_exporter", "serve", "--check-config", "x.log"],
                           capture_output=True, text=True, timeout=60)  # fmt: skip
@@ -80,7 +80,7 @@ def test_check_config_fails_on_an_unknown_variable_and_serve_warns(tmp_path, mon
 
 
 def test_a_reload_to_no_source_at_all_is_refused(tmp_path):
-    app, _clock = _app(tmp_path)
+    app, _clock = make_app(tmp_path)
     before = app.config
     assert app.reload(load_config(env={}), CATALOG) == "failed"  # an empty file: zero paths, no Kubernetes
     assert app.config == before
@@ -91,20 +91,20 @@ def test_a_reload_that_removes_a_path_stops_following_it_and_a_re_add_resumes_ex
     a, b = tmp_path / "a.log", tmp_path / "b.log"
     a.write_text("")
     b.write_text("")
-    app, clock = _app(tmp_path, paths=(str(a), str(b)))
-    _run(app, clock)
-    _append(b, BLOCK.format(s=1))
-    _run(app, clock)
+    app, clock = make_app(tmp_path, paths=(str(a), str(b)))
+    run_app(app, clock)
+    append(b, BLOCK.format(s=1))
+    run_app(app, clock)
     assert app.counts.total() == 1
     assert app.reload(App_config(app, paths=(str(a),)), CATALOG) == "applied"
-    _run(app, clock)
+    run_app(app, clock)
     assert app.sources.paths() == [str(a)]
     assert app.counts.total() == 1  # b's series stays for the retention (issue 24), as a deleted file's does
-    _append(b, BLOCK.format(s=2))  # written while b is not followed
-    _run(app, clock)
+    append(b, BLOCK.format(s=2))  # written while b is not followed
+    run_app(app, clock)
     assert app.counts.total() == 1
     assert app.reload(App_config(app, paths=(str(a), str(b))), CATALOG) == "applied"
-    _run(app, clock)
+    run_app(app, clock)
     assert app.counts.total() == 2  # its counter goes on: the block written meanwhile, once; the first one not again
 
 
@@ -112,12 +112,12 @@ def App_config(app: App, **changes):  # noqa: N802
     """The running config with some fields changed, as a reload would load it."""
     from sglang_oom_exporter.config import Config
 
-    return Config(**{**_fields(app.config), **changes})
+    return Config(**{**config_fields(app.config), **changes})
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(90)
-def test_a_sighup_storm_neither_crashes_nor_stalls_the_daemon(tmp_path, daemon_factory):  # noqa: F811
+def test_a_sighup_storm_neither_crashes_nor_stalls_the_daemon(tmp_path, daemon_factory):
     log = tmp_path / "a.log"
     log.write_text("")
     d = daemon_factory(str(log))

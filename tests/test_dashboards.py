@@ -1,7 +1,7 @@
 """The generated Grafana dashboards: schema, the dashboard-linter rules, PromQL, conventions, catalog-derived parts.
 
 Static and offline: the committed dashboards/*.json are validated against the vendored Grafana schema
-(tests/schemas/dashboard.jsonschema.json) and linted by tests/dashboard_lint.py with the exclusions in
+(tests/schemas/dashboard.jsonschema.json) and linted by tests/support/dashboard_lint.py with the exclusions in
 dashboards/.lint; each lint rule is also shown to catch a dashboard broken on purpose. The end-to-end test
 against a real Prometheus is test_dashboards_e2e.py.
 """
@@ -31,7 +31,7 @@ from sglang_oom_exporter.render import (
     runbook_kind_url,
 )
 from sglang_oom_exporter.render.dashboards import OVERVIEW_PATH, overview
-from tests.dashboard_lint import apply_exclusions, interpolate, lint, load_exclusions, panels, parse
+from tests.support.dashboard_lint import apply_exclusions, interpolate, lint, load_exclusions, panels, parse
 
 ROOT = Path(__file__).resolve().parent.parent
 SCHEMA = json.loads((ROOT / "tests" / "schemas" / "dashboard.jsonschema.json").read_text())

@@ -26,13 +26,14 @@ import pytest
 from sglang_oom_exporter.catalog import load_catalog
 from sglang_oom_exporter.metrics import GROUP_INFO
 from sglang_oom_exporter.render.dashboards import OVERVIEW_PATH
-from tests.dashboard_lint import interpolate, load_exclusions, panels
-from tests.fake_sglang import FakeSGLang
-from tests.helpers import wait_until
-from tests.promstack import Prometheus, require_binaries
-from tests.test_serve_e2e import Daemon, append
-from tests.test_targets_e2e import INFO, PREFILL
-from tests.test_targets_e2e import METRICS as METRICS_0_5_16
+from tests.support.daemon import Daemon
+from tests.support.dashboard_lint import interpolate, load_exclusions, panels
+from tests.support.fake_sglang import FakeSGLang
+from tests.support.helpers import wait_until
+from tests.support.logs import PREFILL, append
+from tests.support.promstack import Prometheus, require_binaries
+from tests.support.sglang_data import INFO
+from tests.support.sglang_data import METRICS as METRICS_0_5_16
 
 # SGLang 0.5.4+ exports the PD pre-allocation gauge on every server (0 when not a PD decode server, as in the
 # 0.5.6 fixture); the dashboard reads it, so the live exposition must carry it.

@@ -19,7 +19,7 @@ from sglang_oom_exporter.detect.dedupe import FRAMES_LINES, RANK_WINDOW_SECONDS,
 from sglang_oom_exporter.detect.match import Matcher
 from sglang_oom_exporter.detect.model import OomEvent
 from sglang_oom_exporter.detect.pipeline import Pipeline
-from tests.helpers import CATALOG, MATCHER, Clock, frames
+from tests.support.helpers import CATALOG, MATCHER, Clock, frames
 
 TS = "2026-03-14 22:07:33"
 PREFILL = "Prefill out of memory. Try to lower your batch size.\nTry to allocate 4096 tokens.\nAvailable tokens: 100 (available_size=60 + evictable_size=40)\n"

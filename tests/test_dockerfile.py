@@ -2,8 +2,9 @@
 
 tests/test_image.py builds the image with podman and runs it (configuration, user, labels, read-only root), but
 from a stand-in Debian base, because no registry image can be pulled here. What only the published build uses is
-checked as text: the default BASE_IMAGE is the official slim Python image, for both stages, and .dockerignore
-keeps what the build copies. The install the Dockerfile performs is repeated in a new virtual environment whose
+checked on the Dockerfile's instructions: every stage builds on BASE_IMAGE, whose default is a pinned official
+slim Python; the final stage runs the package's console script as a numeric non-root user who owns the state
+directory; and .dockerignore keeps what the build copies. The install the Dockerfile performs is repeated in a new virtual environment whose
 console script then runs `scan --sample` and `serve`, with a check that nothing was written outside the state
 directory (the image runs with a read-only root).
 """
@@ -42,12 +43,46 @@ def instructions() -> list[tuple[str, str]]:
     return out
 
 
-def test_both_stages_default_to_the_official_slim_python_image():
-    froms = [rest for word, rest in instructions() if word == "FROM"]
-    assert froms == ["${BASE_IMAGE} AS build", "${BASE_IMAGE}"]
+def stages() -> list[list[tuple[str, str]]]:
+    """The instructions of each build stage, a FROM first; the global ARGs before the first FROM are left out."""
+    out: list[list[tuple[str, str]]] = []
+    for word, rest in instructions():
+        if word == "FROM":
+            out.append([])
+        if out:
+            out[-1].append((word, rest))
+    return out
+
+
+def test_every_stage_builds_on_the_base_image_argument_whose_default_is_a_pinned_slim_python():
+    # CI builds from a stand-in base by setting BASE_IMAGE (tests/support/podman.py): a stage on another image
+    # would go untested. The default is an official slim Python with its minor version pinned (no floating tag),
+    # at least the package's minimum.
+    assert [stage[0][1].split()[0] for stage in stages()] == ["${BASE_IMAGE}"] * len(stages())
     args = dict(rest.split("=", 1) for word, rest in instructions() if word == "ARG" and "=" in rest)
-    assert re.fullmatch(r"python:3\.(1[0-9])-slim", args["BASE_IMAGE"]), args["BASE_IMAGE"]
-    assert args["VERSION"] == __version__
+    pinned = re.fullmatch(r"python:3\.(\d+)-slim", args["BASE_IMAGE"])
+    assert pinned, args["BASE_IMAGE"]
+    minimum = re.search(r'requires-python = ">=3\.(\d+)"', (ROOT / "pyproject.toml").read_text())
+    assert minimum
+    assert int(pinned[1]) >= int(minimum[1])
+    assert args["VERSION"] == __version__  # the image's default version label is the package's
+
+
+def test_the_image_runs_the_console_script_as_a_non_root_user_who_owns_the_state_dir():
+    final = stages()[-1]
+    (user,) = [rest for word, rest in final if word == "USER"]
+    uid, _, gid = user.partition(":")
+    # Numeric and not 0: Kubernetes' runAsNonRoot can only verify a numeric user.
+    assert (uid.isdigit(), gid.isdigit()) == (True, True), user
+    assert int(uid) != 0
+    (entrypoint,) = [json.loads(rest) for word, rest in final if word == "ENTRYPOINT"]
+    script = re.search(r'^([\w-]+) = "sglang_oom_exporter\.cli:main"$', (ROOT / "pyproject.toml").read_text(), re.M)
+    assert script
+    assert entrypoint == [script[1]]  # the package's console script, exec form (signals reach the exporter)
+    (cmd,) = [json.loads(rest) for word, rest in final if word == "CMD"]
+    (state_dir,) = [arg.split("=", 1)[1] for arg in cmd if arg.startswith("--state-dir=")]
+    runs = " ".join(rest for word, rest in final if word == "RUN")
+    assert f"chown {uid}:{gid} {state_dir}" in runs  # the one path it writes is the user's own
 
 
 def test_dockerignore_keeps_what_the_build_copies():

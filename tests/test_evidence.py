@@ -11,8 +11,8 @@ import pytest
 from sglang_oom_exporter.config import KubernetesConfig
 from sglang_oom_exporter.detect.evidence import Evidence, EvidenceScanner, probe
 from sglang_oom_exporter.scan import scan_paths
-from tests.helpers import CATALOG, scan_bytes
-from tests.test_app import _app, _run
+from tests.support.app import make_app, run_app
+from tests.support.helpers import CATALOG, scan_bytes
 
 BARE = b"RuntimeError: CUDA error: out of memory\nCUDA kernel errors might be asynchronously reported\n\n"
 WEAK = b"[2026-03-14 22:00:0%d TP0] Load weight begin. avail mem=78.1 GB\n"
@@ -93,11 +93,11 @@ def _pods(tmp_path, body: bytes) -> str:
 
 def test_a_file_followed_from_its_end_is_judged_by_its_head(tmp_path):
     path = _pods(tmp_path, b"[2026-03-14 22:00:00] server_args=ServerArgs(model_path='m')\n" + PAD)
-    app, clock = _app(tmp_path, paths=(), kubernetes=KubernetesConfig(str(tmp_path / "pods")))
-    _run(app, clock)
+    app, clock = make_app(tmp_path, paths=(), kubernetes=KubernetesConfig(str(tmp_path / "pods")))
+    run_app(app, clock)
     with open(path, "ab") as fh:
         fh.write(BARE)
-    _run(app, clock)
+    run_app(app, clock)
     assert app.counts.total("cuda_oom") == 1
     assert app.sources.get(path).state()["sglang"] is True  # type: ignore[index]
 
@@ -105,8 +105,8 @@ def test_a_file_followed_from_its_end_is_judged_by_its_head(tmp_path):
 def test_an_old_state_file_without_the_identification_is_tolerated(tmp_path):
     # Saved by an older version (no "sglang" key), at an offset past a head that shows nothing: the content decides.
     path = _pods(tmp_path, PAD)
-    app, clock = _app(tmp_path, paths=(), kubernetes=KubernetesConfig(str(tmp_path / "pods")))
-    _run(app, clock)
+    app, clock = make_app(tmp_path, paths=(), kubernetes=KubernetesConfig(str(tmp_path / "pods")))
+    run_app(app, clock)
     app.keeper.save()
     app.sources.close()
     state_file = os.path.join(str(tmp_path / "state"), os.listdir(str(tmp_path / "state"))[0])
@@ -118,9 +118,9 @@ def test_an_old_state_file_without_the_identification_is_tolerated(tmp_path):
         fh.write(text.replace('"sglang": false, ', "").replace(', "sglang": false', ""))
     with open(path, "ab") as fh:
         fh.write(BARE)
-    app2, clock2 = _app(tmp_path, paths=(), kubernetes=KubernetesConfig(str(tmp_path / "pods")))
+    app2, clock2 = make_app(tmp_path, paths=(), kubernetes=KubernetesConfig(str(tmp_path / "pods")))
     app2.keeper.load()
-    _run(app2, clock2)
+    run_app(app2, clock2)
     assert app2.counts.total("cuda_oom") == 0
     assert app2.sources.get(path).pipeline.stats().foreign_events == 1
     assert app2.sources.facts().bad_positions == 0

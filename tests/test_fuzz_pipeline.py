@@ -20,8 +20,8 @@ from sglang_oom_exporter.daemon.logsource import LogSource
 from sglang_oom_exporter.detect.pipeline import Pipeline
 from sglang_oom_exporter.scan import scan_stream
 from sglang_oom_exporter.sources.tail import FileTailer
-from tests.helpers import CATALOG, MATCHER, scan_bytes, summary
-from tests.test_properties import COMPOSE_FRAGMENTS, FRAGMENTS
+from tests.support.helpers import CATALOG, MATCHER, scan_bytes, summary
+from tests.support.logs import COMPOSE_FRAGMENTS, FRAGMENTS
 
 OOM = b"[2026-03-14 22:07:33 TP0] Prefill out of memory. Try to lower your batch size.\n"
 NOISE = b"[2026-03-14 22:07:35 TP0] Decode batch, #running-req: 3, token usage: 0.50\n"

@@ -19,7 +19,6 @@ import pytest
 from sglang_oom_exporter.detect import finder as finders
 from sglang_oom_exporter.detect import reader
 from sglang_oom_exporter.scan import scan_paths
-from tests.helpers import CATALOG, scan_bytes
 from tests.support.golden import (
     COPIES_OF_NUMBERS,
     GOLDEN_FIELDS,
@@ -29,6 +28,7 @@ from tests.support.golden import (
     golden_event,
     load_expected,
 )
+from tests.support.helpers import CATALOG, scan_bytes
 
 HERE = os.path.dirname(__file__)
 CASES = sorted(glob.glob(os.path.join(HERE, "data", "logs", "*.log")))

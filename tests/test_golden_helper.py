@@ -7,8 +7,8 @@ import re
 import pytest
 
 from sglang_oom_exporter.scan import scan_paths
-from tests.helpers import CATALOG, load_yaml
 from tests.support.golden import GOLDEN_FIELDS, from_the_log, golden_counts, golden_event, write_golden
+from tests.support.helpers import CATALOG, load_yaml
 
 TEXT = "KV page use-after-free: 2 owner page refs are in the free pool, sample pages=[1, 2]"
 LINE = f"[2026-11-20 04:12:09 TP0] {TEXT}"

@@ -9,8 +9,8 @@ from sglang_oom_exporter.metrics import EventCounts, ExporterCollector, group_fa
 from sglang_oom_exporter.metrics.groups import LWS_GROUP, LWS_NAME, LWS_WORKER, group_from_labels, group_from_name
 from sglang_oom_exporter.sources.kubeapi import NodeTargets
 from sglang_oom_exporter.sources.kubeclient import lws_labels
-from tests.fake_kubeapi import pod
-from tests.test_kubeapi import NODE, api, client  # noqa: F401 - api is a fixture (tls comes from conftest)
+from tests.support.fake_kubeapi import pod
+from tests.support.kubeapi import NODE, api_client
 
 LEADER = {LWS_NAME: "sglang", LWS_GROUP: "0", LWS_WORKER: "0"}
 WORKER = {LWS_NAME: "sglang", LWS_GROUP: "0", LWS_WORKER: "1"}
@@ -69,7 +69,7 @@ def test_the_collector_serves_the_family_on_metrics():
     assert page.count("sglang_oom_serving_group_info{") == 1
 
 
-def test_discovery_reads_lws_labels_and_keeps_them_while_the_pod_is_followed(api, tls):  # noqa: F811 - api
+def test_discovery_reads_lws_labels_and_keeps_them_while_the_pod_is_followed(api, tls):
     api.pods = [
         pod("llm", "sglang-0", "10.0.0.5", labels={**LEADER, "app": "x"}),
         pod("llm", "sglang-0-1", "10.0.0.6", labels=WORKER),
@@ -79,7 +79,7 @@ def test_discovery_reads_lws_labels_and_keeps_them_while_the_pod_is_followed(api
     assert lws_labels({"items": api.pods}) == {("llm", "sglang-0"): LEADER, ("llm", "sglang-0-1"): WORKER,
                                                 ("llm", "unfollowed-0"): LEADER}  # fmt: skip
     followed = {("llm", "sglang-0"), ("llm", "sglang-0-1"), ("llm", "plain-0")}
-    targets = NodeTargets(client(api, tls), NODE, lambda: followed)
+    targets = NodeTargets(api_client(api, tls), NODE, lambda: followed)
     assert targets.refresh_once() is True
     assert targets.pod_labels("llm", "sglang-0") == LEADER
     assert targets.pod_labels("llm", "sglang-0-1") == WORKER

@@ -16,8 +16,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 
 from sglang_oom_exporter.config import Config
 from sglang_oom_exporter.daemon.app import App
-from tests.helpers import CATALOG, Clock, wait_until
-from tests.test_serve_e2e import daemon_factory  # noqa: F401 (fixture)
+from tests.support.helpers import CATALOG, Clock, wait_until
 
 WAITING = "waiting for {path} to appear (normal until SGLang starts and writes its log)"
 
@@ -113,7 +112,7 @@ def _healthz(port: int) -> tuple[int, str]:
 
 @pytest.mark.slow
 @pytest.mark.timeout(60)
-def test_serve_reports_a_missing_plain_path_on_healthz_and_in_metrics(tmp_path, daemon_factory):  # noqa: F811
+def test_serve_reports_a_missing_plain_path_on_healthz_and_in_metrics(tmp_path, daemon_factory):
     path = tmp_path / "sglang.log"
     d = daemon_factory(str(path))
     wait_until(lambda: not _healthz(d.port)[1].startswith("starting"), what="the start to finish", timeout=15.0)
@@ -128,7 +127,7 @@ def test_serve_reports_a_missing_plain_path_on_healthz_and_in_metrics(tmp_path, 
 
 @pytest.mark.slow
 @pytest.mark.timeout(60)
-def test_serve_with_an_unusable_state_dir_fails_healthz(tmp_path, daemon_factory):  # noqa: F811
+def test_serve_with_an_unusable_state_dir_fails_healthz(tmp_path, daemon_factory):
     log = tmp_path / "a.log"
     log.write_text("")
     state = tmp_path / "state"

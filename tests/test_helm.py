@@ -9,10 +9,8 @@ knobs and `--reuse-values` with null subtrees.
 
 from __future__ import annotations
 
-import copy
 import functools
 import json
-import os
 import re
 import shlex
 import shutil
@@ -27,102 +25,28 @@ import yaml
 
 from sglang_oom_exporter import __version__
 from sglang_oom_exporter.config import load_config
-from tests.helpers import YAML_LOADER, once_per_run
+from tests.support.helm import (
+    CHART,
+    CI_FILES,
+    ROOT,
+    RULES_FILE,
+    by_kind,
+    helm,
+    helm_with_values,
+    needs_dashboards,
+    needs_rules,
+    one,
+    rendered_config,
+    run_tool,
+    template,
+    workload,
+)
+from tests.support.helpers import YAML_LOADER, once_per_run
 
-ROOT = Path(__file__).resolve().parent.parent
-CHART = ROOT / "helm" / "sglang-oom-exporter"
 SCHEMAS = ROOT / "tests" / "schemas"
-CI_FILES = sorted(p.name for p in (CHART / "ci").glob("*-values.yaml"))
-RULES_FILE = CHART / "files" / "sglang-oom.rules.yaml"
 DEFAULTS_FILE = CHART / "files" / "render-defaults.yaml"
 MONITORING_KINDS = {"ServiceMonitor", "PodMonitor", "PrometheusRule"}
 OCI_CHART = "oci://ghcr.io/sglang-oom-exporter/charts/sglang-oom-exporter"  # where the release workflow pushes it
-
-
-def _helm() -> str:
-    local = ROOT / ".tools" / "bin" / "helm"
-    if local.is_file() and os.access(local, os.X_OK):
-        return str(local)
-    found = shutil.which("helm")
-    if found is None:
-        pytest.skip("helm v4 is not installed (tools/install-helm.sh puts it in .tools/bin)")
-    return found
-
-
-def _run(*argv: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False)
-
-
-def _helm_with_values(argv: list[str], ci: tuple[str, ...], values: dict | None) -> subprocess.CompletedProcess[str]:
-    """Run helm with the ci files, then the extra values (a dict, passed as one more values file)."""
-    for name in ci:
-        argv += ["-f", str(CHART / "ci" / name)]
-    with tempfile.TemporaryDirectory() as tmp:
-        if values is not None:
-            path = Path(tmp) / "values.yaml"
-            path.write_text(yaml.safe_dump(values))
-            argv += ["-f", str(path)]
-        return _run(*argv)
-
-
-@functools.cache
-def _template_once(ci: tuple[str, ...], values_json: str | None) -> tuple[int, str, tuple[dict, ...]]:
-    """One `helm template` per distinct input in this process: (returncode, stderr, documents).
-
-    The ci files' renders, which most tests and kubernetes-validate read, are rendered once per run."""
-
-    def render() -> tuple[int, str, list[dict]]:
-        values = None if values_json is None else json.loads(values_json)
-        proc = _helm_with_values([_helm(), "template", "t", str(CHART), "-n", "monitoring"], ci, values)
-        docs = [d for d in yaml.load_all(proc.stdout, Loader=YAML_LOADER) if d] if proc.returncode == 0 else []
-        return proc.returncode, proc.stderr, docs
-
-    if values_json is None and len(ci) == 1 and ci[0] in CI_FILES:
-        returncode, stderr, docs = once_per_run(f"helm-template-{ci[0]}", render)
-    else:
-        returncode, stderr, docs = render()
-    return returncode, stderr, tuple(docs)
-
-
-def template(*ci: str, values: dict | None = None, ok: bool = True):
-    """helm template (release t, namespace monitoring): the documents, or helm's error when ok is False."""
-    # Rendered once per input and handed out as a deep copy, so a test that edits its documents edits only its own.
-    returncode, stderr, docs = _template_once(ci, None if values is None else json.dumps(values, sort_keys=True))
-    if ok:
-        assert returncode == 0, stderr
-        return copy.deepcopy(list(docs))
-    assert returncode != 0, "helm template should have failed"
-    return stderr
-
-
-def by_kind(docs, kind):
-    return [d for d in docs if d["kind"] == kind]
-
-
-def one(docs, kind):
-    found = by_kind(docs, kind)
-    assert len(found) == 1, f"{len(found)} {kind} objects"
-    return found[0]
-
-
-def workload(docs):
-    (pod_owner,) = [d for d in docs if d["kind"] in ("DaemonSet", "Deployment")]
-    return pod_owner
-
-
-def rendered_config(docs) -> dict:
-    cm = next(d for d in by_kind(docs, "ConfigMap") if "config.yaml" in d["data"])
-    return yaml.safe_load(cm["data"]["config.yaml"])
-
-
-def needs_rules():
-    if not RULES_FILE.is_file():
-        pytest.skip("the chart's copy of the rules file is not rendered yet (run sglang-oom-exporter render)")
-
-
-def needs_dashboards():
-    if not list((CHART / "files" / "dashboards").glob("*.json")):
-        pytest.skip("the chart's dashboards are not rendered yet (run sglang-oom-exporter render)")
 
 
 # ---------------------------------------------------------------------------------------------- static (ct lint)
@@ -131,7 +55,7 @@ def needs_dashboards():
 @pytest.mark.parametrize("ci", CI_FILES)
 def test_helm_lint_strict_per_ci_values_file(ci):
     needs_rules()
-    proc = _run(_helm(), "lint", "--strict", str(CHART), "-f", str(CHART / "ci" / ci))
+    proc = run_tool(helm(), "lint", "--strict", str(CHART), "-f", str(CHART / "ci" / ci))
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "1 chart(s) linted, 0 chart(s) failed" in proc.stdout
 
@@ -147,14 +71,14 @@ def test_yamllint_with_chart_testing_config():
     if shutil.which("yamllint") is None:
         pytest.skip("yamllint is not installed (dev extra)")
     files = [CHART / "Chart.yaml", CHART / "values.yaml", *sorted((CHART / "ci").glob("*.yaml"))]
-    proc = _run("yamllint", "--strict", "-c", str(SCHEMAS / "lintconf.yaml"), *map(str, files))
+    proc = run_tool("yamllint", "--strict", "-c", str(SCHEMAS / "lintconf.yaml"), *map(str, files))
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
 def test_yamale_chart_schema():
     if shutil.which("yamale") is None:
         pytest.skip("yamale is not installed (dev extra)")
-    proc = _run("yamale", "-s", str(SCHEMAS / "chart_schema.yaml"), str(CHART / "Chart.yaml"))
+    proc = run_tool("yamale", "-s", str(SCHEMAS / "chart_schema.yaml"), str(CHART / "Chart.yaml"))
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
@@ -231,7 +155,7 @@ def _validate_all(k8s: str) -> tuple[int, list[tuple[str, list[str]]]]:
             path = Path(tmp) / f"object-{i}.yaml"
             path.write_text(text)
             paths[str(path)] = names
-        proc = _run("kubernetes-validate", "--strict", "--quiet", "-k", k8s, *paths)
+        proc = run_tool("kubernetes-validate", "--strict", "--quiet", "-k", k8s, *paths)
     lines: dict[str | None, list[str]] = {name: [] for name in [*renders, None]}
     for line in (proc.stdout + proc.stderr).splitlines():
         words = line.split(maxsplit=2)
@@ -325,7 +249,7 @@ def test_promtool_checks_the_rules_from_the_rendered_prometheusrule(ci, tmp_path
     pr = one(template(ci), "PrometheusRule")
     rules = tmp_path / "rules.yaml"
     rules.write_text(yaml.safe_dump({"groups": pr["spec"]["groups"]}))
-    proc = _run("promtool", "check", "rules", str(rules))
+    proc = run_tool("promtool", "check", "rules", str(rules))
     assert proc.returncode == 0, proc.stdout + proc.stderr
     count = sum(len(g["rules"]) for g in pr["spec"]["groups"])
     assert f"SUCCESS: {count} rules found" in proc.stdout
@@ -748,7 +672,7 @@ def test_schema_rejects_bad_values(values, where):
 
 def _notes(*ci: str, values: dict | None = None) -> str:
     """NOTES.txt as `helm install --dry-run=client` prints it (no cluster needed)."""
-    proc = _helm_with_values([_helm(), "install", "t", str(CHART), "-n", "monitoring", "--dry-run=client"], ci, values)
+    proc = helm_with_values([helm(), "install", "t", str(CHART), "-n", "monitoring", "--dry-run=client"], ci, values)
     assert proc.returncode == 0, proc.stderr
     return proc.stdout.split("NOTES:\n", 1)[1]
 
@@ -822,7 +746,7 @@ def test_readme_install_command_renders_what_a_kube_prometheus_stack_user_needs(
     at = argv.index("--version")
     assert argv[at + 1] == __version__
     local = [*argv[2:3], str(CHART), *argv[4:at], *argv[at + 2 :]]
-    proc = subprocess.run([_helm(), "template", *local], cwd=ROOT, capture_output=True, text=True, timeout=60,
+    proc = subprocess.run([helm(), "template", *local], cwd=ROOT, capture_output=True, text=True, timeout=60,
                           check=False)  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     docs = [d for d in yaml.load_all(proc.stdout, Loader=YAML_LOADER) if d]
@@ -860,12 +784,12 @@ def test_prometheusrule_fails_on_a_missing_or_broken_rules_file(tmp_path, damage
         rules.write_text("groups:\n  - name: x\n   rules: [\n")
     else:
         rules.write_text("# nothing here\nfoo: 1\n")
-    argv = [_helm(), "template", "t", str(chart), "--set", "prometheusRule.enabled=true"]
-    proc = _run(*argv)
+    argv = [helm(), "template", "t", str(chart), "--set", "prometheusRule.enabled=true"]
+    proc = run_tool(*argv)
     assert proc.returncode != 0
     assert message in proc.stderr
     # Without the PrometheusRule the chart does not need the file.
-    assert _run(*argv[:-2]).returncode == 0
+    assert run_tool(*argv[:-2]).returncode == 0
 
 
 def test_the_exporter_never_follows_its_own_log():
@@ -881,11 +805,11 @@ def test_the_exporter_never_follows_its_own_log():
 def test_the_packaged_chart_carries_the_rules_and_dashboards(tmp_path):
     needs_rules()
     needs_dashboards()
-    proc = _run(_helm(), "package", str(CHART), "-d", str(tmp_path))
+    proc = run_tool(helm(), "package", str(CHART), "-d", str(tmp_path))
     assert proc.returncode == 0, proc.stderr
     (package,) = tmp_path.glob("sglang-oom-exporter-*.tgz")
     assert package.name == f"sglang-oom-exporter-{__version__}.tgz"
-    proc = _run(_helm(), "template", "t", str(package), "--set", "prometheusRule.enabled=true",
+    proc = run_tool(helm(), "template", "t", str(package), "--set", "prometheusRule.enabled=true",
                 "--set", "grafanaDashboards.enabled=true")  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     docs = [d for d in yaml.load_all(proc.stdout, Loader=YAML_LOADER) if d]

@@ -9,7 +9,7 @@ from __future__ import annotations
 import yaml
 
 from sglang_oom_exporter.config import EventsConfig, load_config
-from tests.test_helm import by_kind, one, rendered_config, template, workload
+from tests.support.helm import by_kind, one, rendered_config, template, workload
 
 EVENTS_RULE = {"apiGroups": ["", "events.k8s.io"], "resources": ["events"], "verbs": ["create", "patch"]}
 NODE_NAME = {"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}}

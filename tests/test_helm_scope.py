@@ -17,7 +17,7 @@ from sglang_oom_exporter.catalog import load_catalog
 from sglang_oom_exporter.render import RenderOptions, render_all
 from sglang_oom_exporter.render.alerts import RULES_PATH
 from sglang_oom_exporter.render.dashboards import OVERVIEW_PATH
-from tests.test_helm import CHART, _helm, by_kind, needs_dashboards, needs_rules, one, template
+from tests.support.helm import CHART, by_kind, helm, needs_dashboards, needs_rules, one, template
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -55,7 +55,7 @@ def test_rendered_rules_with_other_thresholds_ship_as_given(tmp_path):
     subprocess.run([sys.executable, "-m", "sglang_oom_exporter", "render", "--overrides", str(overrides), str(out)],
                    check=True, capture_output=True, text=True)  # fmt: skip
     rules = out / RULES_PATH
-    proc = subprocess.run([_helm(), "template", "t", str(CHART), "--set", "prometheusRule.enabled=true",
+    proc = subprocess.run([helm(), "template", "t", str(CHART), "--set", "prometheusRule.enabled=true",
                            "--set-file", f"prometheusRule.renderedRules={rules}"],
                           capture_output=True, text=True, check=False)  # fmt: skip
     assert proc.returncode == 0, proc.stderr

@@ -4,8 +4,6 @@ The failure is injected in-process: threading.Thread.start raises for the HTTP e
 CPython does when the kernel refuses a thread ("can't start new thread").
 """
 
-# ruff: noqa: F811  (pytest fixtures imported from another test module)
-
 from __future__ import annotations
 
 import logging
@@ -13,7 +11,7 @@ import socket
 import threading
 
 from sglang_oom_exporter.events.store import Health
-from tests.test_server import catalog, get, registry, serve  # noqa: F401 (fixtures)
+from tests.support.server import get
 
 CONN_THREAD = "sglang-oom-http-conn"
 

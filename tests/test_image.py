@@ -2,7 +2,7 @@
 image's default user, and `serve` with a read-only root filesystem on a mounted /var/log/pods tree, its /metrics
 read from the host over loopback (host networking), an OOM counted, and its state kept in the mounted state dir.
 
-The build (tests/podman.py) uses a Debian root filesystem made by mmdebstrap as the base image, because no
+The build (tests/support/podman.py) uses a Debian root filesystem made by mmdebstrap as the base image, because no
 registry image can be pulled here; the Dockerfile's default base stays the official slim Python image.
 """
 
@@ -12,29 +12,21 @@ import json
 import os
 import subprocess
 import sys
-import urllib.request
 
 import pytest
 
 from sglang_oom_exporter import __version__
 from sglang_oom_exporter.project import PROJECT_URL
-from tests.helpers import wait_until
-from tests.podman import free_port, mount_options, proc_status
-from tests.test_serve_e2e import Daemon, cri, oom_block, settle
+from tests.support.daemon import settle
+from tests.support.helpers import free_port, wait_until
+from tests.support.image import Served
+from tests.support.logs import cri, oom_block
+from tests.support.podman import mount_options, proc_status
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
 UID = 65532
 STATE_DIR = "/var/lib/sglang-oom-exporter"
-
-
-class Served(Daemon):
-    """An exporter serving on 127.0.0.1:port from a container: test_serve_e2e's metrics, settle and wait
-    helpers, without a process of our own."""
-
-    def __init__(self, port: int) -> None:
-        self.port = port
-        self.proc = None
 
 
 def test_image_configuration(podman, image):
@@ -89,8 +81,8 @@ def test_serve_with_a_read_only_root_on_a_mounted_pod_log_tree(podman, image, tm
            f"--env=SGLANG_OOM_EXPORTER_LISTEN=127.0.0.1:{port}",  # loopback only; the image's CMD is unchanged
            f"--volume={pods}:/var/log/pods:ro", f"--volume={state}:{STATE_DIR}", image)  # fmt: skip
     try:
-        served = Served(port)
-        wait_until(lambda: _started(served, podman, name), timeout=60, what="the exporter in the container to start")
+        served = Served(port, podman, name)
+        wait_until(served.started, timeout=60, what="the exporter in the container to start")
         status = proc_status(podman.pid(name))
         assert (status["Uid"].split()[0], status["Gid"].split()[0]) == (str(UID), str(UID))
         assert status["CapEff"] == "0000000000000000"
@@ -118,17 +110,3 @@ def _without_sample_dir(report: dict) -> dict:
     for event in report["events"]:
         event["source"] = os.path.basename(event["source"])
     return report
-
-
-def _started(served: Served, podman, name: str) -> bool:
-    """/healthz answers, and no longer with `starting`; a container that exited fails with its log."""
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{served.port}/healthz", timeout=2) as r:
-            body = r.read()
-    except urllib.error.HTTPError as exc:
-        body = exc.read()
-    except OSError:
-        state = podman("inspect", "--format={{.State.Status}}", name).stdout.strip()
-        assert state == "running", f"{state}: {podman('logs', name, check=False).stderr[-3000:]}"
-        return False
-    return not body.startswith(b"starting")

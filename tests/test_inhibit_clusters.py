@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from sglang_oom_exporter.render.alerts import ALERTMANAGER_PATH, NEAR_FULL, RETRACTIONS_HIGH
-from tests.helpers import wait_until
-from tests.promstack import ALERTMANAGER, Alertmanager, require_binaries
+from tests.support.helpers import wait_until
+from tests.support.promstack import ALERTMANAGER, Alertmanager, require_binaries
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(60)]
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
-from sglang_oom_exporter.config import Config, ConfigError, EventsConfig, KubernetesConfig, load_config
+from sglang_oom_exporter.config import Config, ConfigError, EventsConfig, KubernetesConfig
 from sglang_oom_exporter.daemon.app import App
 from sglang_oom_exporter.detect.model import OomEvent
 from sglang_oom_exporter.events.sink import Context, EventSink
@@ -26,29 +26,26 @@ from sglang_oom_exporter.kubeevents.ledger import Ledger
 from sglang_oom_exporter.kubeevents.text import MESSAGE_LIMIT, message_for, reason_for, runbook_url
 from sglang_oom_exporter.render import DEFAULT_RUNBOOK_BASE_URL
 from sglang_oom_exporter.sources.kubeclient import ApiClient
-from tests.fake_kubeapi import FakeKubeApi, pod
-from tests.helpers import CATALOG, Clock, openssl_cert, scan_bytes, wait_until
+from tests.support.app import config_from_text
+from tests.support.fake_kubeapi import pod
+from tests.support.helpers import CATALOG, Clock, openssl_cert, scan_bytes, wait_until
+from tests.support.kubeapi import NODE, api_client, fake_api
 
 ROOT = "/var/log/pods"
 UID = "6f1c1a52-3b8e-4a0e-9d7e-1f2a3b4c5d6e"
 POD_LOG = f"{ROOT}/llm_llama-0_{UID}/sglang/0.log"
-NODE = "gpu-node-1"
 TP2 = Path(__file__).parent / "data" / "logs" / "whole_crash_0_5_16_cri_tp2.log"
 ARGS = {"chunked_prefill_size": 16384, "max_running_requests": 256, "mem_fraction_static": 0.88}
 
 
 @pytest.fixture
 def api(tls):
-    cert, key, _ = tls
-    server = FakeKubeApi(cert, key, pods=[pod("llm", "llama-0", "10.0.0.5", uid=UID)]).start()
-    yield server
-    server.stop()
+    with fake_api(tls, pods=[pod("llm", "llama-0", "10.0.0.5", uid=UID)]) as server:
+        yield server
 
 
 def poster(api, tls, **kwargs) -> EventPoster:
-    cert, _, token = tls
-    timeout = kwargs.pop("timeout", 5.0)
-    client = ApiClient("127.0.0.1", api.port, token_file=str(token), ca_file=str(cert), timeout=timeout)
+    client = api_client(api, tls, timeout=kwargs.pop("timeout", 5.0))
     kwargs.setdefault("retry_delays", ())
     return EventPoster(client, CATALOG, logs_root=ROOT, node=NODE, **kwargs)
 
@@ -370,19 +367,13 @@ def test_the_poster_thread_posts_what_is_offered(api, tls):
 # ---------------------------------------------------------------------------------------------- configuration
 
 
-def _config(tmp_path, text):
-    path = tmp_path / "config.yaml"
-    path.write_text(text)
-    return load_config(str(path), env={})
-
-
 def test_config_events_defaults_and_values(tmp_path):
-    off = _config(tmp_path, "kubernetes: {logs_root: /var/log/pods}\n")
+    off = config_from_text(tmp_path, "kubernetes: {logs_root: /var/log/pods}\n")
     assert off.kubernetes.events is None
     assert event_poster(off, CATALOG) is None
-    on = _config(tmp_path, "kubernetes: {logs_root: /var/log/pods, events: {enabled: true}}\n")
+    on = config_from_text(tmp_path, "kubernetes: {logs_root: /var/log/pods, events: {enabled: true}}\n")
     assert on.kubernetes.events == EventsConfig("/var/run/secrets/kubernetes.io/serviceaccount", False, "")
-    custom = _config(
+    custom = config_from_text(
         tmp_path,
         f"state_dir: {tmp_path}/state\nkubernetes:\n  logs_root: /var/log/pods\n  events:\n"
         "    {enabled: true, service_account_dir: /sa, nonfatal: true, runbook_base_url: 'https://rb.example/x/'}\n",
@@ -395,7 +386,7 @@ def test_config_events_defaults_and_values(tmp_path):
     )  # fmt: skip
     assert (p.node, p.nonfatal, p.runbook_base, p.logs_root) == ("n1", True, "https://rb.example/x", "/var/log/pods")
     assert p.ledger.path == f"{tmp_path}/state/k8s-events.json"
-    disabled = _config(tmp_path, "kubernetes: {logs_root: /p, events: {enabled: false, nonfatal: true}}\n")
+    disabled = config_from_text(tmp_path, "kubernetes: {logs_root: /p, events: {enabled: false, nonfatal: true}}\n")
     assert disabled.kubernetes.events is None
 
 
@@ -410,7 +401,7 @@ def test_config_events_defaults_and_values(tmp_path):
 )
 def test_config_events_problems(tmp_path, block, problem):
     with pytest.raises(ConfigError) as info:
-        _config(tmp_path, f"kubernetes:\n  logs_root: /var/log/pods\n  events: {block}\n")
+        config_from_text(tmp_path, f"kubernetes:\n  logs_root: /var/log/pods\n  events: {block}\n")
     assert problem in str(info.value)
 
 

@@ -12,9 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.fake_kubeapi import FakeKubeApi, pod
-from tests.helpers import openssl_cert, wait_until
-from tests.test_serve_e2e import Daemon, append, cri, oom_block, settle
+from tests.support.daemon import Daemon, settle
+from tests.support.fake_kubeapi import FakeKubeApi, pod
+from tests.support.helpers import openssl_cert, wait_until
+from tests.support.logs import append, cri, oom_block
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
 
@@ -56,23 +57,8 @@ def cluster(tmp_path):
     api.stop()
 
 
-@pytest.fixture
-def daemons():
-    started: list[Daemon] = []
-    yield started
-    for d in started:
-        if d.proc is not None and d.proc.poll() is None:
-            d.proc.kill()
-            d.proc.wait()
-        for stream in (d.proc.stdout, d.proc.stderr) if d.proc else ():
-            if stream:
-                stream.close()
-
-
-def start(daemons: list[Daemon], config: Path, state: Path, env: dict[str, str], *extra: str) -> Daemon:
-    d = Daemon(["--config", str(config), *extra], str(state), env)
-    daemons.append(d)
-    return d.start()
+def start(daemon_factory, config: Path, state: Path, env: dict[str, str], *extra: str) -> Daemon:
+    return daemon_factory("--config", str(config), *extra, env=env, state_dir=str(state))
 
 
 def results(d: Daemon) -> dict[str, float]:
@@ -90,10 +76,10 @@ def writes(api: FakeKubeApi) -> list[tuple[str, str, dict]]:
         return [(m, p, b) for m, p, _, b in api.calls if m != "GET"]
 
 
-def test_a_tp2_crash_gives_one_event_and_no_restart_gives_another(tmp_path, cluster, daemons):
+def test_a_tp2_crash_gives_one_event_and_no_restart_gives_another(tmp_path, cluster, daemon_factory):
     api, log, env, config = cluster
     state = tmp_path / "state"
-    d = start(daemons, config, state, env)
+    d = start(daemon_factory, config, state, env)
     before_oom = tmp_path / "state-before-the-oom.json"
     shutil.copy(state / "state.json", before_oom)  # the positions before the crash was written
     append(log, TP2.read_text())
@@ -113,13 +99,13 @@ def test_a_tp2_crash_gives_one_event_and_no_restart_gives_another(tmp_path, clus
     assert d.total("retract") == 1  # counted, and no Event: non-fatal kinds are off by default
     # A graceful restart: the state holds the count, nothing is counted or posted again.
     assert d.stop() == 0
-    d = start(daemons, config, state, env)
+    d = start(daemon_factory, config, state, env)
     settle(d, 1)
     assert results(d) == {}
     # A crash before the state was saved: the restart counts the OOM again, and the ledger says it was posted.
     assert d.stop(signal.SIGKILL) == -signal.SIGKILL
     shutil.copy(before_oom, state / "state.json")
-    d = start(daemons, config, state, env)
+    d = start(daemon_factory, config, state, env)
     settle(d, 1)
     wait_until(lambda: results(d) == {"replayed": 1}, what="the recounted OOM recognised", timeout=15.0)
     assert len(writes(api)) == 1
@@ -130,10 +116,10 @@ def test_a_tp2_crash_gives_one_event_and_no_restart_gives_another(tmp_path, clus
     assert [m for m, _, _ in writes(api)] == ["POST", "POST"]
 
 
-def test_history_read_on_a_first_start_gives_no_event(tmp_path, cluster, daemons):
+def test_history_read_on_a_first_start_gives_no_event(tmp_path, cluster, daemon_factory):
     api, log, env, config = cluster
     log.write_text(cri(oom_block(rank="TP0")))  # an OOM from before the exporter ever ran
-    d = start(daemons, config, tmp_path / "state", env, "--from-beginning")
+    d = start(daemon_factory, config, tmp_path / "state", env, "--from-beginning")
     settle(d, 1)
     append(log, cri(oom_block(rank="TP0")))  # a live one, as a barrier: its Event proves the poster ran
     settle(d, 2)
@@ -141,13 +127,13 @@ def test_history_read_on_a_first_start_gives_no_event(tmp_path, cluster, daemons
     assert len(writes(api)) == 1
 
 
-def test_a_foreign_containers_oom_gives_no_event(tmp_path, cluster, daemons):
+def test_a_foreign_containers_oom_gives_no_event(tmp_path, cluster, daemon_factory):
     api, log, env, config = cluster
     api.pods.append(pod("ml", "trainer-0", "10.0.0.7", uid=TRAINER_UID))
     trainer = tmp_path / "pods" / f"ml_trainer-0_{TRAINER_UID}" / "worker" / "0.log"
     trainer.parent.mkdir(parents=True)
     trainer.write_text("")
-    d = start(daemons, config, tmp_path / "state", env)
+    d = start(daemon_factory, config, tmp_path / "state", env)
     append(trainer, FOREIGN_OOM)
     append(log, cri(oom_block(rank="TP0")))  # an SGLang OOM as a barrier: its Event proves the poster ran
     settle(d, 1)

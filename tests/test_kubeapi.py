@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import json
-import time
 import urllib.request
 from pathlib import Path
 
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
-from sglang_oom_exporter.config import ConfigError, DiscoverTargetsConfig, load_config
+from sglang_oom_exporter.config import ConfigError, DiscoverTargetsConfig
 from sglang_oom_exporter.sources.http import ScrapeError
 from sglang_oom_exporter.sources.kubeapi import (
     REASONS,
@@ -23,26 +22,15 @@ from sglang_oom_exporter.sources.kubeapi import (
     node_targets,
 )
 from sglang_oom_exporter.sources.scrape import TargetScraper
-from tests.fake_kubeapi import FakeKubeApi, pod
-from tests.fake_sglang import FakeSGLang
-from tests.helpers import openssl_cert, wait_until
-from tests.test_serve_e2e import Daemon, append, settle
+from tests.support.app import config_from_text
+from tests.support.daemon import Daemon, settle
+from tests.support.fake_kubeapi import pod
+from tests.support.fake_sglang import FakeSGLang
+from tests.support.helpers import openssl_cert, wait_until
+from tests.support.kubeapi import NODE, api_client
+from tests.support.logs import append
 
-NODE = "gpu-node-1"
 ANNOTATION = "sglang-oom-exporter/port"
-
-
-@pytest.fixture
-def api(tls):
-    cert, key, _ = tls
-    server = FakeKubeApi(cert, key).start()
-    yield server
-    server.stop()
-
-
-def client(api, tls, **kwargs):
-    cert, _, token = tls
-    return ApiClient("127.0.0.1", api.port, token_file=str(token), ca_file=str(cert), **kwargs)
 
 
 # ---------------------------------------------------------------------------------------------- the call
@@ -50,13 +38,13 @@ def client(api, tls, **kwargs):
 
 def test_lists_the_nodes_pods_with_the_token_and_field_selector(api, tls):
     api.pods = [pod("llm", "llama-0", "10.0.0.5"), pod("llm", "other-node", "10.0.1.9", node="gpu-node-2")]
-    doc = client(api, tls).list_pods(NODE)
+    doc = api_client(api, tls).list_pods(NODE)
     assert [p["metadata"]["name"] for p in doc["items"]] == ["llama-0"]
     assert api.requests == [("/api/v1/pods?fieldSelector=spec.nodeName%3Dgpu-node-1&resourceVersion=0", "Bearer tok-1")]
 
 
 def test_the_token_is_read_on_every_list(api, tls):
-    c = client(api, tls)
+    c = api_client(api, tls)
     c.list_pods(NODE)
     tls[2].write_text("tok-2")  # kubelet rotated the projected token
     c.list_pods(NODE)
@@ -83,18 +71,16 @@ def test_in_cluster_reads_the_service_env_and_account_dir(tmp_path):
 def test_bad_answers_are_errors_with_a_reason(api, tls, mode, reason, detail):
     api.mode = mode
     with pytest.raises(DiscoveryError) as info:
-        client(api, tls).list_pods(NODE)
+        api_client(api, tls).list_pods(NODE)
     assert info.value.reason == reason
     assert detail in info.value.detail
 
 
 def test_a_hanging_api_server_times_out(api, tls):
-    api.mode = "hang"
-    started = time.monotonic()
+    api.mode = "hang"  # accepts and never answers: only the client's own 0.5 s timeout can end the call
     with pytest.raises(DiscoveryError) as info:
-        client(api, tls, timeout=0.5).list_pods(NODE)
+        api_client(api, tls, timeout=0.5).list_pods(NODE)
     assert info.value.reason == "timeout"
-    assert time.monotonic() - started < 3.0
 
 
 def test_tls_is_verified_against_the_ca(api, tls, tmp_path):
@@ -152,7 +138,7 @@ def test_endpoints_take_the_annotation_port_or_the_default():
 def test_refresh_maps_only_followed_pods_and_follows_changes(api, tls):
     api.pods = [pod("llm", "llama-0", "10.0.0.5"), pod("kube-system", "coredns", "10.0.0.2")]
     followed = {("llm", "llama-0"), ("llm", "gone-pod")}
-    targets = NodeTargets(client(api, tls), NODE, lambda: followed)
+    targets = NodeTargets(api_client(api, tls), NODE, lambda: followed)
     assert targets.refresh_once() is True
     scraper = targets.scraper_for("llm", "llama-0")
     assert scraper is not None
@@ -171,7 +157,7 @@ def test_refresh_maps_only_followed_pods_and_follows_changes(api, tls):
 
 def test_failures_are_counted_and_keep_the_last_mapping(api, tls):
     api.pods = [pod("llm", "llama-0", "10.0.0.5")]
-    targets = NodeTargets(client(api, tls, timeout=0.5), NODE, lambda: {("llm", "llama-0")})
+    targets = NodeTargets(api_client(api, tls, timeout=0.5), NODE, lambda: {("llm", "llama-0")})
     assert targets.refresh_once() is True
     for mode in ("unauthorized", "garbage", "garbage", "hang"):
         api.mode = mode
@@ -179,7 +165,7 @@ def test_failures_are_counted_and_keep_the_last_mapping(api, tls):
     assert targets.scraper_for("llm", "llama-0").url == "http://10.0.0.5:30000"
     assert {k: v for k, v in targets.errors.items() if v} == {"http_status": 1, "bad_json": 2, "timeout": 1}
     assert targets.refreshes == 1
-    no_node = NodeTargets(client(api, tls), "", lambda: set())
+    no_node = NodeTargets(api_client(api, tls), "", lambda: set())
     assert no_node.refresh_once() is False
     assert no_node.errors["no_node_name"] == 1
 
@@ -188,14 +174,14 @@ def test_a_bug_in_the_followed_callback_never_escapes(api, tls):
     def broken():
         raise RuntimeError("boom")
 
-    targets = NodeTargets(client(api, tls), NODE, broken)
+    targets = NodeTargets(api_client(api, tls), NODE, broken)
     assert targets.refresh_once() is False
     assert targets.errors["error"] == 1
 
 
 def test_collector_exports_errors_refreshes_and_targets(api, tls):
     api.pods = [pod("llm", "llama-0", "10.0.0.5")]
-    targets = NodeTargets(client(api, tls), NODE, lambda: {("llm", "llama-0")})
+    targets = NodeTargets(api_client(api, tls), NODE, lambda: {("llm", "llama-0")})
     targets.refresh_once()
     api.mode = "unauthorized"
     targets.refresh_once()
@@ -216,7 +202,9 @@ def test_started_discovery_scrapes_the_pods_sglang(api, tls):
     with FakeSGLang(metrics_body=b"# TYPE sglang:token_usage gauge\nsglang:token_usage 0.75\n") as sglang:
         port = int(sglang.url.rsplit(":", 1)[1])
         api.pods = [pod("llm", "llama-0", "127.0.0.1", annotations={ANNOTATION: str(port)})]
-        targets = NodeTargets(client(api, tls), NODE, lambda: {("llm", "llama-0")}, interval=0.2, scrape_interval=0.2)
+        targets = NodeTargets(
+            api_client(api, tls), NODE, lambda: {("llm", "llama-0")}, interval=0.2, scrape_interval=0.2
+        )
         targets.start()
         try:
             wait_until(lambda: (s := targets.scraper_for("llm", "llama-0")) is not None and s.up, timeout=8,
@@ -234,7 +222,9 @@ def test_a_restart_gives_known_targets_their_scrape_threads_back(api, tls):
     with FakeSGLang() as sglang:
         port = int(sglang.url.rsplit(":", 1)[1])
         api.pods = [pod("llm", "llama-0", "127.0.0.1", annotations={ANNOTATION: str(port)})]
-        targets = NodeTargets(client(api, tls), NODE, lambda: {("llm", "llama-0")}, interval=60, scrape_interval=0.1)
+        targets = NodeTargets(
+            api_client(api, tls), NODE, lambda: {("llm", "llama-0")}, interval=60, scrape_interval=0.1
+        )
         targets.start()
         try:
             wait_until(lambda: (s := targets.scraper_for("llm", "llama-0")) is not None and s.up, timeout=8,
@@ -252,21 +242,15 @@ def test_a_restart_gives_known_targets_their_scrape_threads_back(api, tls):
 # ---------------------------------------------------------------------------------------------- configuration
 
 
-def _config(tmp_path, text):
-    path = tmp_path / "config.yaml"
-    path.write_text(text)
-    return load_config(str(path), env={})
-
-
 def test_config_discover_targets_defaults_and_values(tmp_path):
-    off = _config(tmp_path, "kubernetes: {logs_root: /var/log/pods}\n")
+    off = config_from_text(tmp_path, "kubernetes: {logs_root: /var/log/pods}\n")
     assert off.kubernetes.discover_targets is None
-    on = _config(tmp_path, "kubernetes: {logs_root: /var/log/pods, discover_targets: {enabled: true}}\n")
+    on = config_from_text(tmp_path, "kubernetes: {logs_root: /var/log/pods, discover_targets: {enabled: true}}\n")
     assert on.kubernetes.discover_targets == DiscoverTargetsConfig()
     assert DiscoverTargetsConfig() == DiscoverTargetsConfig(
         30000, "sglang-oom-exporter/port", 30.0, "/var/run/secrets/kubernetes.io/serviceaccount"
     )
-    custom = _config(
+    custom = config_from_text(
         tmp_path,
         "scrape_interval: 5s\nkubernetes:\n  logs_root: /var/log/pods\n  discover_targets:\n"
         "    {enabled: true, port: 8000, port_annotation: x/port, interval: 1m, service_account_dir: /sa}\n",
@@ -292,7 +276,7 @@ def test_config_discover_targets_defaults_and_values(tmp_path):
         "/sa/ca.crt",
     )
     assert targets.scrape_interval == 5.0
-    disabled = _config(tmp_path, "kubernetes: {logs_root: /p, discover_targets: {enabled: false, port: 1}}\n")
+    disabled = config_from_text(tmp_path, "kubernetes: {logs_root: /p, discover_targets: {enabled: false, port: 1}}\n")
     assert disabled.kubernetes.discover_targets is None
 
 
@@ -308,7 +292,7 @@ def test_config_discover_targets_defaults_and_values(tmp_path):
 )
 def test_config_discover_targets_problems(tmp_path, block, problem):
     with pytest.raises(ConfigError) as info:
-        _config(tmp_path, f"kubernetes:\n  logs_root: /var/log/pods\n  discover_targets: {block}\n")
+        config_from_text(tmp_path, f"kubernetes:\n  logs_root: /var/log/pods\n  discover_targets: {block}\n")
     assert problem in str(info.value)
 
 
@@ -401,7 +385,7 @@ def test_serve_in_node_mode_gives_pod_events_their_sglang_context(tmp_path, tls,
 def test_a_new_followed_pod_is_listed_early_once(api, tls):
     api.pods = [pod("llm", "a", "10.0.0.5"), pod("llm", "b", "10.0.0.6")]
     followed = {("llm", "a"), ("llm", "gone")}
-    targets = NodeTargets(client(api, tls), NODE, lambda: set(followed))
+    targets = NodeTargets(api_client(api, tls), NODE, lambda: set(followed))
     assert targets.refresh_once() is True
     assert targets.unmapped_new() is False  # "gone" was followed at the last list: no early list for it
     followed.add(("llm", "b"))
@@ -421,7 +405,7 @@ def test_started_discovery_maps_a_new_pod_before_the_interval(api, tls):
         fetched.append(url)
         raise ScrapeError("refused", "test")
 
-    targets = NodeTargets(client(api, tls), NODE, lambda: set(followed), interval=600, scrape_interval=600,
+    targets = NodeTargets(api_client(api, tls), NODE, lambda: set(followed), interval=600, scrape_interval=600,
                           new_scraper=lambda url: TargetScraper(url, fetch=fetch))  # fmt: skip
     targets.start()
     try:

@@ -9,12 +9,7 @@ checked with every kind of the catalog.
 
 from __future__ import annotations
 
-import json
-import os
 import re
-import shutil
-import subprocess
-import tempfile
 from pathlib import Path
 
 import pytest
@@ -24,10 +19,9 @@ from sglang_oom_exporter.project import PROJECT_URL
 from sglang_oom_exporter.render import DEFAULT_RUNBOOK_BASE_URL, DOCS_REF
 from sglang_oom_exporter.render.projecturl import read_project_url
 from sglang_oom_exporter.web.runbooks import github_slug
-from tests.helpers import CATALOG
+from tests.support.helm import CHART, ROOT, helm, helm_with_values
+from tests.support.helpers import CATALOG
 
-ROOT = Path(__file__).resolve().parent.parent
-CHART = ROOT / "helm" / "sglang-oom-exporter"
 RULES = ROOT / "alerts" / "sglang-oom.rules.yaml"
 BLOB = f"{PROJECT_URL}/blob/{DOCS_REF}/"
 TREE = f"{PROJECT_URL}/tree/{DOCS_REF}/"
@@ -201,26 +195,12 @@ def test_the_link_check_catches_a_missing_file_a_missing_heading_and_another_ref
     assert _check([("x", "#more-documentation", ROOT / "README.md")]) == []
 
 
-def _helm() -> str:
-    local = ROOT / ".tools" / "bin" / "helm"
-    if local.is_file() and os.access(local, os.X_OK):
-        return str(local)
-    found = shutil.which("helm")
-    if found is None:
-        pytest.skip("helm v4 is not installed (tools/install-helm.sh puts it in .tools/bin)")
-    return found
-
-
 @pytest.mark.parametrize("base", [None, "https://wiki.example.com/sglang/runbooks"])
 def test_the_chart_as_rendered_links_only_what_exists_and_one_setting_moves_every_link(base):
     values = {"prometheusRule": {"enabled": True}, "grafanaDashboards": {"enabled": True}}
     if base:
         values["runbookBaseUrl"] = base
-    with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / "values.json"
-        path.write_text(json.dumps(values))
-        result = subprocess.run([_helm(), "template", "t", str(CHART), "-f", str(path)],
-                                capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
+    result = helm_with_values([helm(), "template", "t", str(CHART)], (), values)
     assert result.returncode == 0, result.stderr
     text = result.stdout
     ours = _project_urls(text)

@@ -7,7 +7,7 @@ import pytest
 from sglang_oom_exporter.detect.assemble import Assembler
 from sglang_oom_exporter.detect.model import LogLine
 from sglang_oom_exporter.detect.prefix import PrefixParser
-from tests.helpers import CATALOG, frames, scan_text
+from tests.support.helpers import CATALOG, frames, scan_text
 
 GENERIC = "Out of memory. Try to lower your batch size.\nTry to allocate 96 tokens.\nAvailable tokens: 40 (available_size=40 + evictable_size=0)\n"
 

@@ -15,7 +15,7 @@ from sglang_oom_exporter import __version__
 from sglang_oom_exporter.detect.model import OomEvent
 from sglang_oom_exporter.events.sink import Context, EventSink
 from sglang_oom_exporter.metrics import EventCounts, ExporterCollector, SourceStats, fatal_kinds
-from tests.helpers import CATALOG
+from tests.support.helpers import CATALOG
 
 HERE = os.path.dirname(__file__)
 GOLDEN = os.path.join(HERE, "data", "exposition", "basic.prom")

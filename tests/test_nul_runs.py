@@ -12,7 +12,7 @@ import time
 import pytest
 
 from sglang_oom_exporter.detect.pipeline import Pipeline
-from tests.helpers import CATALOG, MATCHER
+from tests.support.helpers import CATALOG, MATCHER
 
 BLOCK = b"[2026-03-14 22:07:01 TP0] Decode out of memory. Try to lower your batch size.\nTry to allocate 5 tokens.\n\n"
 RUN = 128 << 20  # 128 MiB: 8.7 s of CPU at the old 15 MB/s on this machine, 0.3 s now

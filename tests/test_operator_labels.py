@@ -25,21 +25,22 @@ import pytest
 import yaml
 
 from sglang_oom_exporter.render.alerts import RULES_PATH
-from tests.fake_kubeapi import FakeKubeApi, pod
-from tests.fake_sglang import FakeSGLang
-from tests.helpers import wait_until
-from tests.operator_scrape import meta_for_endpoint, meta_for_pod, pod_monitor_config, service_monitor_config
-from tests.promstack import (
+from tests.support.daemon import Daemon
+from tests.support.fake_kubeapi import FakeKubeApi, pod
+from tests.support.fake_sglang import FakeSGLang
+from tests.support.helm import CHART, template
+from tests.support.helpers import wait_until
+from tests.support.logs import append, cri, oom_block
+from tests.support.operator_scrape import meta_for_endpoint, meta_for_pod, pod_monitor_config, service_monitor_config
+from tests.support.promstack import (
     ALERTMANAGER,
     PROMETHEUS,
     Alertmanager,
     Prometheus,
     WebhookReceiver,
+    alerting,
     require_binaries,
 )
-from tests.test_alerts_e2e import _alertmanager_config
-from tests.test_helm import CHART, template
-from tests.test_serve_e2e import Daemon, append, cri, oom_block
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
 
@@ -165,21 +166,16 @@ def test_pages_and_sglang_series_name_the_sglang_pod_or_source_never_the_exporte
     with FakeSGLang(metrics_body=KV_FULL) as fake, FakeKubeApi(cert, key) as api, WebhookReceiver() as hook:
         setup = _Setup(mode, tmp_path, fake, api, tls)
         monitor = _monitor(template(*setup.ci, values=setup.values or None))
-        daemon = Daemon(setup.args, str(tmp_path / "state"), env=setup.env).start()
-        try:
-            scrape = _scrape_config(monitor, tmp_path / "targets.json", daemon.port, mode)
-            with (
-                Alertmanager(tmp_path / "am", _alertmanager_config(hook.url)) as am,
-                Prometheus(
-                    tmp_path / "prom",
-                    rule_files=[_fast_rules(tmp_path / "rules.yaml")],
-                    extra_scrape_configs=[scrape],
-                    alertmanager_url=am.url,
-                ) as prom,  # fmt: skip
-            ):
-                _check(prom, am, setup, monitor)
-        finally:
-            daemon.stop()
+        with (
+            Daemon(setup.args, str(tmp_path / "state"), env=setup.env) as daemon,
+            alerting(
+                tmp_path,
+                hook,
+                [_fast_rules(tmp_path / "rules.yaml")],
+                extra_scrape_configs=[_scrape_config(monitor, tmp_path / "targets.json", daemon.port, mode)],
+            ) as (prom, am),
+        ):
+            _check(prom, am, setup, monitor)
 
 
 def _check(prom: Prometheus, am: Alertmanager, setup: _Setup, monitor: dict) -> None:

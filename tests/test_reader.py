@@ -11,7 +11,7 @@ from sglang_oom_exporter.detect.finder import BytesFinder, make_finder, minimal_
 from sglang_oom_exporter.detect.model import Gap, RawLine
 from sglang_oom_exporter.detect.reader import LineReader
 from sglang_oom_exporter.scan import scan_stream
-from tests.helpers import CATALOG, MATCHER, scan_bytes
+from tests.support.helpers import CATALOG, MATCHER, scan_bytes
 
 OOM = b"[2026-03-14 22:07:33 TP0] Prefill out of memory. Try to lower your batch size.\nTry to allocate 7 tokens.\n\n"
 

@@ -3,33 +3,45 @@
 from __future__ import annotations
 
 import os
-import re
 import subprocess
 
-from tests.helpers import CATALOG
+from tests.support.helpers import CATALOG
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 README = open(os.path.join(ROOT, "README.md")).read()
 CI_RUN = os.path.join(ROOT, ".ci", "run")
+TEST_COMMAND = os.path.join(ROOT, ".ci", "test-command")
 
 
-def _ci_extraction() -> str:
-    """The command .ci/run would run: its own `cmd=$(...)` line, executed as it is, not a copy of it."""
-    (line,) = [x for x in open(CI_RUN).read().splitlines() if x.startswith("cmd=$(")]
-    return subprocess.run(
-        ["bash", "-euo", "pipefail", "-c", f'{line}\nprintf %s "$cmd"'],
-        cwd=ROOT, capture_output=True, text=True, check=True,
-    ).stdout  # fmt: skip
+def _test_command(*readme: str) -> subprocess.CompletedProcess[str]:
+    """.ci/test-command, the one extraction .ci/run runs, on README.md or the README given."""
+    return subprocess.run([TEST_COMMAND, *readme], cwd=ROOT, capture_output=True, text=True, timeout=30, check=False)
 
 
 def test_ci_runs_exactly_the_readme_test_command():
-    block = README.split("<!-- test-command -->")[1].split("<!-- /test-command -->")[0]
-    (command,) = re.findall(r"```sh\n(.*?)\n```", block, re.S)
-    assert _ci_extraction() == command == "tools/test.sh"
+    assert _test_command().stdout == "tools/test.sh\n"
     ci = open(CI_RUN).read()
-    assert 'bash -euo pipefail -c "$cmd"' in ci
+    # .ci/run runs what the script prints, and nothing else: its one command line after the setup.
+    assert ci.splitlines()[-3:] == [
+        "cmd=$(.ci/test-command)  # README's test command; exits 2 with the reason when there is none",
+        'echo "+ $cmd"',
+        'bash -euo pipefail -c "$cmd"',
+    ]
     assert "pkill" not in ci  # it stops nothing it did not start
     assert "killall" not in ci
+
+
+def test_the_extraction_takes_only_the_sh_block_between_the_markers(tmp_path):
+    readme = tmp_path / "README.md"
+    readme.write_text(
+        "```sh\nnot this\n```\n<!-- test-command -->\nRun:\n```sh\npip install -e .\npytest -q\n```\n"
+        "<!-- /test-command -->\n```sh\nnor this\n```\n"
+    )
+    assert _test_command(str(readme)).stdout == "pip install -e .\npytest -q\n"
+    readme.write_text("# no markers\n```sh\npytest\n```\n")
+    missing = _test_command(str(readme))
+    assert (missing.returncode, missing.stdout) == (2, "")
+    assert "no test command between the test-command markers" in missing.stderr
 
 
 def test_the_test_script_installs_helm_and_the_dev_extras_and_runs_the_whole_suite():

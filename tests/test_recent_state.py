@@ -15,9 +15,10 @@ import pytest
 
 from sglang_oom_exporter.events.sink import event_json
 from sglang_oom_exporter.events.store import SAVED_EVENTS, EventStore
-from tests.helpers import CATALOG
-from tests.test_app import BLOCK, _app, _run
-from tests.test_serve_e2e import daemon_factory, oom_block, settle  # noqa: F401 (daemon_factory: a fixture)
+from tests.support.app import counted_app, make_app
+from tests.support.daemon import settle
+from tests.support.helpers import CATALOG
+from tests.support.logs import oom_block
 
 LAST_TS = "sglang_oom_last_event_timestamp_seconds"
 
@@ -25,17 +26,6 @@ LAST_TS = "sglang_oom_last_event_timestamp_seconds"
 def _state(tmp_path) -> dict:
     with open(tmp_path / "state" / "state.json", encoding="utf-8") as fh:
         return json.load(fh)
-
-
-def _counted(tmp_path, events: int):
-    app, clock = _app(tmp_path)
-    _run(app, clock, 1.0)
-    (tmp_path / "a.log").write_text("".join(BLOCK.format(s=i) for i in range(events)))
-    app.loop.request_discover()
-    _run(app, clock, 8.0)
-    assert app.counts.total("decode") == events
-    app.keeper.save()
-    return app
 
 
 def _last(app) -> dict:
@@ -49,11 +39,11 @@ def _last(app) -> dict:
 
 
 def test_a_restart_restores_the_events_marked_and_the_last_event_times(tmp_path):
-    before = _counted(tmp_path, 3)
+    before = counted_app(tmp_path, 3)
     saved = _state(tmp_path)["data"]["recent"]
     assert len(saved["events"]) == 3
     assert [e["kind"] for e in saved["last"]] == ["decode"]
-    app, _ = _app(tmp_path)
+    app, _ = make_app(tmp_path)
     app.keeper.load()
     assert app.keeper.errors == 0
     assert app.counts.total("decode") == 3
@@ -66,21 +56,21 @@ def test_a_restart_restores_the_events_marked_and_the_last_event_times(tmp_path)
 
 
 def test_an_old_state_file_without_recent_still_loads(tmp_path):
-    _counted(tmp_path, 2)
+    counted_app(tmp_path, 2)
     doc = _state(tmp_path)
     del doc["data"]["recent"]
     (tmp_path / "state" / "state.json").write_text(json.dumps(doc))
-    app, _ = _app(tmp_path)
+    app, _ = make_app(tmp_path)
     app.keeper.load()
     assert (app.keeper.errors, app.counts.total("decode"), len(app.store)) == (0, 2, 0)
 
 
 def test_a_bad_recent_key_costs_only_itself(tmp_path, caplog):
-    _counted(tmp_path, 2)
+    counted_app(tmp_path, 2)
     doc = _state(tmp_path)
     doc["data"]["recent"]["events"][0]["pools"] = "full"
     (tmp_path / "state" / "state.json").write_text(json.dumps(doc))
-    app, _ = _app(tmp_path)
+    app, _ = make_app(tmp_path)
     app.keeper.load()
     assert (app.keeper.errors, app.counts.total("decode"), len(app.store)) == (1, 2, 0)
     assert os.path.exists(tmp_path / "state" / "state.json"), "the file is not moved aside"
@@ -117,7 +107,7 @@ def _get(port: int, path: str) -> str:
 
 @pytest.mark.slow
 @pytest.mark.timeout(60)
-def test_a_restarted_daemon_keeps_its_page_events_and_last_event_times(tmp_path, daemon_factory):  # noqa: F811
+def test_a_restarted_daemon_keeps_its_page_events_and_last_event_times(tmp_path, daemon_factory):
     log = tmp_path / "server.log"
     log.write_text(oom_block() + oom_block(kind="Decode"))
     d = daemon_factory("--from-beginning", str(log))

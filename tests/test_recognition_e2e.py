@@ -14,11 +14,9 @@ import sys
 
 import pytest
 
-from tests import test_serve_e2e
-from tests.helpers import wait_until
-from tests.test_serve_e2e import Daemon, append, cri, oom_block, settle
-
-daemon_factory = test_serve_e2e.daemon_factory  # the same fixture: a real `serve` process per call
+from tests.support.daemon import Daemon, settle
+from tests.support.helpers import wait_until
+from tests.support.logs import append, cri, oom_block
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(90)]
 

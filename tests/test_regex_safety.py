@@ -20,7 +20,7 @@ import regex
 
 from sglang_oom_exporter.config import parse_duration
 from sglang_oom_exporter.detect import assemble, decode, match, prefix, reader
-from tests.helpers import CATALOG
+from tests.support.helpers import CATALOG
 
 LINE = 16 * 1024
 DEADLINE = 0.5  # seconds per search: a linear regex needs about 0.3 ms for 16 KiB

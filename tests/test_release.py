@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from sglang_oom_exporter import __version__
-from tests.test_helm import CHART, ROOT, _helm
+from tests.support.helm import CHART, ROOT, helm
 
 WORKFLOW = ROOT / ".github" / "workflows" / "release.yml"
 IMAGE = "ghcr.io/sglang-oom-exporter/sglang-oom-exporter"
@@ -107,7 +107,7 @@ def test_chart_readme_first_command_installs_the_published_chart(tmp_path):
     assert argv[argv.index("--version") + 1] == __version__
     # The same flags on the chart in this checkout render the published image.
     local = [str(CHART) if a == argv[3] else a for a in argv[2:]]
-    proc = subprocess.run([_helm(), "template", *local], capture_output=True, text=True, timeout=60, check=False)
+    proc = subprocess.run([helm(), "template", *local], capture_output=True, text=True, timeout=60, check=False)
     assert proc.returncode == 0, proc.stderr
     docs = [d for d in yaml.safe_load_all(proc.stdout) if d]
     (ds,) = [d for d in docs if d["kind"] == "DaemonSet"]
@@ -116,7 +116,7 @@ def test_chart_readme_first_command_installs_the_published_chart(tmp_path):
 
 def test_notes_say_which_image_runs_and_where_it_comes_from():
     def notes(*extra: str) -> str:
-        proc = subprocess.run([_helm(), "install", "--dry-run=client", "t", str(CHART), "-n", "monitoring", *extra],
+        proc = subprocess.run([helm(), "install", "--dry-run=client", "t", str(CHART), "-n", "monitoring", *extra],
                               capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
         assert proc.returncode == 0, proc.stderr
         return proc.stdout.split("NOTES:", 1)[1]

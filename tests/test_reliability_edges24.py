@@ -15,28 +15,27 @@ import regex
 from sglang_oom_exporter.config import ConfigError, load_config
 from sglang_oom_exporter.config.values import FILTER_NAME_MAX, filter_problem
 from sglang_oom_exporter.sources.discover import KubernetesFilter
-from tests.test_app import _app
-from tests.test_reliability_state import _state_path, _write_state
-from tests.test_serve_e2e import Daemon
+from tests.support.app import make_app, state_path, write_state
+from tests.support.daemon import Daemon
 
 DEEP = 100_000
 
 
 @pytest.mark.parametrize("raw", ["[" * DEEP + "]" * DEEP, '{"a":' * DEEP + "1" + "}" * DEEP], ids=["lists", "objects"])
 def test_a_state_file_nested_100000_levels_deep_is_moved_aside(tmp_path, raw):
-    _write_state(tmp_path, None, raw=raw)
-    app, _ = _app(tmp_path)
+    write_state(tmp_path, None, raw=raw)
+    app, _ = make_app(tmp_path)
     app.keeper.load()  # was: RecursionError out of json.loads, at every start
     assert app.keeper.errors == 1
-    assert not os.path.exists(_state_path(tmp_path))
-    assert len(glob.glob(_state_path(tmp_path) + ".corrupt-*")) == 1
+    assert not os.path.exists(state_path(tmp_path))
+    assert len(glob.glob(state_path(tmp_path) + ".corrupt-*")) == 1
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(60)
 def test_serve_starts_on_a_state_file_nested_100000_levels_deep(tmp_path):
     (tmp_path / "a.log").write_text("")
-    _write_state(tmp_path, None, raw="[" * DEEP + "]" * DEEP)
+    write_state(tmp_path, None, raw="[" * DEEP + "]" * DEEP)
     d = Daemon([str(tmp_path / "*.log")], str(tmp_path / "state")).start()  # waits for /healthz
     try:
         assert d.metrics("sglang_oom_exporter_state_errors")[("sglang_oom_exporter_state_errors_total", ())] == 1
@@ -64,7 +63,7 @@ def test_check_config_rejects_what_a_reload_rejects(tmp_path, text):
     proc = _check_config("--config", str(path))
     assert proc.returncode == 1  # was 0: "configuration ok: 0 path(s)", then SIGHUP refused the same file
     assert "the configuration names no log path and no Kubernetes log root" in proc.stderr
-    app, _ = _app(tmp_path)
+    app, _ = make_app(tmp_path)
     assert app.reload(load_config(str(path), env={}), app.catalog) == "failed"
 
 

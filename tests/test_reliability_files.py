@@ -17,18 +17,11 @@ import pytest
 
 from sglang_oom_exporter.sources.handles import HandleBudget
 from sglang_oom_exporter.sources.tail import FileTailer, TailChunk
-from tests import test_serve_e2e
-from tests.helpers import wait_until
-from tests.test_serve_e2e import Daemon, oom_block, settle
-
-daemon_factory = test_serve_e2e.daemon_factory  # the real daemon on real files, killed after each test
+from tests.support.daemon import Daemon, settle
+from tests.support.helpers import wait_until
+from tests.support.logs import append, oom_block
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(60)]
-
-
-def _append(path, text: str) -> None:
-    with open(path, "a") as fh:
-        fh.write(text)
 
 
 def _opened(d: Daemon, n: int = 1) -> bool:
@@ -42,7 +35,7 @@ def test_five_events_written_to_a_file_deleted_while_open_count_five(tmp_path, d
     settle(d, 0)
     d.send(signal.SIGSTOP)  # the writes and the unlink land between two looks of the daemon
     try:
-        _append(log, "".join(oom_block() for _ in range(5)))
+        append(log, "".join(oom_block() for _ in range(5)))
         os.unlink(log)
     finally:
         d.send(signal.SIGCONT)
@@ -123,7 +116,7 @@ def test_more_files_than_the_open_file_limit_are_all_counted_and_http_answers(tm
     try:
         wait_until(lambda: d.healthy() is True, timeout=30, what="/healthz 200")
         for f in files:
-            _append(f, oom_block())
+            append(f, oom_block())
         settle(d, len(files))
         m = d.metrics()
         assert m[("sglang_oom_exporter_files_watched", ())] == len(files)
@@ -141,7 +134,7 @@ def test_more_files_than_the_open_file_limit_are_all_counted_and_http_answers(tm
     d2 = LimitedDaemon([str(tmp_path / "*.log")], str(tmp_path / "state")).start()
     try:
         for f in files[:10]:
-            _append(f, oom_block())
+            append(f, oom_block())
         settle(d2, len(files) + 10)
     finally:
         d2.stop()
@@ -176,10 +169,10 @@ def pair(tmp_path):
 
 def test_parked_file_resumes_where_it_was_with_a_partial_line(pair):
     a, _, ta, _, budget = pair
-    _append(a, "a2 no newline yet")
+    append(a, "a2 no newline yet")
     assert _items(ta) == [b"a2 no newline yet"]  # b parks now
     assert ta.position is not None
-    _append(a, " ...now\n")
+    append(a, " ...now\n")
     assert _items(ta) == [b" ...now\n"]
     assert budget.open_files == 1
 
@@ -192,7 +185,7 @@ def test_parked_file_costs_a_stat_when_idle(pair):
 
 def test_parked_file_renamed_is_drained_from_its_new_name(pair):
     a, _, ta, _, _ = pair
-    _append(a, "a2\n")
+    append(a, "a2\n")
     os.rename(a, str(a) + ".1")
     a.write_bytes(b"new1\n")
     assert _items(ta) == [b"a2\n", "reset:rotated", b"new1\n"]
@@ -242,7 +235,7 @@ def test_copytruncate_drains_the_unread_end_from_the_copy(tmp_path):
     tailer = FileTailer(str(log))
     try:
         assert _items(tailer) == [b"a\n"]
-        _append(log, "b\n")  # not read before the rotation
+        append(log, "b\n")  # not read before the rotation
         shutil.copyfile(log, str(log) + ".1")
         with open(log, "r+b") as fh:
             fh.truncate(0)
@@ -266,15 +259,15 @@ def test_rename_rotation_at_ten_per_second_is_exact(tmp_path, daemon_factory):
         logs = os.path.join(root, "logs")
         os.mkdir(logs)
         log = os.path.join(logs, "r.log")
-        _append(log, "[2026-03-14 22:00:00 TP0] started\n")
+        append(log, "[2026-03-14 22:00:00 TP0] started\n")
         d = daemon_factory(os.path.join(logs, "*.log"), nice=-10, state_dir=os.path.join(root, "state"))
         settle(d, 0)
         n = 30
         for i in range(n):
-            _append(log, oom_block())
+            append(log, oom_block())
             time.sleep(0.1)  # the scenario's rate: one rotation every 100 ms, each generation with one event
             os.rename(log, f"{log}.{i}")
-            _append(log, "")
+            append(log, "")
         settle(d, n)
         assert d.stop() == 0
     finally:

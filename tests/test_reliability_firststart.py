@@ -15,8 +15,9 @@ import time
 
 import pytest
 
-from tests.helpers import wait_until
-from tests.test_serve_e2e import Daemon, oom_block, settle
+from tests.support.daemon import Daemon, settle
+from tests.support.helpers import wait_until
+from tests.support.logs import oom_block
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(60)]
 

@@ -17,11 +17,9 @@ import pytest
 from sglang_oom_exporter.daemon.logsource import LogSource
 from sglang_oom_exporter.detect.pipeline import Pipeline
 from sglang_oom_exporter.sources.tail import RECREATED, FileTailer, TailChunk, TailItem, TailReset
-from tests import test_serve_e2e
-from tests.helpers import CATALOG, MATCHER, wait_until
-from tests.test_serve_e2e import Daemon, oom_block, settle
-
-daemon_factory = test_serve_e2e.daemon_factory  # the real daemon on real files, killed after each test
+from tests.support.daemon import Daemon, settle
+from tests.support.helpers import CATALOG, MATCHER, wait_until
+from tests.support.logs import oom_block
 
 FLIPS = 10
 

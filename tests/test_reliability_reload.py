@@ -9,8 +9,8 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry
 
 from sglang_oom_exporter.config import Config
-from tests.test_app import BLOCK, _app, _append, _fields, _run
-from tests.test_reliability_rotation import EVENT, HISTORY
+from tests.support.app import config_fields, make_app, run_app
+from tests.support.logs import BLOCK, EVENT, HISTORY, append
 
 
 def _scrape(app, kind: str = "decode", source: str = "a") -> float | None:
@@ -22,7 +22,7 @@ def _scrape(app, kind: str = "decode", source: str = "a") -> float | None:
 
 def _with_and_without(tmp_path, app):
     named = app.config
-    other = Config(**{**_fields(named), "paths": (str(tmp_path / "other-*.log"),)})
+    other = Config(**{**config_fields(named), "paths": (str(tmp_path / "other-*.log"),)})
     return named, other
 
 
@@ -30,22 +30,22 @@ def test_a_path_flipping_in_and_out_of_the_config_counts_every_event(tmp_path):
     """A non-atomic config writer: the path is named, then not, then named again, ten times (issue: 12 of 165)."""
     log = tmp_path / "a.log"
     log.write_text(HISTORY)
-    app, clock = _app(tmp_path, state_interval=60.0, source_retention=600.0)
+    app, clock = make_app(tmp_path, state_interval=60.0, source_retention=600.0)
     app.loop._start()
     named, other = _with_and_without(tmp_path, app)
     written = 0
     for i in range(10):
-        _append(log, BLOCK.format(s=2 * i))  # written while named
+        append(log, BLOCK.format(s=2 * i))  # written while named
         written += 1
         app.loop.mark_changed({str(tmp_path)})
-        _run(app, clock, 3.0)
+        run_app(app, clock, 3.0)
         assert app.reload(other, app.catalog) == "applied"
         assert _scrape(app) == written  # let go, still exported
-        _append(log, BLOCK.format(s=2 * i + 1))  # written while not named: read from the kept position later
+        append(log, BLOCK.format(s=2 * i + 1))  # written while not named: read from the kept position later
         written += 1
-        _run(app, clock, 1.0)
+        run_app(app, clock, 1.0)
         assert app.reload(named, app.catalog) == "applied"
-        _run(app, clock, 6.0)  # the next discovery follows it again
+        run_app(app, clock, 6.0)  # the next discovery follows it again
     assert _scrape(app) == written == 20
     assert app.counts.total("decode") == 20
 
@@ -54,18 +54,18 @@ def test_what_a_dropped_path_had_pending_is_shown_to_a_scrape(tmp_path):
     """An event waiting for its traceback when the reload lets the file go is counted then, and exported."""
     log = tmp_path / "a.log"
     log.write_text(HISTORY)
-    app, clock = _app(tmp_path, state_interval=60.0, source_retention=1.0)
+    app, clock = make_app(tmp_path, state_interval=60.0, source_retention=1.0)
     app.loop._start()
     _, other = _with_and_without(tmp_path, app)
-    _append(log, EVENT.format(s=5))
+    append(log, EVENT.format(s=5))
     app.loop.mark_changed({str(tmp_path)})
     app.loop.step()
     assert app.loop.pending == 1  # read, not yet counted
     app.reload(other, app.catalog)
-    _run(app, clock, 10.0)  # the retention (1 s) is long over, but no scrape has been served yet
+    run_app(app, clock, 10.0)  # the retention (1 s) is long over, but no scrape has been served yet
     assert app.counts.total("prefill") == 1
     assert _scrape(app, "prefill") == 1.0  # the first scrape after the drop still sees it
-    _run(app, clock, 6.0)  # the next discovery, after that scrape, drops the series
+    run_app(app, clock, 6.0)  # the next discovery, after that scrape, drops the series
     assert _scrape(app, "prefill") is None
     assert ("a",) not in app.counts.known()
 
@@ -74,18 +74,18 @@ def test_a_dropped_path_back_after_the_retention_starts_again(tmp_path):
     """Past the retention (and a scrape), the series goes, as a deleted file's does: a new series from 0."""
     log = tmp_path / "a.log"
     log.write_text(HISTORY)
-    app, clock = _app(tmp_path, state_interval=60.0, source_retention=30.0)
+    app, clock = make_app(tmp_path, state_interval=60.0, source_retention=30.0)
     app.loop._start()
     named, other = _with_and_without(tmp_path, app)
-    _append(log, BLOCK.format(s=1))
+    append(log, BLOCK.format(s=1))
     app.loop.mark_changed({str(tmp_path)})
-    _run(app, clock, 3.0)
+    run_app(app, clock, 3.0)
     app.reload(other, app.catalog)
-    _run(app, clock, 20.0)
+    run_app(app, clock, 20.0)
     assert _scrape(app) == 1.0  # within the retention
-    _run(app, clock, 20.0)
+    run_app(app, clock, 20.0)
     assert _scrape(app) is None  # dropped at the first discovery past it (a scrape had been served)
     app.reload(named, app.catalog)
-    _append(log, BLOCK.format(s=2))
-    _run(app, clock, 8.0)
+    append(log, BLOCK.format(s=2))
+    run_app(app, clock, 8.0)
     assert _scrape(app) == 1.0  # its position was kept: only the new OOM, on a new series

@@ -13,38 +13,18 @@ import shutil
 import pytest
 
 from sglang_oom_exporter.config import Config
-from tests.test_app import BLOCK, _app, _run
-
-HISTORY = "[2026-03-14 22:00:00 TP0] Load weight end.\n"
-# A block and its traceback: settled at once, emitted after the deduper's short settle (0.3 s), not before.
-_TEXT = "Prefill out of memory. Try to lower your batch size.\nTry to allocate {s} tokens.\n"
-EVENT = (
-    "[2026-03-14 22:07:{s:02d} TP0] " + _TEXT + "\n[2026-03-14 22:07:{s:02d} TP0] Scheduler hit an exception: "
-    'Traceback (most recent call last):\n  File "/usr/lib/python3/dist-packages/sglang/srt/managers/scheduler.py", '
-    "line 9, in prepare_for_extend\n    x()\nRuntimeError: " + _TEXT + "\n\n"
-)
-
-
-def _append(path, text: str) -> None:
-    with open(path, "a") as fh:
-        fh.write(text)
-
-
-def _started(tmp_path, **overrides):
-    """A daemon started the way serve starts it (state loaded, positions saved before the first read)."""
-    app, clock = _app(tmp_path, state_interval=60.0, **overrides)  # no periodic save inside a test
-    app.loop._start()
-    return app, clock
+from tests.support.app import config_fields, make_app, run_app, started_app
+from tests.support.logs import BLOCK, EVENT, HISTORY, append
 
 
 def _first_run(tmp_path) -> str:
     """A first run that counted one decode OOM in a.log and saved; then SIGKILLed."""
     log = tmp_path / "a.log"
     log.write_text(HISTORY)
-    app, clock = _started(tmp_path)
-    _append(log, BLOCK.format(s=1))
+    app, clock = started_app(tmp_path)
+    append(log, BLOCK.format(s=1))
     app.loop.mark_changed({str(tmp_path)})
-    _run(app, clock, 3.0)
+    run_app(app, clock, 3.0)
     assert app.counts.total("decode") == 1
     app.keeper.save()
     app.sources.close()
@@ -52,8 +32,8 @@ def _first_run(tmp_path) -> str:
 
 
 def _restarted(tmp_path, seconds: float = 8.0, **overrides):
-    app, clock = _started(tmp_path, **overrides)
-    _run(app, clock, seconds)
+    app, clock = started_app(tmp_path, **overrides)
+    run_app(app, clock, seconds)
     return app
 
 
@@ -66,7 +46,7 @@ def _state_files(tmp_path) -> dict:
 def test_rotated_while_down_and_not_recreated_is_drained_at_the_restart(tmp_path, how):
     """A glob no longer matches a renamed file: its saved position still names the generation to drain."""
     log = _first_run(tmp_path)
-    _append(log, BLOCK.format(s=2))  # written while down
+    append(log, BLOCK.format(s=2))  # written while down
     if how == "rename":
         os.rename(log, log + ".1")
     else:
@@ -84,44 +64,40 @@ def test_a_saved_file_not_followed_now_keeps_its_entry_across_saves(tmp_path):
     moved = str(other / "a.log")
     os.rename(log, moved)  # the configured glob (tmp_path/*.log) does not match it now
     entry = _state_files(tmp_path)[log]
-    app, clock = _started(tmp_path)  # its start saves
-    _run(app, clock, 2.0)
+    app, clock = started_app(tmp_path)  # its start saves
+    run_app(app, clock, 2.0)
     app.keeper.save()
     app.sources.close()
     kept = _state_files(tmp_path)[log]
     assert (kept["position"], kept["epoch"], kept["dedupe"]) == (entry["position"], entry["epoch"], entry["dedupe"])
     os.rename(moved, log)
-    _append(log, BLOCK.format(s=3))
+    append(log, BLOCK.format(s=3))
     app = _restarted(tmp_path)
     assert app.counts.total("decode") == 2  # resumed where it stopped: the first OOM is not counted again
 
 
 def test_a_reload_removed_path_keeps_its_position_across_a_restart(tmp_path):
     log = _first_run(tmp_path)
-    app, clock = _started(tmp_path)
-    _run(app, clock, 1.0)
+    app, clock = started_app(tmp_path)
+    run_app(app, clock, 1.0)
     config = app.config
-    app.reload(Config(**{**_fields(config), "paths": (str(tmp_path / "other-*.log"),)}), app.catalog)
+    app.reload(Config(**{**config_fields(config), "paths": (str(tmp_path / "other-*.log"),)}), app.catalog)
     app.keeper.save()
     app.sources.close()
-    _append(log, BLOCK.format(s=4))  # written while it was not followed
+    append(log, BLOCK.format(s=4))  # written while it was not followed
     app = _restarted(tmp_path)  # the original config names it again
     # The reload kept a.log's counter (issue 24: within the retention it goes on); resumed where it stopped, only
     # the OOM written since is counted on top. Without its saved position it would be read from 0: 3.
     assert app.counts.total("decode") == 2
 
 
-def _fields(config: Config) -> dict:
-    return {f: getattr(config, f) for f in config.__dataclass_fields__}
-
-
 @pytest.mark.parametrize("how", ["rename", "copytruncate"])
 def test_an_event_in_flight_when_its_generation_ends_survives_a_sigkill(tmp_path, how):
     """Read, not yet emitted, its file rotated, a save (any file's new generation triggers one), SIGKILL."""
     log = _first_run(tmp_path)
-    app, clock = _started(tmp_path)
-    _run(app, clock, 1.0)
-    _append(log, EVENT.format(s=5))
+    app, clock = started_app(tmp_path)
+    run_app(app, clock, 1.0)
+    append(log, EVENT.format(s=5))
     app.loop.mark_changed({str(tmp_path)})
     app.loop.step()  # read at once; the settle has not passed on the fake clock
     assert app.loop.pending == 1
@@ -142,14 +118,14 @@ def test_an_event_in_flight_when_its_generation_ends_survives_a_sigkill(tmp_path
 
 def test_what_was_counted_from_a_file_deleted_while_up_is_saved_before_a_sigkill(tmp_path):
     log = _first_run(tmp_path)
-    app, clock = _started(tmp_path)
-    _run(app, clock, 1.0)
-    _append(log, EVENT.format(s=6))
+    app, clock = started_app(tmp_path)
+    run_app(app, clock, 1.0)
+    append(log, EVENT.format(s=6))
     app.loop.mark_changed({str(tmp_path)})
     app.loop.step()
     os.remove(log)  # the daemon still holds it; nothing else can ever read these bytes again
     app.loop.mark_changed({str(tmp_path)})
-    _run(app, clock, 1.0)  # emitted after its settle, and saved soon after: the periodic save is 60 s away
+    run_app(app, clock, 1.0)  # emitted after its settle, and saved soon after: the periodic save is 60 s away
     assert app.counts.total("prefill") == 1
     app.sources.close()
     app = _restarted(tmp_path)
@@ -158,20 +134,20 @@ def test_what_was_counted_from_a_file_deleted_while_up_is_saved_before_a_sigkill
 
 def test_a_failing_save_warns_once_per_streak_and_counts_every_failure(tmp_path, caplog):
     (tmp_path / "state").write_text("a file where the state directory should be")
-    app, clock = _app(tmp_path, state_interval=1.0)
+    app, clock = make_app(tmp_path, state_interval=1.0)
     caplog.set_level(logging.DEBUG, logger="sglang_oom_exporter.daemon.state")
     app.loop._start()
     for s in range(3):
-        _append(tmp_path / "a.log", BLOCK.format(s=s))  # something new, so that every due save is tried
+        append(tmp_path / "a.log", BLOCK.format(s=s))  # something new, so that every due save is tried
         app.loop.request_discover()
-        _run(app, clock, 2.0)
+        run_app(app, clock, 2.0)
     warnings = [r for r in caplog.records if r.levelno == logging.WARNING and "cannot save" in r.getMessage()]
     assert len(warnings) == 1
     failures = app.keeper.errors
     assert failures >= 3
     os.remove(tmp_path / "state")
-    _append(tmp_path / "a.log", BLOCK.format(s=9))
-    _run(app, clock, 2.0)
+    append(tmp_path / "a.log", BLOCK.format(s=9))
+    run_app(app, clock, 2.0)
     assert app.keeper.errors == failures
     assert app.keeper.saves >= 1
     assert any("saved again" in r.getMessage() for r in caplog.records)
@@ -180,7 +156,7 @@ def test_a_failing_save_warns_once_per_streak_and_counts_every_failure(tmp_path,
 def test_eager_saves_wait_as_long_as_the_last_save_took(tmp_path, monkeypatch):
     """A large state on a busy machine: saving on every rotation must not starve the reading."""
     log = _first_run(tmp_path)
-    app, clock = _started(tmp_path)
+    app, clock = started_app(tmp_path)
     store = app.keeper._store
     assert store is not None
     real_save = store.save
@@ -190,7 +166,7 @@ def test_eager_saves_wait_as_long_as_the_last_save_took(tmp_path, monkeypatch):
         clock.now += 2.0  # this save took 2 s
 
     monkeypatch.setattr(store, "save", slow_save)
-    _run(app, clock, 1.0)
+    run_app(app, clock, 1.0)
     saves = app.keeper.saves
     app.keeper.save()  # took 2 s
     assert app.keeper.saves == saves + 1

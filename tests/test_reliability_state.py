@@ -15,31 +15,16 @@ import time
 
 import pytest
 
-from tests.helpers import wait_until
-from tests.test_app import BLOCK, _app, _run
-from tests.test_serve_e2e import Daemon, oom_block, settle
-
-
-def _state_path(tmp_path) -> str:
-    return str(tmp_path / "state" / "state.json")
-
-
-def _write_state(tmp_path, doc: object, *, raw: str | None = None) -> None:
-    os.makedirs(tmp_path / "state", exist_ok=True)
-    with open(_state_path(tmp_path), "w", encoding="utf-8") as fh:
-        fh.write(raw if raw is not None else json.dumps(doc))
+from tests.support.app import counted_app, make_app, run_app, state_path, write_state
+from tests.support.daemon import Daemon, settle
+from tests.support.helpers import wait_until
+from tests.support.logs import BLOCK, oom_block
 
 
 def _counted_state(tmp_path, events: int = 2) -> dict:
     """A real state file after a run that counted `events` decode OOMs in a.log."""
-    app, clock = _app(tmp_path)
-    _run(app, clock, 1.0)
-    (tmp_path / "a.log").write_text("".join(BLOCK.format(s=i) for i in range(events)))
-    app.loop.request_discover()
-    _run(app, clock, 8.0)
-    assert app.counts.total("decode") == events
-    app.keeper.save()
-    with open(_state_path(tmp_path), encoding="utf-8") as fh:
+    counted_app(tmp_path, events)
+    with open(state_path(tmp_path), encoding="utf-8") as fh:
         return json.load(fh)
 
 
@@ -54,13 +39,13 @@ def _counted_state(tmp_path, events: int = 2) -> dict:
 def test_wrong_types_are_moved_aside_and_counted(tmp_path, mutate):
     doc = _counted_state(tmp_path)
     mutate(doc)
-    _write_state(tmp_path, doc)
-    app, _ = _app(tmp_path)
+    write_state(tmp_path, doc)
+    app, _ = make_app(tmp_path)
     app.keeper.load()
     assert app.keeper.errors == 1
     assert app.counts.total("decode") == 0
-    assert not os.path.exists(_state_path(tmp_path))
-    (aside,) = glob.glob(_state_path(tmp_path) + ".corrupt-*")
+    assert not os.path.exists(state_path(tmp_path))
+    (aside,) = glob.glob(state_path(tmp_path) + ".corrupt-*")
     with open(aside, encoding="utf-8") as fh:
         assert json.load(fh) == doc  # kept byte for byte for a human to inspect
 
@@ -70,27 +55,27 @@ def test_nan_and_infinity_are_not_counters(tmp_path, value):
     doc = _counted_state(tmp_path)
     raw = json.dumps(doc).replace('"decode": 2.0', f'"decode": {value}', 1)
     assert raw != json.dumps(doc)
-    _write_state(tmp_path, None, raw=raw)
-    app, _ = _app(tmp_path)
+    write_state(tmp_path, None, raw=raw)
+    app, _ = make_app(tmp_path)
     app.keeper.load()
     assert app.keeper.errors == 1
     assert app.counts.total("decode") == 0
-    assert glob.glob(_state_path(tmp_path) + ".corrupt-*")
+    assert glob.glob(state_path(tmp_path) + ".corrupt-*")
 
 
 def test_one_rejected_position_with_counters_kept_does_not_recount_the_file(tmp_path):
     doc = _counted_state(tmp_path, events=2)
     (key,) = doc["data"]["files"]
     doc["data"]["files"][key]["position"]["offset"] = -5  # this one position is bad; the rest is fine
-    _write_state(tmp_path, doc)
-    app, clock = _app(tmp_path)
+    write_state(tmp_path, doc)
+    app, clock = make_app(tmp_path)
     app.keeper.load()
-    _run(app, clock, 8.0)
+    run_app(app, clock, 8.0)
     assert app.counts.total("decode") == 2  # not 4: the counters already hold a.log's two events
     assert app.sources.facts().bad_positions == 1
     with open(tmp_path / "a.log", "a") as fh:
         fh.write(BLOCK.format(s=30))
-    _run(app, clock, 8.0)
+    run_app(app, clock, 8.0)
     assert app.counts.total("decode") == 3  # and what comes next is counted
 
 
@@ -136,22 +121,22 @@ def test_sigkill_in_the_first_second_loses_nothing_written_while_down(tmp_path):
 def test_a_generation_born_after_the_last_save_and_rotated_away_while_down_is_read(tmp_path):
     """The state is saved as soon as a new generation is seen, so a restart can find it by its inode."""
     log = tmp_path / "a.log"
-    app, clock = _app(tmp_path, state_interval=60.0)  # no periodic save within the test: only the ones it makes
-    _run(app, clock, 1.0)
+    app, clock = make_app(tmp_path, state_interval=60.0)  # no periodic save within the test: only the ones it makes
+    run_app(app, clock, 1.0)
     log.write_text(BLOCK.format(s=1))
     app.loop.request_discover()
-    _run(app, clock, 8.0)
+    run_app(app, clock, 8.0)
     assert app.counts.total("decode") == 1
     app.keeper.save()  # as the periodic save would
     os.rename(log, tmp_path / "a.log.1")
     log.write_text(BLOCK.format(s=2))
     app.loop.mark_changed({str(tmp_path)})
-    _run(app, clock, 2.5)  # read and counted (after the traceback wait), no periodic save due
+    run_app(app, clock, 2.5)  # read and counted (after the traceback wait), no periodic save due
     assert app.counts.total("decode") == 2
     app.sources.close()  # SIGKILL: no save on the way out
     os.rename(log, tmp_path / "a.log.2")  # rotated again while down
     log.write_text(BLOCK.format(s=3))
-    app2, clock2 = _app(tmp_path)
+    app2, clock2 = make_app(tmp_path)
     app2.keeper.load()
-    _run(app2, clock2, 8.0)
+    run_app(app2, clock2, 8.0)
     assert app2.counts.total("decode") == 3

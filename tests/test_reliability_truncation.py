@@ -13,27 +13,22 @@ import shutil
 import pytest
 
 from sglang_oom_exporter.sources.fileid import FINGERPRINT_BYTES, TailPosition
-from tests.test_app import BLOCK, _app, _append, _run
+from tests.support.app import run_app, started_app
+from tests.support.logs import BLOCK, append
 
 # SGLang prints its server args at start: longer than the head fingerprint, the same at every start.
 BANNER = "".join(f"[2026-03-14 22:00:00] server_args: option_{i}=value_{i}\n" for i in range(60))
 assert len(BANNER) > 2 * FINGERPRINT_BYTES
 
 
-def _started(tmp_path):
-    app, clock = _app(tmp_path, state_interval=60.0)
-    app.loop._start()
-    return app, clock
-
-
 def _first_life(tmp_path) -> tuple[str, int]:
     """A start on a log with history, one OOM counted and saved, then SIGKILL; returns the path and the saved offset."""
     log = tmp_path / "a.log"
     log.write_text(BANNER + "[2026-03-14 22:00:01] history\n")
-    app, clock = _started(tmp_path)
-    _append(log, BLOCK.format(s=1))
+    app, clock = started_app(tmp_path)
+    append(log, BLOCK.format(s=1))
     app.loop.mark_changed({str(tmp_path)})
-    _run(app, clock, 3.0)
+    run_app(app, clock, 3.0)
     assert app.counts.total("decode") == 1
     app.keeper.save()
     app.sources.close()
@@ -43,15 +38,15 @@ def _first_life(tmp_path) -> tuple[str, int]:
 
 
 def _restarted(tmp_path, seconds: float = 8.0):
-    app, clock = _started(tmp_path)
-    _run(app, clock, seconds)
+    app, clock = started_app(tmp_path)
+    run_app(app, clock, seconds)
     return app
 
 
 def _rewrite_with_the_same_banner(log: str, offset: int, blocks: list[int]) -> None:
     """Truncate in place and write the banner and new OOMs, past the saved offset (the size check cannot tell)."""
     os.truncate(log, 0)
-    _append(log, BANNER + "".join(BLOCK.format(s=s) for s in blocks))
+    append(log, BANNER + "".join(BLOCK.format(s=s) for s in blocks))
     assert os.path.getsize(log) >= offset
 
 
@@ -65,7 +60,7 @@ def test_truncated_in_place_while_down_with_the_same_banner_is_read_from_0(tmp_p
 
 def test_copytruncated_while_down_with_the_same_banner_drains_the_copy_first(tmp_path):
     log, offset = _first_life(tmp_path)
-    _append(log, BLOCK.format(s=2))  # written while down, before the copy
+    append(log, BLOCK.format(s=2))  # written while down, before the copy
     shutil.copyfile(log, log + ".1")
     _rewrite_with_the_same_banner(log, offset, [11, 12, 13])
     app = _restarted(tmp_path)
@@ -75,7 +70,7 @@ def test_copytruncated_while_down_with_the_same_banner_drains_the_copy_first(tmp
 def test_an_older_copy_with_the_same_banner_is_not_taken_for_the_saved_generation(tmp_path):
     """Two rotated siblings begin alike: only the one with the saved bytes before the offset is drained."""
     log, offset = _first_life(tmp_path)
-    _append(log, BLOCK.format(s=2))
+    append(log, BLOCK.format(s=2))
     older = log + ".2"
     with open(older, "w") as fh:  # an older generation: same banner, other content, newer mtime
         fh.write(BANNER + "".join(BLOCK.format(s=s) for s in (31, 32, 33, 34)))
@@ -88,7 +83,7 @@ def test_an_older_copy_with_the_same_banner_is_not_taken_for_the_saved_generatio
 
 def test_a_file_that_only_grew_resumes_in_place(tmp_path):
     log, _ = _first_life(tmp_path)
-    _append(log, BLOCK.format(s=2))
+    append(log, BLOCK.format(s=2))
     app = _restarted(tmp_path)
     assert app.counts.total("decode") == 2
     assert app.sources.get(log).epoch == 0
@@ -103,7 +98,7 @@ def test_a_state_file_saved_without_the_mark_still_resumes(tmp_path):
     assert position["mark_len"] == FINGERPRINT_BYTES
     del position["mark"], position["mark_len"]
     path.write_text(json.dumps(doc))
-    _append(log, BLOCK.format(s=2))
+    append(log, BLOCK.format(s=2))
     app = _restarted(tmp_path)
     assert app.counts.total("decode") == 2
     assert app.keeper.errors == 0

@@ -8,7 +8,8 @@ import pytest
 
 from sglang_oom_exporter.daemon.lazypipe import LazyPipeline
 from sglang_oom_exporter.sources.handles import HandleBudget
-from tests.test_app import BLOCK, _app, _run
+from tests.support.app import make_app, run_app
+from tests.support.logs import BLOCK
 
 FILES = 500
 
@@ -26,33 +27,33 @@ def _built(app) -> int:
 
 def test_idle_files_build_no_pipeline_until_their_first_byte(tmp_path):
     _files(tmp_path)
-    app, clock = _app(tmp_path, state_interval=60.0)
+    app, clock = make_app(tmp_path, state_interval=60.0)
     app.loop._start()
-    _run(app, clock, 2.0)
+    run_app(app, clock, 2.0)
     assert len(app.sources.paths()) == FILES
     assert _built(app) == 0
     with open(tmp_path / "s0007.log", "a") as fh:
         fh.write(BLOCK.format(s=1))
     app.loop.mark_changed({str(tmp_path)})
-    _run(app, clock, 3.0)
+    run_app(app, clock, 3.0)
     assert app.counts.total("decode") == 1
     assert _built(app) == 1
 
 
 def test_a_restart_keeps_idle_files_unbuilt_and_counts_once(tmp_path):
     _files(tmp_path, text="[2026-03-14 22:00:00 TP0] Load weight end.\n")  # history: read from the end
-    app, clock = _app(tmp_path, state_interval=60.0)
+    app, clock = make_app(tmp_path, state_interval=60.0)
     app.loop._start()
     with open(tmp_path / "s0003.log", "a") as fh:
         fh.write(BLOCK.format(s=2))
     app.loop.mark_changed({str(tmp_path)})
-    _run(app, clock, 3.0)
+    run_app(app, clock, 3.0)
     assert app.counts.total("decode") == 1
     app.keeper.save()
     app.sources.close()
-    app, clock = _app(tmp_path, state_interval=60.0)
+    app, clock = make_app(tmp_path, state_interval=60.0)
     app.loop._start()
-    _run(app, clock, 3.0)
+    run_app(app, clock, 3.0)
     assert app.counts.total("decode") == 1  # restored, not re-counted
     assert _built(app) == 1  # only the file with dedupe memory to restore
 
@@ -62,7 +63,7 @@ def test_discovery_names_clashing_stems_apart(tmp_path):
     for d in ("a", "b"):
         (tmp_path / d).mkdir()
         (tmp_path / d / "server.log").write_text("")
-    app, _ = _app(tmp_path, paths=(str(tmp_path / "*" / "server.log"),))
+    app, _ = make_app(tmp_path, paths=(str(tmp_path / "*" / "server.log"),))
     app.loop._start()
     names = sorted(s.label_map["source"] for s in app.sources.followed())
     assert names == ["b/server", "server"]  # globs expand in sorted order: a/ is found first

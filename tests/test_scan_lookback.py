@@ -15,8 +15,8 @@ import pytest
 
 from sglang_oom_exporter.detect import reader
 from sglang_oom_exporter.scan import scan_paths
-from tests.helpers import CATALOG
 from tests.support.golden import load_expected
+from tests.support.helpers import CATALOG
 
 HERE = os.path.dirname(__file__)
 CASES = sorted(glob.glob(os.path.join(HERE, "data", "logs", "*.log")))

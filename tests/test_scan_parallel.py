@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 from sglang_oom_exporter.detect.pipeline import Pipeline
 from sglang_oom_exporter.scan import InputError, scan_paths
 from sglang_oom_exporter.scan import join as scanjoin
-from tests.helpers import CATALOG
+from tests.support.helpers import CATALOG
 
 HERE = os.path.dirname(__file__)
 ROOT = os.path.dirname(HERE)

@@ -18,7 +18,7 @@ import pytest
 
 from sglang_oom_exporter.progress import Progress
 from sglang_oom_exporter.scan import input_size, scan_paths
-from tests.helpers import CATALOG
+from tests.support.helpers import CATALOG
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -13,7 +13,6 @@ import shutil
 import subprocess
 import sys
 import threading
-import time
 import zlib
 from email.message import Message
 
@@ -34,7 +33,7 @@ from sglang_oom_exporter.metrics import EventCounts, ExporterCollector, PageRegi
 from sglang_oom_exporter.metrics.exposition import CHUNK_SERIES, join_gzip, join_plain
 from sglang_oom_exporter.web.routes import Routes
 from sglang_oom_exporter.web.server import ExporterServer
-from tests.helpers import CATALOG, Clock
+from tests.support.helpers import CATALOG, Clock
 
 OPENMETRICS = "application/openmetrics-text;version=1.0.0"
 
@@ -99,16 +98,13 @@ def test_a_scrape_and_a_probe_answer_while_the_loop_is_mid_slice(tmp_path, monke
         assert in_slice.wait(10), "the loop never reached the read"
         assert app.sources.held_elsewhere()  # the loop holds the lock through its slice
         conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=5)
-        started = time.monotonic()
         conn.request("GET", "/metrics")
         resp = conn.getresponse()
         body = resp.read().decode()
-        took = time.monotonic() - started
         conn.close()
         assert resp.status == 200
         assert 'sglang_oom_exporter_file_lag_bytes{source="a"} 0.0' in body
         assert stepper.is_alive()  # answered while the slice was still running
-        assert took < 5
         conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=5)
         conn.request("GET", "/healthz")  # a liveness probe does not wait for the slice either
         resp = conn.getresponse()

@@ -9,213 +9,19 @@ daemon is paused with SIGSTOP and resumed with SIGCONT. The only sleeps are the 
 
 from __future__ import annotations
 
-import contextlib
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
-import urllib.request
-from collections.abc import Callable, Iterator
 
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
-from tests.helpers import wait_until
+from tests.support.daemon import Daemon, settle
+from tests.support.helpers import free_port, wait_until
+from tests.support.logs import append, cri, oom_block
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(60)]
-
-_SECOND = [0]
-
-
-def oom_block(*, traceback: bool = True, rank: str = "TP0", kind: str = "Prefill") -> str:
-    """A fatal OOM (logged block, then its traceback) with a timestamp no other block in the test has."""
-    _SECOND[0] += 3
-    ts = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(1_780_000_000 + _SECOND[0]))
-    text = f"{kind} out of memory. Try to lower your batch size.\nTry to allocate {_SECOND[0]} tokens.\n"
-    out = f"[{ts} {rank}] {text}\n"
-    if traceback:
-        out += (
-            f"[{ts} {rank}] Scheduler hit an exception: Traceback (most recent call last):\n"
-            '  File "/usr/lib/python3/dist-packages/sglang/srt/managers/scheduler.py", line 9, in prepare_for_extend\n'
-            "    x()\n"
-            f"RuntimeError: {text}\n\n"
-        )
-    return out
-
-
-def cri(text: str) -> str:
-    """The same lines as a containerd CRI log."""
-    return "".join(f"2026-03-14T22:07:33.{i:09d}Z stderr F {line}\n" for i, line in enumerate(text.splitlines()))
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-class Daemon:
-    """A running `sglang-oom-exporter serve` process."""
-
-    def __init__(self, args: list[str], state_dir: str, env: dict[str, str] | None = None, nice: int = 0) -> None:
-        self.args = args
-        self.state_dir = state_dir
-        self.env = env or {}  # extra environment variables, e.g. SGLANG_OOM_EXPORTER_STATE_INTERVAL
-        # A negative nice for a test of a rate: the suite runs two workers per CPU, and a daemon that waits
-        # 100 ms for a CPU under that load is the suite's artifact, not the daemon's (where allowed: root).
-        self.nice = nice
-        self.port = _free_port()
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    def command(self) -> list[str]:
-        """The serve command line: this port and state dir, test intervals, then the test's own arguments."""
-        # A 0.1 s tick: file events wake the loop anyway; the tick only bounds how soon a test sees the loop
-        # pass that proves it caught up (settle), so a longer one would only make every test wait.
-        return [sys.executable, "-m", "sglang_oom_exporter", "serve", "--listen", f"127.0.0.1:{self.port}",
-                "--state-dir", self.state_dir, "--poll-interval", "0.1s", "--traceback-wait", "1s", *self.args]  # fmt: skip
-
-    def start(self) -> Daemon:
-        env = {**os.environ, **self.env} if self.env else None
-        self.proc = subprocess.Popen(self.command(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
-                                     preexec_fn=self._renice if self.nice else None)  # fmt: skip
-        wait_until(self.started, what="the daemon to answer /healthz with its starting positions saved", timeout=15.0)
-        return self
-
-    def _renice(self) -> None:
-        with contextlib.suppress(PermissionError):  # not root: the default priority
-            os.nice(self.nice)
-
-    def started(self) -> bool:
-        """/healthz answers, and no longer with `starting` (the positions every file is read from are saved)."""
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/healthz", timeout=2) as r:
-                body = r.read()
-        except urllib.error.HTTPError as exc:
-            body = exc.read()
-        except OSError:
-            assert self.proc is not None
-            assert self.proc.poll() is None, self.stderr()
-            return False
-        return not body.startswith(b"starting")
-
-    def healthy(self) -> bool | None:
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/healthz", timeout=2) as r:
-                return bool(r.status == 200)
-        except urllib.error.HTTPError:
-            return False
-        except OSError:
-            assert self.proc is not None
-            assert self.proc.poll() is None, self.stderr()
-            return None
-
-    def metrics(self, *families: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-        """The samples of the /metrics page, or only of the families named (by name prefix): polling loops
-        name theirs, because parsing a page of hundreds of sources 20 times a second is most of a test's CPU."""
-        with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/metrics", timeout=5) as r:
-            text = r.read().decode()
-        if families:
-            text = "".join(
-                line for line in text.splitlines(keepends=True)
-                if (line[7:] if line.startswith(("# HELP ", "# TYPE ")) else line).startswith(families)
-            )  # fmt: skip
-        out = {}
-        for family in text_string_to_metric_families(text):
-            for sample in family.samples:
-                out[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
-        return out
-
-    def count(self, kind: str = "prefill", **labels: str) -> float:
-        key = ("sglang_oom_events_total", tuple(sorted({"kind": kind, **labels}.items())))
-        return self.metrics("sglang_oom_events_total").get(key, -1.0)
-
-    def total(self, kind: str = "prefill") -> float:
-        return sum(
-            v for (name, labels), v in self.metrics("sglang_oom_events_total").items()
-            if name == "sglang_oom_events_total" and dict(labels)["kind"] == kind
-        )  # fmt: skip
-
-    def send(self, sig: int) -> None:
-        assert self.proc is not None
-        self.proc.send_signal(sig)
-
-    def stop(self, sig: int = signal.SIGTERM) -> int:
-        assert self.proc is not None
-        self.proc.send_signal(sig)
-        code = self.proc.wait(timeout=20)
-        self.proc.stdout and self.proc.stdout.close()  # type: ignore[func-returns-value]
-        self.proc.stderr and self.proc.stderr.close()  # type: ignore[func-returns-value]
-        return code
-
-    def stderr(self) -> str:
-        if self.proc is None or self.proc.poll() is None:
-            return ""
-        assert self.proc.stderr is not None
-        return self.proc.stderr.read().decode(errors="replace")
-
-
-def caught_up(daemon: Daemon) -> float | None:
-    """The daemon's loop timestamp when it has nothing left to do (no pending event, no open record, no
-    unread byte), else None."""
-    m = daemon.metrics(
-        "sglang_oom_exporter_pending_events",
-        "sglang_oom_exporter_busy_sources",
-        "sglang_oom_exporter_file_lag_bytes",
-        "sglang_oom_exporter_loop_timestamp_seconds",
-    )
-    idle = (
-        m.get(("sglang_oom_exporter_pending_events", ())) == 0
-        and m.get(("sglang_oom_exporter_busy_sources", ())) == 0
-        and all(v == 0 for (name, _), v in m.items() if name == "sglang_oom_exporter_file_lag_bytes")
-    )
-    return m[("sglang_oom_exporter_loop_timestamp_seconds", ())] if idle else None
-
-
-def settle(daemon: Daemon, expected: float, kind: str = "prefill") -> None:
-    """Wait until the total reaches expected and the daemon has caught up, then check it is exactly expected.
-
-    Caught up for one whole pass of its loop: a late double count would need a pending event, an open
-    record or unread bytes, and the daemon reports all three.
-    """
-    wait_until(lambda: daemon.total(kind) >= expected, what=f"{kind} total {expected}", timeout=15.0)
-    first: list[float] = []
-
-    def passed_a_whole_pass() -> bool:
-        stamp = caught_up(daemon)
-        if stamp is None:
-            first.clear()
-            return False
-        first[:1] = first[:1] or [stamp]
-        return stamp > first[0]
-
-    wait_until(passed_a_whole_pass, what="the daemon to catch up", timeout=15.0)
-    assert daemon.total(kind) == expected
-
-
-@pytest.fixture
-def daemon_factory(tmp_path) -> Iterator[Callable[..., Daemon]]:
-    started: list[Daemon] = []
-
-    def make(*args: str, env: dict[str, str] | None = None, nice: int = 0, state_dir: str | None = None) -> Daemon:
-        d = Daemon(list(args), state_dir or str(tmp_path / "state"), env, nice)
-        started.append(d)
-        return d.start()
-
-    yield make
-    for d in started:
-        if d.proc is not None and d.proc.poll() is None:
-            d.proc.kill()
-            d.proc.wait()
-        for stream in (d.proc.stdout, d.proc.stderr) if d.proc else ():
-            if stream:
-                stream.close()
-
-
-def append(path, text: str) -> None:
-    with open(path, "a") as fh:
-        fh.write(text)
 
 
 def test_appends(tmp_path, daemon_factory):
@@ -358,7 +164,7 @@ def test_cri_pod_logs_rotation_and_restart_in_kubernetes_mode(tmp_path, daemon_f
 
 
 def test_stdin_passes_through_and_counts(tmp_path):
-    port = _free_port()
+    port = free_port()
     cmd = [sys.executable, "-m", "sglang_oom_exporter", "serve", "--listen", f"127.0.0.1:{port}", "--poll-interval", "0.1s",
            "-"]  # fmt: skip
     proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
@@ -423,7 +229,7 @@ def test_sighup_reloads_the_config(tmp_path, daemon_factory):
     config.write_text(f"paths: ['{first}/*.log']\n")
     d = daemon_factory("--config", str(config))
     assert d.healthy() is False  # nothing matches yet, and /healthz says so
-    target = f"http://127.0.0.1:{_free_port()}"  # nothing listens there: the new scraper reports it down
+    target = f"http://127.0.0.1:{free_port()}"  # nothing listens there: the new scraper reports it down
     config.write_text(f"paths: ['{second}/*.log']\ntargets: [{{url: '{target}'}}]\n")
     d.send(signal.SIGHUP)
     wait_until(lambda: d.healthy() is True, what="the reloaded paths to be followed", timeout=15.0)

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import urllib.error
@@ -17,7 +16,7 @@ import urllib.request
 
 import pytest
 
-from tests.helpers import wait_until
+from tests.support.helpers import free_port, wait_until
 
 # Imported only when a setting asks for them; a plain `serve PATH` asks for none. (PyYAML is not among them:
 # every start parses the built-in catalog.yaml with it.)
@@ -33,12 +32,6 @@ ON_DEMAND = {
     "sglang_oom_exporter.sources.sglang_metrics": "an SGLang target to scrape",
     "prometheus_client.parser": "an SGLang target to scrape",
 }
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _answers(port: int, proc: subprocess.Popen[bytes]) -> bool:
@@ -60,7 +53,7 @@ def _imported(log: str) -> set[str]:
 @pytest.mark.timeout(60)
 def test_a_plain_serve_imports_nothing_only_some_settings_need(tmp_path):
     (tmp_path / "a.log").write_text("")
-    port = _free_port()
+    port = free_port()
     cmd = [sys.executable, "-X", "importtime", "-m", "sglang_oom_exporter", "serve", str(tmp_path / "*.log"),
            "--listen", f"127.0.0.1:{port}", "--state-dir", str(tmp_path / "state")]  # fmt: skip
     env = {k: v for k, v in os.environ.items() if not k.startswith("SGLANG_OOM_EXPORTER_")}

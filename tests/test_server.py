@@ -6,19 +6,16 @@ Servers listen on 127.0.0.1 port 0 and are stopped by the fixture, so the thread
 from __future__ import annotations
 
 import base64
-import http.client
 import json
 import shutil
 import socket
 import ssl
 import subprocess
 import threading
-import time
 
 import pytest
-from prometheus_client import CollectorRegistry, Counter
+from prometheus_client import Counter
 
-from sglang_oom_exporter.catalog import load_catalog
 from sglang_oom_exporter.config import parse_listen
 from sglang_oom_exporter.detect.model import OomEvent, PoolState
 from sglang_oom_exporter.events.sink import event_json
@@ -27,7 +24,8 @@ from sglang_oom_exporter.web.page import render_page
 from sglang_oom_exporter.web.routes import ROUTE_PATHS
 from sglang_oom_exporter.web.server import MAX_HEAD_BYTES, MAX_LIMIT, ExporterServer
 from sglang_oom_exporter.web.webconfig import WebConfig
-from tests.helpers import openssl_cert
+from tests.support.helpers import openssl_cert, wait_until
+from tests.support.server import get
 
 HOSTILE = "<script>document.title='pwned'</script>"
 CHROMIUM = "/usr/bin/chromium"
@@ -40,42 +38,6 @@ CHROMIUM_HEADLESS = (
     "--no-first-run",
     "--disable-dev-shm-usage",
 )
-
-
-@pytest.fixture(scope="module")
-def catalog():
-    return load_catalog()
-
-
-@pytest.fixture
-def registry():
-    """A fresh registry with one counter sample, standing in for metrics.py."""
-    reg = CollectorRegistry()
-    Counter("sglang_oom_events", "OOM events.", ["kind", "source"], registry=reg).labels("prefill", "web").inc(3)
-    return reg
-
-
-@pytest.fixture
-def serve(registry, catalog):
-    """Start ExporterServers on 127.0.0.1:0 and stop every one after the test."""
-    started: list[ExporterServer] = []
-
-    def start(events=None, health=lambda: Health(True, ""), **kwargs):
-        server = ExporterServer(
-            ("127.0.0.1", 0),
-            registry=registry,
-            catalog=catalog,
-            events=events if events is not None else EventStore(),
-            health=health,
-            **kwargs,
-        )
-        server.start()
-        started.append(server)
-        return server
-
-    yield start
-    for server in started:
-        server.stop()
 
 
 def event(n=1, kind="prefill", **fields):
@@ -93,20 +55,6 @@ def event(n=1, kind="prefill", **fields):
     }
     values.update(fields)
     return OomEvent(**values)
-
-
-def get(server, path, headers=None, *, context=None, method="GET"):
-    """One request; returns (status, headers, body)."""
-    if context is None:
-        conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=5)
-    else:
-        conn = http.client.HTTPSConnection("127.0.0.1", server.port, timeout=5, context=context)
-    try:
-        conn.request(method, path, headers=headers or {})
-        response = conn.getresponse()
-        return response.status, response.headers, response.read()
-    finally:
-        conn.close()
 
 
 # EventStore
@@ -373,27 +321,29 @@ def test_a_silent_client_is_disconnected_after_the_timeout(serve):
     server = serve(request_timeout=0.3)
     with socket.create_connection(("127.0.0.1", server.port), timeout=5) as client:
         client.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n")  # the head never ends
-        started = time.monotonic()
-        assert client.recv(1024) == b""
-        assert time.monotonic() - started < 4
+        assert client.recv(1024) == b""  # closed by the server (the client would wait 5 s, then raise)
 
 
 def test_a_dripping_client_is_disconnected_at_the_deadline(serve):
     server = serve(request_timeout=0.5)
     with socket.create_connection(("127.0.0.1", server.port), timeout=5) as client:
         client.sendall(b"GET /metrics HTTP/1.1\r\n")
-        started = time.monotonic()
         client.settimeout(0.1)
-        closed = False
-        while not closed and time.monotonic() - started < 4:
+        dripped = 0
+
+        def closed() -> bool:
+            nonlocal dripped
             try:
-                closed = client.recv(1024) == b""
+                return client.recv(1024) == b""
             except TimeoutError:
                 client.sendall(b"X")  # a byte per 100 ms: each read succeeds, the head never completes
+                dripped += 1
+                return False
             except ConnectionError:
-                closed = True
-        assert closed
-        assert time.monotonic() - started < 4
+                return True
+
+        wait_until(closed, timeout=8.0, what="the server to close the dripping connection", interval=0)
+        assert dripped >= 2  # reads kept succeeding: the request's own deadline closed it, not a read timeout
 
 
 def test_an_oversized_head_gets_431(serve):
@@ -427,10 +377,8 @@ def test_stop_closes_open_connections_and_is_idempotent(registry, catalog):
     with socket.create_connection(("127.0.0.1", server.port), timeout=5) as idle:
         idle.sendall(b"GET /")
         assert get(server, "/healthz")[0] == 200  # accepted after `idle`, so `idle` has its thread by now
-        started = time.monotonic()
         server.stop()
-        assert time.monotonic() - started < 3, "stop() did not wait for the 30 s request timeout"
-        assert idle.recv(1024) == b""
+        assert idle.recv(1024) == b""  # closed by stop(), not by the 30 s request timeout (the recv waits 5 s)
     server.stop()
 
 

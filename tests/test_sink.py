@@ -6,7 +6,7 @@ from sglang_oom_exporter.detect.model import OomEvent
 from sglang_oom_exporter.events.sink import Context, EventSink, event_json
 from sglang_oom_exporter.events.store import EventStore
 from sglang_oom_exporter.metrics import EventCounts
-from tests.helpers import CATALOG
+from tests.support.helpers import CATALOG
 
 
 def _event(kind: str, message: str, **numbers: object) -> OomEvent:

@@ -8,7 +8,7 @@ from sglang_oom_exporter.advise.rules import RULES
 from sglang_oom_exporter.advise.suggest import suggest
 from sglang_oom_exporter.catalog.vocabulary import SUGGEST_RULES
 from sglang_oom_exporter.detect.model import OomEvent
-from tests.helpers import CATALOG
+from tests.support.helpers import CATALOG
 
 
 def _event(kind: str, subphase: str | None = None, message: str = "m", **numbers: object) -> OomEvent:

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from prometheus_client.core import Metric
 
-from sglang_oom_exporter.config import load_config
 from sglang_oom_exporter.daemon.targets import TargetSet
 from sglang_oom_exporter.metrics import target_families
+from tests.support.app import config_from_text
 
 
 class _View:
@@ -34,14 +34,8 @@ def _samples(families: list[Metric], name: str) -> list[dict[str, str]]:
     return [dict(s.labels) for f in families for s in f.samples if s.name == name]
 
 
-def _config(tmp_path, text: str):
-    path = tmp_path / "config.yaml"
-    path.write_text(text)
-    return load_config(str(path), env={})
-
-
 def test_a_config_target_names_its_source_in_file_mode(tmp_path):
-    config = _config(tmp_path, "targets:\n  - {url: http://10.0.0.5:30000, source: llama-70b}\n"
+    config = config_from_text(tmp_path, "targets:\n  - {url: http://10.0.0.5:30000, source: llama-70b}\n"
                                "  - {url: http://10.0.0.6:30000}\nsources:\n  - {name: llama-70b, path: /x.log}\n")  # fmt: skip
     targets = TargetSet(config)
     assert targets.labels_for("http://10.0.0.5:30000") == {"source": "llama-70b"}
@@ -49,7 +43,7 @@ def test_a_config_target_names_its_source_in_file_mode(tmp_path):
 
 
 def test_a_config_target_in_kubernetes_mode_adds_no_label_it_cannot_know(tmp_path):
-    config = _config(tmp_path, f"kubernetes: {{logs_root: {tmp_path}}}\n"
+    config = config_from_text(tmp_path, f"kubernetes: {{logs_root: {tmp_path}}}\n"
                                "targets:\n  - {url: http://10.0.0.5:30000, source: llama-0}\n")  # fmt: skip
     assert TargetSet(config).labels_for("http://10.0.0.5:30000") == {}
 

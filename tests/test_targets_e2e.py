@@ -11,23 +11,15 @@ import urllib.request
 
 import pytest
 
-from tests.fake_sglang import FakeSGLang
-from tests.helpers import wait_until
-from tests.test_serve_e2e import Daemon, append, settle
+from tests.support.daemon import Daemon, settle
+from tests.support.fake_sglang import FakeSGLang
+from tests.support.helpers import wait_until
+from tests.support.logs import PREFILL, append
+from tests.support.sglang_data import INFO, METRICS
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(90)]
 
 HERE = os.path.dirname(__file__)
-METRICS = open(os.path.join(HERE, "data", "scrape", "v0.5.16-dp2.prom"), "rb").read()
-INFO = {
-    "chunked_prefill_size": 16384, "max_prefill_tokens": 16384, "max_running_requests": 256,
-    "mem_fraction_static": 0.88, "page_size": 1, "context_length": 32768, "max_total_num_tokens": 61440,
-    "version": "0.5.16", "internal_states": [{"last_gen_throughput": 1.0}],
-}  # fmt: skip
-PREFILL = (
-    "[2026-03-14 22:10:{s:02d} TP0] Prefill out of memory. Try to lower your batch size.\n"
-    "Try to allocate 16384 tokens.\nAvailable tokens: 6100 (available_size=5980 + evictable_size=120)\n\n"
-)
 
 
 @pytest.fixture
@@ -102,9 +94,10 @@ def test_a_hanging_endpoint_does_not_slow_log_tailing(daemon, fake):
     append(log, PREFILL.format(s=2))
     wait_until(lambda: d.total() == 1, what="the event while the target hangs", timeout=15.0)
     elapsed = time.monotonic() - started
-    # The block waits --traceback-wait (1 s in these tests) for a traceback that never comes; the hanging
-    # scrape runs in its own thread and adds nothing, so the 3 s latency bound still holds.
-    assert elapsed < 3.0, elapsed
+    # Counted while the target still hangs: the scrape runs in its own thread and the tailing never waits for
+    # it. How fast is measured where speed is the point: bench/bench_latency.py --hanging-target.
+    assert _metric(d, "sglang_oom_target_up", target=fake.url) == 0.0
+    assert d.total() == 1
     print(f"\nlatency with a hanging target: {elapsed:.2f}s")
 
 

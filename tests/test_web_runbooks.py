@@ -19,7 +19,7 @@ from sglang_oom_exporter.detect.model import OomEvent
 from sglang_oom_exporter.events.store import EventStore, Health
 from sglang_oom_exporter.web.runbooks import _markdown_pages, markdown_html
 from sglang_oom_exporter.web.server import ExporterServer
-from tests.helpers import CATALOG
+from tests.support.helpers import CATALOG
 
 ROOT = Path(__file__).resolve().parent.parent
 RUNBOOKS = ROOT / "docs" / "runbooks"

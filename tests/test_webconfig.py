@@ -9,7 +9,7 @@ import pytest
 
 from sglang_oom_exporter.web import webconfig
 from sglang_oom_exporter.web.webconfig import BasicAuth, WebConfig, WebConfigError, load_web_config
-from tests.helpers import openssl_cert
+from tests.support.helpers import openssl_cert
 
 bcrypt = pytest.importorskip("bcrypt", reason="basic auth needs the bcrypt package")
 

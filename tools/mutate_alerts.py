@@ -2,7 +2,7 @@
 
 For every alert of the committed rules (alerts/sglang-oom.rules.yaml) this makes mutants, each one small change
 to the rule, and runs the alert's own test file (tests/rules/<alert lowercased>.test.yaml) against a copy of the
-pack holding only the mutated rule (tests/promtool_rules.py, as tests/test_alerts.py runs the tests). A mutant
+pack holding only the mutated rule (tests/support/promtool_rules.py, as tests/test_alerts.py runs the tests). A mutant
 is killed when `promtool test rules` fails. The operators:
 
 - number: each number literal doubled, 0 -> 1;
@@ -55,8 +55,8 @@ if str(ROOT) not in sys.path:
 
 from sglang_oom_exporter.catalog import load_catalog  # noqa: E402 - the checkout's package, after its root
 from sglang_oom_exporter.config import parse_duration  # noqa: E402
-from tests.helpers import load_yaml  # noqa: E402
-from tests.promtool_rules import RULES, isolate  # noqa: E402
+from tests.support.helpers import load_yaml  # noqa: E402
+from tests.support.promtool_rules import RULES, isolate  # noqa: E402
 
 RULE_TESTS = ROOT / "tests" / "rules"
 EQUIVALENTS = RULE_TESTS / "equivalent-mutants.yaml"

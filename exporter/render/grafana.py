@@ -2,7 +2,7 @@
 
 Sits under render/dashboards.py, which decides what the panels show; this module only knows Grafana's JSON
 model (schemaVersion 41, the vendored tests/schemas/dashboard.jsonschema.json) and our conventions (the
-rules of grafana/dashboard-linter, re-implemented in tests/dashboard_lint.py): every panel and target on the
+rules of grafana/dashboard-linter, re-implemented in tests/support/dashboard_lint.py): every panel and target on the
 `${datasource}` variable, a refId on every target, a description and a unit on every data panel, thresholds
 with a -Infinity base step.
 """

@@ -14,7 +14,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from tests.helpers import CATALOG, dump_yaml, load_yaml
+from tests.support.helpers import CATALOG, dump_yaml, load_yaml
 
 LOGS_DIR = Path(__file__).parent.parent / "data" / "logs"
 # What every golden event states, all of it read from the log: the fields of scan's JSON event, `source` as its line.

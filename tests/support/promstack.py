@@ -21,17 +21,17 @@ tiny gap, the daemon exits at once and start() retries on a new port (up to thre
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
 import signal
-import socket
 import subprocess
 import threading
 import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -39,11 +39,13 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.helpers import wait_until
+from sglang_oom_exporter.render.alerts import ALERTMANAGER_PATH
+from tests.support.helpers import free_port, wait_until
 
 PROMETHEUS = "prometheus"
 ALERTMANAGER = "prometheus-alertmanager"  # Debian's name; upstream tarballs call it `alertmanager`
 DEFAULT_JOB = "sglang-oom-exporter"
+ROOT = Path(__file__).resolve().parents[2]
 _START_ATTEMPTS = 3
 
 
@@ -60,13 +62,6 @@ def require_binaries(*names: str) -> None:
     missing = [n for n in names if find_binary(n) is None]
     if missing:
         pytest.skip(f"{', '.join(missing)} not on PATH (Debian packages prometheus, prometheus-alertmanager; .ci/run)")
-
-
-def free_port() -> int:
-    """A loopback TCP port that was free a moment ago."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def http_get_json(url: str, *, timeout: float = 5.0) -> Any:
@@ -435,3 +430,26 @@ class _WebhookHandler(BaseHTTPRequestHandler):
         self.send_response(200)
         self.send_header("Content-Length", "0")
         self.end_headers()
+
+
+def alertmanager_config(hook_url: str) -> str:
+    """The example Alertmanager config, its webhooks pointed at the test's receiver (path = receiver name), 1s waits."""
+    config = yaml.safe_load((ROOT / ALERTMANAGER_PATH).read_text())
+    for receiver in config["receivers"]:
+        for hook in receiver.get("webhook_configs", []):
+            hook["url"] = f"{hook_url}/{receiver['name']}"
+    config["route"].update(group_wait="1s", group_interval="1s")
+    return str(yaml.safe_dump(config, sort_keys=False))
+
+
+@contextlib.contextmanager
+def alerting(
+    workdir: Path, hook: WebhookReceiver, rule_files: Sequence[Path], **prometheus: Any
+) -> Iterator[tuple[Prometheus, Alertmanager]]:
+    """An Alertmanager with the example config delivering to `hook`, and a Prometheus evaluating `rule_files` and
+    sending it the alerts (its other arguments, the targets or scrape configs, as given); both stopped on exit."""
+    with (
+        Alertmanager(workdir / "am", alertmanager_config(hook.url)) as am,
+        Prometheus(workdir / "prom", rule_files=rule_files, alertmanager_url=am.url, **prometheus) as prom,
+    ):
+        yield prom, am

@@ -12,9 +12,9 @@ from pathlib import Path
 from typing import Any
 
 from sglang_oom_exporter.render.alerts import RULES_PATH
-from tests.helpers import dump_yaml, load_yaml
+from tests.support.helpers import dump_yaml, load_yaml
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 RULES = ROOT / RULES_PATH
 
 

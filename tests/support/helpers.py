@@ -9,6 +9,7 @@ import io
 import json
 import os
 import shutil
+import socket
 import subprocess
 import time
 from collections.abc import Callable
@@ -127,3 +128,10 @@ def wait_until(condition: Callable[[], Any], *, timeout: float, what: str, inter
         if time.monotonic() >= deadline:
             raise AssertionError(f"timed out after {timeout:g}s waiting for {what}")
         time.sleep(interval)
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 a moment ago (the tests' servers and daemons listen on loopback only)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])

@@ -21,15 +21,14 @@ import configparser
 import json
 import os
 import shutil
-import socket
 import ssl
 import subprocess
 import time
 from pathlib import Path
 
-from tests import helpers
+from tests.support import helpers
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 IMAGE = "localhost/sglang-oom-exporter:test"
 BASE_IMAGE = "localhost/sglang-oom-exporter-test-base:bookworm"
 TOOLS = ("podman", "runc", "catatonit", "mmdebstrap")
@@ -45,13 +44,6 @@ def skip_reason() -> str | None:
     if missing:
         return f"{', '.join(missing)} not installed (.ci/run installs podman, runc, catatonit and mmdebstrap with apt)"
     return None
-
-
-def free_port() -> int:
-    """A TCP port free on 127.0.0.1 now (host networking: the containers listen on the host's loopback)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class Podman:

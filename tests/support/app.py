@@ -1,0 +1,76 @@
+"""The daemon's parts wired together (App) in this process, driven one Loop.step() at a time by a settable clock:
+no threads and no sleeps. `make_app` builds one on a test directory, `run_app` moves its clock, and the state
+file helpers write what a previous run would have left.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from sglang_oom_exporter.config import Config, load_config
+from sglang_oom_exporter.daemon.app import App
+from tests.support.helpers import CATALOG, Clock
+from tests.support.logs import BLOCK
+
+
+def make_app(tmp_path: Path, catalog: Any = CATALOG, **overrides: Any) -> tuple[App, Clock]:
+    """An App following tmp_path/*.log with its state in tmp_path/state, short test intervals, and its clock."""
+    clock = Clock()
+    fields = {"paths": (str(tmp_path / "*.log"),), "state_dir": str(tmp_path / "state"), "traceback_wait": 1.0,
+              "discover_interval": 5.0, "state_interval": 5.0, "sweep_interval": 1.0, **overrides}  # fmt: skip
+    return App(Config(**fields), catalog, clock=clock, wall=clock), clock
+
+
+def run_app(app: App, clock: Clock, seconds: float = 3.0) -> None:
+    """Step the loop for `seconds` of the clock, a quarter second a step."""
+    end = clock.now + seconds
+    while clock.now < end:
+        app.loop.step()
+        clock.now += 0.25
+
+
+def config_fields(config: Config) -> dict[str, Any]:
+    """A Config's fields by name, to build a changed copy (Config(**{**config_fields(c), ...}))."""
+    return {name: getattr(config, name) for name in config.__dataclass_fields__}
+
+
+def state_path(tmp_path: Path) -> str:
+    """Where make_app's daemon keeps its state file."""
+    return str(tmp_path / "state" / "state.json")
+
+
+def write_state(tmp_path: Path, doc: object, *, raw: str | None = None) -> None:
+    """Leave a state file for make_app's daemon: `doc` as JSON, or the `raw` text."""
+    os.makedirs(tmp_path / "state", exist_ok=True)
+    with open(state_path(tmp_path), "w", encoding="utf-8") as fh:
+        fh.write(raw if raw is not None else json.dumps(doc))
+
+
+def started_app(tmp_path: Path, **overrides: Any) -> tuple[App, Clock]:
+    """An App started the way serve starts it (state loaded, positions saved before the first read), with no
+    periodic save inside a test (a test saves, or leaves it unsaved to stand for a SIGKILL)."""
+    app, clock = make_app(tmp_path, **{"state_interval": 60.0, **overrides})
+    app.loop._start()
+    return app, clock
+
+
+def counted_app(tmp_path: Path, events: int) -> App:
+    """An App that has counted `events` decode OOMs in tmp_path/a.log and saved its state."""
+    app, clock = make_app(tmp_path)
+    run_app(app, clock, 1.0)
+    (tmp_path / "a.log").write_text("".join(BLOCK.format(s=i) for i in range(events)))
+    app.loop.request_discover()
+    run_app(app, clock, 8.0)
+    assert app.counts.total("decode") == events
+    app.keeper.save()
+    return app
+
+
+def config_from_text(tmp_path: Path, text: str) -> Config:
+    """The Config a config.yaml of this text gives, with no environment."""
+    path = tmp_path / "config.yaml"
+    path.write_text(text)
+    return load_config(str(path), env={})

@@ -1,0 +1,100 @@
+"""Log text for the tests: OOM blocks as SGLang writes them, the same lines as a CRI log, the fragments the
+property tests glue together, and `append`, which writes them as a logger does.
+
+The templates take their second (`{s}`) so that a test can write blocks the deduper keeps apart.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+# A decode OOM block without a traceback (the App tests count it as "decode").
+BLOCK = "[2026-03-14 22:07:{s:02d} TP0] Decode out of memory. Try to lower your batch size.\nTry to allocate {s} tokens.\n\n"
+# A prefill OOM block with the numbers the sglang context joins (the targets and alerts end-to-end tests).
+PREFILL = (
+    "[2026-03-14 22:10:{s:02d} TP0] Prefill out of memory. Try to lower your batch size.\n"
+    "Try to allocate 16384 tokens.\nAvailable tokens: 6100 (available_size=5980 + evictable_size=120)\n\n"
+)
+# A log's history before any OOM (the rotation and reload tests).
+HISTORY = "[2026-03-14 22:00:00 TP0] Load weight end.\n"
+# A prefill block and its traceback: settled at once, emitted after the deduper's short settle (0.3 s), not before.
+_ROTATION_TEXT = "Prefill out of memory. Try to lower your batch size.\nTry to allocate {s} tokens.\n"
+EVENT = (
+    "[2026-03-14 22:07:{s:02d} TP0] " + _ROTATION_TEXT + "\n[2026-03-14 22:07:{s:02d} TP0] Scheduler hit an exception: "
+    'Traceback (most recent call last):\n  File "/usr/lib/python3/dist-packages/sglang/srt/managers/scheduler.py", '
+    "line 9, in prepare_for_extend\n    x()\nRuntimeError: " + _ROTATION_TEXT + "\n\n"
+)
+
+# Fragments that exercise every state of the assembler, glued in random order by the property tests' strategies.
+FRAGMENTS = [
+    b"[2026-03-14 22:07:33 TP0] Out of memory. Try to lower your batch size.\n",
+    b"Try to allocate 96 tokens.\n",
+    b"Available tokens: 40 (available_size=40 + evictable_size=0)\n",
+    b"\n",
+    b"[2026-03-14 22:07:33 TP1] Scheduler hit an exception: Traceback (most recent call last):\n",
+    b'  File "/x/sglang/srt/managers/scheduler.py", line 1, in prepare_for_decode\n',
+    b"    batch.prepare_for_decode()\n",
+    b'  File "/x/sglang/srt/mem_cache/allocation.py", line 9, in alloc_token_slots\n',
+    b"RuntimeError: Out of memory. Try to lower your batch size.\n",
+    b" 0 [] r=1\n",
+    b"#tokens: 61420\n",
+    b"[2026-03-14 22:07:34 TP0] KV cache pool is full. Retract requests. #retracted_reqs: 2, #new_token_ratio: 0.1 -> 0.2\n",
+    b"2026-03-14T22:07:33.1Z stderr P [2026-03-14 22:07:33 TP0] Decode out of\n",
+    b"2026-03-14T22:07:33.1Z stderr F  memory. Try to lower your batch size.\n",
+    b"[2026-03-14 22:07:33] SIGQUIT received. It usually means one child failed.\n",
+    b"\r\n",
+    b"\xff\xfe\x00garbage\n",
+    b"[2026-03-14 22:07:35 TP0] Decode batch, #running-req: 3, token usage: 1.00\n",
+    # Section 10 variants
+    b"[gpu_id=1] Prefill out of memory. Try to lower your batch size.\n",
+    b"RuntimeError: CUDA Error: out of memory (2) /x/flashinfer/handler.cuh: line 1 at function cudaMallocAsync(b)\n",
+    b"ValueError: pool memory leak detected! [full] total=9, available=1, evictable=2, protected=0, session_held=0, "
+    b"uncached=0\n",
+    b"[swa] total=5, available=5, evictable=0, protected=0, session_held=0, uncached=0\n",
+    b"/x/sglang/srt/managers/router/model_rpc.py:1: UserWarning: Warning: available_size=1, max_total_num_token=2\n",
+    b"KV cache pool leak detected!\n",
+    b"Exception in ControllerSingle:\n",
+    b"Traceback (most recent call last):\n",
+    b'  File "/x/sglang/srt/speculative/eagle_info.py", line 3, in prepare_for_verify\n',
+    b"AssertionError: No space left for only one request, self.token_to_kv_pool_allocator.available_size()=6\n",
+    b"[2026-03-14 22:07:33] SIGQUIT received. signum=None, frame=None. It usually means one child failed.\n",
+    b"Available tokens: 6100\n",
+]
+# The same records as docker-compose prints them, with another service's lines to mix in anywhere.
+COMPOSE_FRAGMENTS = [b"sglang-1  | " + f for f in FRAGMENTS if not f.startswith((b"2026-03-14T", b"\xff"))] + [
+    b'webui-1   | INFO:     172.19.0.1:40112 - "GET /health HTTP/1.1" 200 OK\n',
+    b"webui-1   | Traceback (most recent call last):\n",
+    b"webui-1   | [2026-03-14 22:07:33] WARNING: chat task failed, retrying\n",
+    b"sglang-1 exited with code 137\n",
+]
+
+
+_SECOND = [0]
+
+
+def oom_block(*, traceback: bool = True, rank: str = "TP0", kind: str = "Prefill") -> str:
+    """A fatal OOM (logged block, then its traceback) with a timestamp no other block in the test has."""
+    _SECOND[0] += 3
+    ts = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(1_780_000_000 + _SECOND[0]))
+    text = f"{kind} out of memory. Try to lower your batch size.\nTry to allocate {_SECOND[0]} tokens.\n"
+    out = f"[{ts} {rank}] {text}\n"
+    if traceback:
+        out += (
+            f"[{ts} {rank}] Scheduler hit an exception: Traceback (most recent call last):\n"
+            '  File "/usr/lib/python3/dist-packages/sglang/srt/managers/scheduler.py", line 9, in prepare_for_extend\n'
+            "    x()\n"
+            f"RuntimeError: {text}\n\n"
+        )
+    return out
+
+
+def cri(text: str) -> str:
+    """The same lines as a containerd CRI log."""
+    return "".join(f"2026-03-14T22:07:33.{i:09d}Z stderr F {line}\n" for i, line in enumerate(text.splitlines()))
+
+
+def append(path: str | os.PathLike[str], text: str) -> None:
+    """Append text to a log file, as a writer does."""
+    with open(path, "a") as fh:
+        fh.write(text)
