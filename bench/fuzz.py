@@ -17,7 +17,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # `tests` is im
 
 from hypothesis import HealthCheck, given, settings
 
-from tests.test_fuzz_pipeline import FUZZ_PROPERTIES
+from tests.support.fuzz import FUZZ_PROPERTIES
 
 
 def main(argv: list[str] | None = None) -> int:
