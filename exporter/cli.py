@@ -163,7 +163,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help(sys.stderr)
         return EXIT_USAGE
     if args.command == "serve":
-        from .daemon.serve import serve
+        from .serve import serve
 
         return serve(args)
     if args.command == "render":

@@ -153,6 +153,39 @@ def test_no_import_cycle_between_packages() -> None:
     assert found == ALLOWED_PACKAGE_CYCLES, explained
 
 
+# The package's parts in layers, lowest first: a part imports only parts of lower layers. This is the picture
+# docs/architecture.md draws; a new part must be placed here (the test fails until it is).
+LAYERS: tuple[frozenset[str], ...] = tuple(
+    frozenset(layer.split())
+    for layer in (
+        "sglang_oom_exporter errors project progress",  # the package's version, its error type, its URL, a bar
+        "catalog sources",  # the kinds; files, stdin and SGLang endpoints (handed their settings)
+        "detect config",  # the pure pipeline stages; the settings table and the config file
+        "advise metrics",  # the suggestion rules; the counters and the /metrics page
+        "events render",  # the sink, store and redaction; the alert pack
+        "scan kubeevents",  # the offline scan; Kubernetes Events for pages
+        "daemon web",  # serve's source set, loop and state (never the web); the HTTP edge
+        "serve",  # the composition root: daemon/ wired to web/
+        "cli",
+        "__main__",
+    )
+)
+
+
+def test_every_part_imports_only_lower_layers() -> None:
+    graph = package_graph(import_graph())
+    short = {name: name.removeprefix(f"{PKG}.") for name in graph}
+    layer = {part: i for i, parts in enumerate(LAYERS) for part in parts}
+    assert sorted(set(short.values()) - set(layer)) == []  # every part has its layer
+    upward = sorted(
+        f"{short[a]} (layer {layer[short[a]]}) -> {short[b]} (layer {layer[short[b]]})"
+        for a, targets in graph.items()
+        for b in targets
+        if b != a and layer[short[b]] >= layer[short[a]]
+    )
+    assert upward == []
+
+
 def private_reads(relative: str, tree: ast.Module) -> Iterator[str]:
     """Each `from x import _name` and each `value._name` whose value is not self, cls or this module's own class."""
     own = {n.name for n in tree.body if isinstance(n, ast.ClassDef | ast.FunctionDef)}

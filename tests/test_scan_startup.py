@@ -46,7 +46,7 @@ def test_scan_imports_no_serve_render_or_http_code(tmp_path):
     rc, retract, modules = json.loads(proc.stdout)
     assert (rc, retract) == (0, 1)
     ours = {m for m in modules if m.startswith("sglang_oom_exporter.")}
-    for package in ("config", "render", "web", "metrics", "daemon.serve", "daemon.loop", "sources.http"):
+    for package in ("config", "render", "web", "metrics", "serve", "daemon.loop", "sources.http"):
         name = f"sglang_oom_exporter.{package}"
         assert not {m for m in ours if m == name or m.startswith(name + ".")}, package
     for heavy in ("prometheus_client", "http.client", "http.server", "urllib.request", "ssl", "watchdog"):

@@ -67,5 +67,5 @@ def test_a_plain_serve_imports_nothing_only_some_settings_need(tmp_path):
     assert code == 0
     modules = _imported((tmp_path / "stderr").read_text())
     # The log is read: the command, the HTTP edge and the file watcher it always needs are in it.
-    assert {"sglang_oom_exporter.daemon.serve", "sglang_oom_exporter.web.server", "watchdog.observers"} <= modules
+    assert {"sglang_oom_exporter.serve", "sglang_oom_exporter.web.server", "watchdog.observers"} <= modules
     assert {name: why for name, why in ON_DEMAND.items() if name in modules} == {}

@@ -14,8 +14,8 @@ import pytest
 
 from sglang_oom_exporter.cli import build_parser, main
 from sglang_oom_exporter.config import SETTINGS, Config, ConfigError, Setting, load_config, unknown_env
-from sglang_oom_exporter.daemon.serve import config_flags
 from sglang_oom_exporter.render.settingsdoc import PATH, page
+from sglang_oom_exporter.serve import config_flags
 
 ROOT = Path(__file__).resolve().parent.parent
 SCALARS = [s for s in SETTINGS if s.scalar]

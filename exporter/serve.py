@@ -1,5 +1,6 @@
 """`serve`: build the daemon from the command line and run it until a signal. Edge code: flags, logging,
-signals and the HTTP edge are set up here; daemon/loop.py starts and stops every thread.
+signals and the HTTP edge are set up here. The composition root, beside cli.py: it wires daemon/ (which
+never imports web/) to web/; daemon/loop.py starts and stops every thread.
 """
 
 from __future__ import annotations
@@ -13,15 +14,15 @@ import threading
 from dataclasses import replace
 from typing import Any, BinaryIO
 
-from ..catalog import Catalog, CatalogError, load_catalog
-from ..config import SETTINGS, Config, ConfigError, load_config, nothing_to_follow, parse_listen, unknown_env
-from ..metrics import PageRegistry
-from ..sources.handles import raise_open_file_limit
-from ..sources.watch import Waker
-from ..web.server import ExporterServer
-from ..web.webconfig import WebConfig, WebConfigError, load_web_config
-from .app import App
-from .signals import SignalRelay
+from .catalog import Catalog, CatalogError, load_catalog
+from .config import SETTINGS, Config, ConfigError, load_config, nothing_to_follow, parse_listen, unknown_env
+from .daemon.app import App
+from .daemon.signals import SignalRelay
+from .metrics import PageRegistry
+from .sources.handles import raise_open_file_limit
+from .sources.watch import Waker
+from .web.server import ExporterServer
+from .web.webconfig import WebConfig, WebConfigError, load_web_config
 
 log = logging.getLogger("sglang_oom_exporter")
 
@@ -83,11 +84,11 @@ def serve(args: argparse.Namespace) -> int:
     registry = PageRegistry()  # /metrics answers from the collector's cached page
     registry.register(app.collector())
     if app.targets.discovery is not None:
-        from ..sources.kubeapi import DiscoveryCollector
+        from .sources.kubeapi import DiscoveryCollector
 
         registry.register(DiscoveryCollector(app.targets.discovery))
     if app.events_poster is not None:
-        from ..kubeevents import EventsCollector
+        from .kubeevents import EventsCollector
 
         registry.register(EventsCollector(app.events_poster))
     server = ExporterServer(address, registry=registry, catalog=catalog, events=app.store, health=app.loop.health,
