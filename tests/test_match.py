@@ -393,3 +393,49 @@ def test_emitted_groups_keep_no_records_so_the_dedupe_window_stays_small():
     pipeline.finish()
     assert len(events) == 31
     assert sum(len(m.reports) for g in pipeline._deduper._groups for m in g.members.values()) == 0
+
+
+@pytest.mark.parametrize(
+    ("line", "message"),
+    [
+        # The exception's whole sentence, not from the matched words on (0.4.8-0.5.6 retraction failure).
+        (
+            "ValueError: Failed to retract any request. No space left for only one request.",
+            "Failed to retract any request. No space left for only one request.",
+        ),
+        # The pool's name is part of what SGLang said (0.4.6+ idle self-check).
+        (
+            "ValueError: token_to_kv_pool_allocator memory leak detected! available_size=10, evictable_size=0, "
+            "protected_size=0, max_total_num_tokens=20",
+            "token_to_kv_pool_allocator memory leak detected! available_size=10, evictable_size=0, protected_size=0, "
+            "max_total_num_tokens=20",
+        ),
+        # A log prefix and a logging module's " - " fields are not the message.
+        (
+            "[2026-03-14 22:07:33 TP0] Prefill out of memory. Try to lower your batch size.",
+            "Prefill out of memory. Try to lower your batch size.",
+        ),
+        (
+            "2026-03-14 22:07:33,120 - sglang - ERROR - Prefill out of memory. Try to lower your batch size.",
+            "Prefill out of memory. Try to lower your batch size.",
+        ),
+    ],
+)
+def test_the_message_starts_where_sglang_s_message_starts(line, message):
+    assert [e.message for e in scan_text(line + "\n")] == [message]
+
+
+def test_a_message_far_behind_its_separator_starts_at_the_matched_words():
+    # Past 120 characters of lead-in the text before the match is not taken as the message's start.
+    lead = "x" * 130
+    events = scan_text(f"[2026-03-14 22:07:33 TP0] {lead} Prefill out of memory. Try to lower your batch size.\n")
+    assert [e.message for e in events] == ["Prefill out of memory. Try to lower your batch size."]
+
+
+def test_the_pattern_s_own_suggestion_rule_still_applies_to_the_wider_message():
+    # suggest_rule finds the matched pattern inside the message, as the matcher found it inside the line.
+    startup = CATALOG.kind("startup")
+    capture = "Capture cuda graph failed: CUDA out of memory. Tried to allocate 2.00 GiB"
+    assert startup.suggest_rule(capture) == "cuda_graph_bs"
+    assert startup.suggest_rule("Scheduler failed. " + capture) == "cuda_graph_bs"
+    assert startup.suggest_rule("Not enough memory. Please try to increase --mem-fraction-static.") == "mem_fraction_up"

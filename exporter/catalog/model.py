@@ -55,9 +55,11 @@ class OomKind:
     requires_sglang_evidence: bool = False
 
     def suggest_rule(self, message: str) -> str:
-        """The suggestion rule for an event of this kind: a pattern's own rule when it matched, else the kind's."""
+        """The suggestion rule for an event of this kind: a pattern's own rule when it matched, else the kind's.
+        The message starts where SGLang's does (an exception's first sentence, a pool's name), so the pattern
+        may match inside it, as it did in the log line."""
         for p in self.patterns:
-            if p.suggest is not None and p.regex.match(message):
+            if p.suggest is not None and p.regex.search(message):
                 return p.suggest
         return self.suggest
 

@@ -42,6 +42,12 @@ _MAX_DIGITS = len(str(MAX_NUMBER))  # longer digit runs are out of range without
 MAX_EXCERPT_LINE = 300
 _BAD_CONTEXT = ("'", '"', "obj=", "text=", "input_ids", "prompt")
 _RAISED = regex.compile(r"^[A-Za-z_][\w.]*(?:Error|Exception): ")
+# Where the message SGLang wrote begins, before the words a pattern matched: after the log prefix ("] "), an
+# exception class or a "Key: " (": "), or a logging field separator (" - "), whichever comes last, and only a
+# short way back. "ValueError: Failed to retract any request. No space left ..." keeps its first sentence;
+# "token_to_kv_pool_allocator memory leak detected!" keeps its pool's name.
+_MESSAGE_STARTS = ("] ", ": ", " - ")
+_MESSAGE_LEAD = 120
 _POOL_TOTAL = regex.compile(
     r"(?:Ava(?:il|li)able (?P<name>tokens|full tokens|swa tokens|swa|mamba)|(?P<swa>SWA available tokens))"
     r": ?(?P<total>\d+)"
@@ -147,7 +153,7 @@ class Matcher:
             record=record,
             body=body,
             short=short,
-            message=anchor_body[:MAX_EXCERPT_LINE],
+            message=first[_message_start(first, m.start()) :][:MAX_EXCERPT_LINE],
             frames_phase=frames_phase,
             inferred=False,
             numbers=numbers,
@@ -241,6 +247,13 @@ def _frame_specs(entries: Iterable[str]) -> tuple[tuple[str, str], ...]:
         frag, _, name = entry.rpartition(":")
         out.append((frag, name))
     return tuple(out)
+
+
+def _message_start(line: str, match_start: int) -> int:
+    """Where the message that the match at `match_start` belongs to begins (see _MESSAGE_STARTS)."""
+    ctx = line[:match_start]
+    start = max((ctx.rfind(sep) + len(sep) for sep in _MESSAGE_STARTS if sep in ctx), default=0)
+    return start if match_start - start <= _MESSAGE_LEAD else match_start
 
 
 def _context_ok(ctx: str) -> bool:
