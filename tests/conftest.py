@@ -16,8 +16,11 @@ import pytest
 _THREAD_GRACE_SECONDS = 2.0
 # A property-based (hypothesis) test's hang guard, in place of pyproject's 10 s (pytest_collection_modifyitems).
 PROPERTY_TIMEOUT_SECONDS = 120
-# The harness's fixtures, for every test module (tests/support: the daemon, the HTTP server, the fake API, the CLI).
-pytest_plugins = ["tests.support.daemon", "tests.support.server", "tests.support.kubeapi", "tests.support.cli"]
+# The harness's fixtures, for every test module (tests/support: in-process apps closed after each test, the daemon,
+# the HTTP server, the fake API, the CLI).
+pytest_plugins = [
+    "tests.support.app", "tests.support.daemon", "tests.support.server", "tests.support.kubeapi", "tests.support.cli",
+]  # fmt: skip
 _ROOT = Path(__file__).resolve().parent.parent
 
 if sys.dont_write_bytecode and not sys.pycache_prefix:

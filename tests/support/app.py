@@ -7,13 +7,21 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+
+import pytest
 
 from sglang_oom_exporter.config import Config, load_config
 from sglang_oom_exporter.daemon.app import App
 from tests.support.helpers import CATALOG, Clock
 from tests.support.logs import BLOCK
+
+# Every App make_app built during the running test: close_apps_after_each_test closes their files, so a test
+# that follows 500 files does not leave 500 descriptors to the next one (a worker past 1,024 open descriptors
+# broke select() in test_scan_progress).
+_MADE: list[App] = []
 
 
 def make_app(tmp_path: Path, catalog: Any = CATALOG, **overrides: Any) -> tuple[App, Clock]:
@@ -21,7 +29,17 @@ def make_app(tmp_path: Path, catalog: Any = CATALOG, **overrides: Any) -> tuple[
     clock = Clock()
     fields = {"paths": (str(tmp_path / "*.log"),), "state_dir": str(tmp_path / "state"), "traceback_wait": 1.0,
               "discover_interval": 5.0, "state_interval": 5.0, "sweep_interval": 1.0, **overrides}  # fmt: skip
-    return App(Config(**fields), catalog, clock=clock, wall=clock), clock
+    app = App(Config(**fields), catalog, clock=clock, wall=clock)
+    _MADE.append(app)
+    return app, clock
+
+
+@pytest.fixture(autouse=True)
+def close_apps_after_each_test() -> Iterator[None]:
+    """Close the files of every App the test made (a plugin of conftest's: every test module has it)."""
+    yield
+    while _MADE:
+        _MADE.pop().sources.close()
 
 
 def run_app(app: App, clock: Clock, seconds: float = 3.0) -> None:
