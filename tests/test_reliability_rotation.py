@@ -13,28 +13,8 @@ import shutil
 import pytest
 
 from sglang_oom_exporter.config import Config
-from tests.support.app import config_fields, make_app, run_app, started_app
+from tests.support.app import config_fields, first_life, make_app, restarted_app, run_app, started_app
 from tests.support.logs import BLOCK, EVENT, HISTORY, append
-
-
-def _first_run(tmp_path) -> str:
-    """A first run that counted one decode OOM in a.log and saved; then SIGKILLed."""
-    log = tmp_path / "a.log"
-    log.write_text(HISTORY)
-    app, clock = started_app(tmp_path)
-    append(log, BLOCK.format(s=1))
-    app.loop.mark_changed({str(tmp_path)})
-    run_app(app, clock, 3.0)
-    assert app.counts.total("decode") == 1
-    app.keeper.save()
-    app.sources.close()
-    return str(log)
-
-
-def _restarted(tmp_path, seconds: float = 8.0, **overrides):
-    app, clock = started_app(tmp_path, **overrides)
-    run_app(app, clock, seconds)
-    return app
 
 
 def _state_files(tmp_path) -> dict:
@@ -45,20 +25,20 @@ def _state_files(tmp_path) -> dict:
 @pytest.mark.parametrize("how", ["rename", "copytruncate"])
 def test_rotated_while_down_and_not_recreated_is_drained_at_the_restart(tmp_path, how):
     """A glob no longer matches a renamed file: its saved position still names the generation to drain."""
-    log = _first_run(tmp_path)
+    log = first_life(tmp_path, HISTORY)
     append(log, BLOCK.format(s=2))  # written while down
     if how == "rename":
         os.rename(log, log + ".1")
     else:
         shutil.copyfile(log, log + ".1")
         os.truncate(log, 0)
-    app = _restarted(tmp_path)
+    app = restarted_app(tmp_path)
     assert app.counts.total("decode") == 2
 
 
 def test_a_saved_file_not_followed_now_keeps_its_entry_across_saves(tmp_path):
     """Renamed away while down (or removed by a reload): a save must not drop what a later start needs."""
-    log = _first_run(tmp_path)
+    log = first_life(tmp_path, HISTORY)
     other = tmp_path / "elsewhere"
     other.mkdir()
     moved = str(other / "a.log")
@@ -72,12 +52,12 @@ def test_a_saved_file_not_followed_now_keeps_its_entry_across_saves(tmp_path):
     assert (kept["position"], kept["epoch"], kept["dedupe"]) == (entry["position"], entry["epoch"], entry["dedupe"])
     os.rename(moved, log)
     append(log, BLOCK.format(s=3))
-    app = _restarted(tmp_path)
+    app = restarted_app(tmp_path)
     assert app.counts.total("decode") == 2  # resumed where it stopped: the first OOM is not counted again
 
 
 def test_a_reload_removed_path_keeps_its_position_across_a_restart(tmp_path):
-    log = _first_run(tmp_path)
+    log = first_life(tmp_path, HISTORY)
     app, clock = started_app(tmp_path)
     run_app(app, clock, 1.0)
     config = app.config
@@ -85,7 +65,7 @@ def test_a_reload_removed_path_keeps_its_position_across_a_restart(tmp_path):
     app.keeper.save()
     app.sources.close()
     append(log, BLOCK.format(s=4))  # written while it was not followed
-    app = _restarted(tmp_path)  # the original config names it again
+    app = restarted_app(tmp_path)  # the original config names it again
     # The reload kept a.log's counter (issue 24: within the retention it goes on); resumed where it stopped, only
     # the OOM written since is counted on top. Without its saved position it would be read from 0: 3.
     assert app.counts.total("decode") == 2
@@ -94,7 +74,7 @@ def test_a_reload_removed_path_keeps_its_position_across_a_restart(tmp_path):
 @pytest.mark.parametrize("how", ["rename", "copytruncate"])
 def test_an_event_in_flight_when_its_generation_ends_survives_a_sigkill(tmp_path, how):
     """Read, not yet emitted, its file rotated, a save (any file's new generation triggers one), SIGKILL."""
-    log = _first_run(tmp_path)
+    log = first_life(tmp_path, HISTORY)
     app, clock = started_app(tmp_path)
     run_app(app, clock, 1.0)
     append(log, EVENT.format(s=5))
@@ -111,13 +91,13 @@ def test_an_event_in_flight_when_its_generation_ends_survives_a_sigkill(tmp_path
     assert app.loop.pending == 1  # the generation ended with the event still waiting
     app.keeper.save()
     app.sources.close()
-    app = _restarted(tmp_path)
+    app = restarted_app(tmp_path)
     assert app.counts.total("prefill") == 1
     assert app.counts.total("decode") == 1
 
 
 def test_what_was_counted_from_a_file_deleted_while_up_is_saved_before_a_sigkill(tmp_path):
-    log = _first_run(tmp_path)
+    log = first_life(tmp_path, HISTORY)
     app, clock = started_app(tmp_path)
     run_app(app, clock, 1.0)
     append(log, EVENT.format(s=6))
@@ -128,7 +108,7 @@ def test_what_was_counted_from_a_file_deleted_while_up_is_saved_before_a_sigkill
     run_app(app, clock, 1.0)  # emitted after its settle, and saved soon after: the periodic save is 60 s away
     assert app.counts.total("prefill") == 1
     app.sources.close()
-    app = _restarted(tmp_path)
+    app = restarted_app(tmp_path)
     assert app.counts.total("prefill") == 1
 
 
@@ -155,7 +135,7 @@ def test_a_failing_save_warns_once_per_streak_and_counts_every_failure(tmp_path,
 
 def test_eager_saves_wait_as_long_as_the_last_save_took(tmp_path, monkeypatch):
     """A large state on a busy machine: saving on every rotation must not starve the reading."""
-    log = _first_run(tmp_path)
+    log = first_life(tmp_path, HISTORY)
     app, clock = started_app(tmp_path)
     store = app.keeper._store
     assert store is not None

@@ -13,7 +13,7 @@ import shutil
 import pytest
 
 from sglang_oom_exporter.sources.fileid import FINGERPRINT_BYTES, TailPosition
-from tests.support.app import run_app, started_app
+from tests.support.app import first_life, restarted_app, state_path
 from tests.support.logs import BLOCK, append
 
 # SGLang prints its server args at start: longer than the head fingerprint, the same at every start.
@@ -23,24 +23,10 @@ assert len(BANNER) > 2 * FINGERPRINT_BYTES
 
 def _first_life(tmp_path) -> tuple[str, int]:
     """A start on a log with history, one OOM counted and saved, then SIGKILL; returns the path and the saved offset."""
-    log = tmp_path / "a.log"
-    log.write_text(BANNER + "[2026-03-14 22:00:01] history\n")
-    app, clock = started_app(tmp_path)
-    append(log, BLOCK.format(s=1))
-    app.loop.mark_changed({str(tmp_path)})
-    run_app(app, clock, 3.0)
-    assert app.counts.total("decode") == 1
-    app.keeper.save()
-    app.sources.close()
-    with open(tmp_path / "state" / "state.json", encoding="utf-8") as fh:
-        position = json.load(fh)["data"]["files"][str(log)]["position"]
-    return str(log), position["offset"]
-
-
-def _restarted(tmp_path, seconds: float = 8.0):
-    app, clock = started_app(tmp_path)
-    run_app(app, clock, seconds)
-    return app
+    log = first_life(tmp_path, BANNER + "[2026-03-14 22:00:01] history\n")
+    with open(state_path(tmp_path), encoding="utf-8") as fh:
+        position = json.load(fh)["data"]["files"][log]["position"]
+    return log, position["offset"]
 
 
 def _rewrite_with_the_same_banner(log: str, offset: int, blocks: list[int]) -> None:
@@ -53,7 +39,7 @@ def _rewrite_with_the_same_banner(log: str, offset: int, blocks: list[int]) -> N
 def test_truncated_in_place_while_down_with_the_same_banner_is_read_from_0(tmp_path):
     log, offset = _first_life(tmp_path)
     _rewrite_with_the_same_banner(log, offset, [11, 12, 13])
-    app = _restarted(tmp_path)
+    app = restarted_app(tmp_path)
     assert app.counts.total("decode") == 4  # was 2: resumed at the old offset, inside the new content
     assert app.sources.get(log).epoch == 1  # a new epoch: the new events' keys differ from the old ones'
 
@@ -63,7 +49,7 @@ def test_copytruncated_while_down_with_the_same_banner_drains_the_copy_first(tmp
     append(log, BLOCK.format(s=2))  # written while down, before the copy
     shutil.copyfile(log, log + ".1")
     _rewrite_with_the_same_banner(log, offset, [11, 12, 13])
-    app = _restarted(tmp_path)
+    app = restarted_app(tmp_path)
     assert app.counts.total("decode") == 5  # 1 before, 1 drained from the copy, 3 in the new file
 
 
@@ -77,14 +63,14 @@ def test_an_older_copy_with_the_same_banner_is_not_taken_for_the_saved_generatio
     shutil.copyfile(log, log + ".1")
     os.utime(older)
     _rewrite_with_the_same_banner(log, offset, [11, 12])
-    app = _restarted(tmp_path)
+    app = restarted_app(tmp_path)
     assert app.counts.total("decode") == 4  # 1 + 1 from a.log.1 + 2 new; none of a.log.2's four
 
 
 def test_a_file_that_only_grew_resumes_in_place(tmp_path):
     log, _ = _first_life(tmp_path)
     append(log, BLOCK.format(s=2))
-    app = _restarted(tmp_path)
+    app = restarted_app(tmp_path)
     assert app.counts.total("decode") == 2
     assert app.sources.get(log).epoch == 0
 
@@ -99,7 +85,7 @@ def test_a_state_file_saved_without_the_mark_still_resumes(tmp_path):
     del position["mark"], position["mark_len"]
     path.write_text(json.dumps(doc))
     append(log, BLOCK.format(s=2))
-    app = _restarted(tmp_path)
+    app = restarted_app(tmp_path)
     assert app.counts.total("decode") == 2
     assert app.keeper.errors == 0
 

@@ -16,7 +16,7 @@ import pytest
 from sglang_oom_exporter.config import Config, load_config
 from sglang_oom_exporter.daemon.app import App
 from tests.support.helpers import CATALOG, Clock
-from tests.support.logs import BLOCK
+from tests.support.logs import BLOCK, append
 
 # Every App make_app built during the running test: close_apps_after_each_test closes their files, so a test
 # that follows 500 files does not leave 500 descriptors to the next one (a worker past 1,024 open descriptors
@@ -73,6 +73,28 @@ def started_app(tmp_path: Path, **overrides: Any) -> tuple[App, Clock]:
     app, clock = make_app(tmp_path, **{"state_interval": 60.0, **overrides})
     app.loop._start()
     return app, clock
+
+
+def first_life(tmp_path: Path, history: str) -> str:
+    """A started App on tmp_path/a.log (`history` written before it starts, so read from the end) that counted
+    one decode OOM and saved its state, then stopped as a SIGKILL leaves it; the log's path."""
+    log = tmp_path / "a.log"
+    log.write_text(history)
+    app, clock = started_app(tmp_path)
+    append(str(log), BLOCK.format(s=1))
+    app.loop.mark_changed({str(tmp_path)})
+    run_app(app, clock, 3.0)
+    assert app.counts.total("decode") == 1
+    app.keeper.save()
+    app.sources.close()
+    return str(log)
+
+
+def restarted_app(tmp_path: Path, seconds: float = 8.0, **overrides: Any) -> App:
+    """A started App on the same directory (and state) as an earlier one, run for `seconds` of its clock."""
+    app, clock = started_app(tmp_path, **overrides)
+    run_app(app, clock, seconds)
+    return app
 
 
 def counted_app(tmp_path: Path, events: int) -> App:
