@@ -9,7 +9,7 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry
 
 from sglang_oom_exporter.config import Config
-from tests.support.app import config_fields, make_app, run_app
+from tests.support.app import config_fields, run_app, started_app
 from tests.support.logs import BLOCK, EVENT, HISTORY, append
 
 
@@ -30,8 +30,7 @@ def test_a_path_flipping_in_and_out_of_the_config_counts_every_event(tmp_path):
     """A non-atomic config writer: the path is named, then not, then named again, ten times (issue: 12 of 165)."""
     log = tmp_path / "a.log"
     log.write_text(HISTORY)
-    app, clock = make_app(tmp_path, state_interval=60.0, source_retention=600.0)
-    app.loop._start()
+    app, clock = started_app(tmp_path, source_retention=600.0)
     named, other = _with_and_without(tmp_path, app)
     written = 0
     for i in range(10):
@@ -54,8 +53,7 @@ def test_what_a_dropped_path_had_pending_is_shown_to_a_scrape(tmp_path):
     """An event waiting for its traceback when the reload lets the file go is counted then, and exported."""
     log = tmp_path / "a.log"
     log.write_text(HISTORY)
-    app, clock = make_app(tmp_path, state_interval=60.0, source_retention=1.0)
-    app.loop._start()
+    app, clock = started_app(tmp_path, source_retention=1.0)
     _, other = _with_and_without(tmp_path, app)
     append(log, EVENT.format(s=5))
     app.loop.mark_changed({str(tmp_path)})
@@ -74,8 +72,7 @@ def test_a_dropped_path_back_after_the_retention_starts_again(tmp_path):
     """Past the retention (and a scrape), the series goes, as a deleted file's does: a new series from 0."""
     log = tmp_path / "a.log"
     log.write_text(HISTORY)
-    app, clock = make_app(tmp_path, state_interval=60.0, source_retention=30.0)
-    app.loop._start()
+    app, clock = started_app(tmp_path, source_retention=30.0)
     named, other = _with_and_without(tmp_path, app)
     append(log, BLOCK.format(s=1))
     app.loop.mark_changed({str(tmp_path)})

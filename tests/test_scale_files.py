@@ -8,7 +8,7 @@ import pytest
 
 from sglang_oom_exporter.daemon.lazypipe import LazyPipeline
 from sglang_oom_exporter.sources.handles import HandleBudget
-from tests.support.app import make_app, run_app
+from tests.support.app import make_app, run_app, started_app
 from tests.support.logs import BLOCK
 
 FILES = 500
@@ -27,8 +27,7 @@ def _built(app) -> int:
 
 def test_idle_files_build_no_pipeline_until_their_first_byte(tmp_path):
     _files(tmp_path)
-    app, clock = make_app(tmp_path, state_interval=60.0)
-    app.loop._start()
+    app, clock = started_app(tmp_path)
     run_app(app, clock, 2.0)
     assert len(app.sources.paths()) == FILES
     assert _built(app) == 0
@@ -42,8 +41,7 @@ def test_idle_files_build_no_pipeline_until_their_first_byte(tmp_path):
 
 def test_a_restart_keeps_idle_files_unbuilt_and_counts_once(tmp_path):
     _files(tmp_path, text="[2026-03-14 22:00:00 TP0] Load weight end.\n")  # history: read from the end
-    app, clock = make_app(tmp_path, state_interval=60.0)
-    app.loop._start()
+    app, clock = started_app(tmp_path)
     with open(tmp_path / "s0003.log", "a") as fh:
         fh.write(BLOCK.format(s=2))
     app.loop.mark_changed({str(tmp_path)})
@@ -51,8 +49,7 @@ def test_a_restart_keeps_idle_files_unbuilt_and_counts_once(tmp_path):
     assert app.counts.total("decode") == 1
     app.keeper.save()
     app.sources.close()
-    app, clock = make_app(tmp_path, state_interval=60.0)
-    app.loop._start()
+    app, clock = started_app(tmp_path)
     run_app(app, clock, 3.0)
     assert app.counts.total("decode") == 1  # restored, not re-counted
     assert _built(app) == 1  # only the file with dedupe memory to restore
