@@ -101,6 +101,15 @@ def wait_for(pred: Callable[[], T | None], timeout: float, interval: float = 0.0
         time.sleep(min(interval, deadline - now))
 
 
+def settled_total(total: Callable[[], float], expected: float, wait: float, settle: float = 3.0) -> float:
+    """total() once it reaches `expected` (or `wait` seconds pass) and `settle` seconds more: what a benchmark
+    counting written events reports, a late double count included."""
+    with contextlib.suppress(TimeoutError):
+        wait_for(lambda: total() >= expected, wait, interval=0.1, what=f"a total of {expected:g}")
+    time.sleep(settle)
+    return total()
+
+
 # --- child processes --------------------------------------------------------------------------------
 
 

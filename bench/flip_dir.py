@@ -19,9 +19,10 @@ import os
 import sys
 import tempfile
 import threading
-import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from benchlib import settled_total
 
 from tests.support.daemon import Daemon
 from tests.support.logs import oom_block
@@ -52,11 +53,7 @@ def main() -> int:
             hold.wait(half)
             if not args.no_dir:
                 os.rmdir(path)
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline and d.total() < args.flips:
-            hold.wait(0.1)
-        hold.wait(3.0)  # and anything counted late (a double count) shows too
-        counted = d.total()
+        counted = settled_total(d.total, args.flips, wait=10.0)
         m = d.metrics("sglang_oom_exporter_read_errors", "sglang_oom_exporter_file_resets")
         alive = d.proc is not None and d.proc.poll() is None
         print(f"rate={args.rate}/s glob={args.glob} dir={not args.no_dir} written={args.flips} "

@@ -23,9 +23,10 @@ import shutil
 import sys
 import tempfile
 import threading
-import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from benchlib import settled_total
 
 from tests.support.daemon import Daemon
 from tests.support.logs import append, oom_block
@@ -54,11 +55,7 @@ def main() -> int:
             hold.wait(period)
             os.rename(log, f"{log}.{i}")
             append(log, "")
-        deadline = time.monotonic() + 15
-        while time.monotonic() < deadline and d.total() < args.rotations:
-            hold.wait(0.1)
-        hold.wait(3.0)
-        counted = d.total()
+        counted = settled_total(d.total, args.rotations, wait=15.0)
         alive = d.proc is not None and d.proc.poll() is None
         print(f"rate={args.rate}/s tmpfs={args.tmpfs} written={args.rotations} counted={counted:.0f} alive={alive}")
     finally:
