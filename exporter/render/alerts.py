@@ -35,23 +35,27 @@ from .alertspec import (
     STATE_ERRORS,
     TARGET_DOWN,
     AlertSpec,
+    RecordSpec,
     alert_name,
 )
-from .guard_alerts import exporter_down_alert, no_logs_alert, state_errors_alert, target_down_alert
-from .oom_alerts import crash_loop_alert, fatal_alert, near_full_alert, non_fatal_alert, retraction_alert
+from .guard_alerts import exporter_down_alert, guard_records, no_logs_alert, state_errors_alert, target_down_alert
+from .oom_alerts import crash_loop_alert, fatal_alert, near_full_alert, non_fatal_alert, oom_records, retraction_alert
 from .options import GENERATED_NOTE, Files, RenderOptions
 from .promql import SOURCE_LABELS, Scope
 
 __all__ = [
     "ALERTMANAGER_PATH", "CRASH_LOOP", "EXPORTER_DOWN", "NAME_RE", "NEAR_FULL", "NO_LOGS", "RECEIVERS",
     "RETRACTIONS_HIGH", "RULES_PATH", "SOURCE_LABELS", "STATE_ERRORS", "TARGET_DOWN", "AlertSpec", "alert_name",
-    "alert_pack", "alertmanager_example", "render_alerts", "retraction_kind", "rules_file",
+    "RecordSpec", "alert_pack", "alertmanager_example", "recording_rules", "render_alerts", "retraction_kind", "rules_file",
 ]  # fmt: skip
 
 RULES_PATH = "alerts/sglang-oom.rules.yaml"
 ALERTMANAGER_PATH = "alerts/alertmanager.example.yml"
 # Receivers of the example Alertmanager config, by severity.
 RECEIVERS = {"critical": "pager", "warning": "ticket", "info": "null"}
+# What one incident is, as the pages' labels say it: a pod, a multi-node server's serving group (its alerts
+# carry `group` and no pod), or a plain file's `source`. container is left out: a pod is one incident.
+INCIDENT_LABELS = ("namespace", "pod", "group", "source")
 
 
 def retraction_kind(catalog: Catalog) -> OomKind | None:
@@ -78,6 +82,12 @@ def alert_pack(catalog: Catalog) -> list[AlertSpec]:
     return specs
 
 
+def recording_rules(catalog: Catalog) -> list[RecordSpec]:
+    """Every recording rule of the pack, in the order they are evaluated (each reads only those before it)."""
+    scope = Scope.of(catalog.alert_pack)
+    return oom_records(catalog.kinds, catalog.alert_pack, scope) + guard_records(catalog.alert_pack, scope)
+
+
 class _Dumper(yaml.SafeDumper):
     """Block scalars for multi-line strings (the expressions), never wrapped lines."""
 
@@ -98,10 +108,13 @@ def dump_yaml(data: Any) -> str:
 def rules_file(catalog: Catalog, options: RenderOptions) -> str:
     """The text of alerts/sglang-oom.rules.yaml."""
     specs = alert_pack(catalog)
+    records = recording_rules(catalog)
     scope = Scope.of(catalog.alert_pack)
     groups = []
     for group in (OOM_GROUP, EXPORTER_GROUP):
-        groups.append({"name": group, "rules": [s.rule(options, scope.cluster) for s in specs if s.group == group]})
+        rules = [r.rule() for r in records if r.group == group]
+        rules += [s.rule(options, scope.cluster) for s in specs if s.group == group]
+        groups.append({"name": group, "rules": rules})
     header = (
         f"# {GENERATED_NOTE}\n"
         "# The SGLang OOM alert pack: load with `rule_files:` (plain Prometheus) or through the Helm chart's\n"
@@ -127,9 +140,14 @@ def alertmanager_example(catalog: Catalog) -> str:
     per_source = [s.name for s in specs if s.role in ("non_fatal", "retraction")]
     scope = Scope.of(catalog.alert_pack)
     source_equal = scope.labels(*SOURCE_LABELS)
+    unit = scope.labels(*INCIDENT_LABELS)
     return f"""# {GENERATED_NOTE}
 # The SGLang OOM alert pack's Alertmanager routing, as a subtree to merge into the config you already have:
 # critical alerts page, warnings open tickets, and a pod's warnings stay quiet while its OOM page fires.
+# One incident, one page: the pages are grouped by what failed (the pod, a multi-node server's serving group,
+# or a plain file's source), not by alert name, so a pod's prefill, decode and crash-loop alerts are one
+# Alertmanager group, one group key at the pager (PagerDuty's dedup_key, Opsgenie's alias): one incident
+# whose notification lists every kind. docs/alertmanager-routing.md says more.
 # The subtree matches this pack's alerts by name and nothing else, so your other alerts keep their routes.
 # To merge: put the `routes:` entry marked below FIRST under your root route's `routes:` (before any catch-all
 # of yours, which would take our alerts first), add the receivers pager, ticket and "null" (or point the
@@ -141,11 +159,12 @@ route:
     # --- the SGLang OOM pack: merge from here ---
     - matchers: ['alertname=~"{_alternation([s.name for s in specs])}"']
       receiver: {RECEIVERS["warning"]}
-      group_by: [alertname, {source_equal}, instance]
+      group_by: [alertname, {unit}, instance]
       repeat_interval: 12h
       routes:
         - receiver: {RECEIVERS["critical"]}
           matchers: ['severity="critical"']
+          group_by: [{unit}]  # one incident per pod, serving group or source
           repeat_interval: 1h
         - receiver: "{RECEIVERS["info"]}"
           matchers: ['severity="info"']

@@ -1,4 +1,4 @@
-"""Render, one alert: the AlertSpec value every alert module returns, the pack's fixed names and groups, and
+"""Render, one rule: the AlertSpec value every alert module returns (RecordSpec for a recording rule), the pack's fixed names and groups, and
 how a kind id becomes an alert name. alerts.py turns a list of these into the rules file; runbooks.py into pages.
 """
 
@@ -61,6 +61,21 @@ class AlertSpec:
             annotations["dashboard_url"] = dashboard_url(options, cluster_label)
         rule["annotations"] = annotations
         return rule
+
+
+@dataclass(frozen=True, slots=True)
+class RecordSpec:
+    """One recording rule: the joins and counts the alerts (and the dashboard) read, named
+    `level:metric:operations` as the Prometheus docs recommend. It goes into its group before the alerts, so
+    an alert reads the value recorded in the same evaluation (a group's rules run in order)."""
+
+    name: str
+    group: str
+    expr: str
+
+    def rule(self) -> dict[str, Any]:
+        """The rule as it goes into the rules file."""
+        return {"record": self.name, "expr": self.expr}
 
 
 def alert_name(kind_id: str, suffix: str = "OOM") -> str:

@@ -7,8 +7,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from .alertspec import EXPORTER_DOWN, NO_LOGS, STATE_ERRORS, TARGET_DOWN, AlertSpec, pack_alert
-from .promql import Scope, indent, new_events
+from .alertspec import EXPORTER_DOWN, EXPORTER_GROUP, NO_LOGS, STATE_ERRORS, TARGET_DOWN, AlertSpec, RecordSpec, pack_alert
+from .promql import Scope, exact_increase, indent
 
 # kube-state-metrics' container images that run SGLang (RE2, matched against the whole `image` label).
 SGLANG_IMAGE = "(?i).*sglang.*"
@@ -130,13 +130,25 @@ def target_down_alert(pack: Mapping[str, Any], scope: Scope) -> AlertSpec:
     return pack_alert(pack, "target_down", TARGET_DOWN, expr, summary, description)
 
 
+def state_errors_record(pack: Mapping[str, Any]) -> str:
+    """Per exporter: the exact number of state file errors within the window."""
+    return f"instance:sglang_oom_exporter_state_errors:exact_increase{pack['state_errors']['window']}"
+
+
+def guard_records(pack: Mapping[str, Any], scope: Scope) -> list[RecordSpec]:
+    """The recording rules of the guard alerts (rule group sglang-oom-exporter, before its alerts)."""
+    window = str(pack["state_errors"]["window"])
+    series = scope.sel("sglang_oom_exporter_state_errors_total")
+    errors = f"max {scope.by('job', 'instance', *EXPORTER_POD_LABELS)} (\n" + indent(exact_increase(series, window)) + "\n)\n"
+    return [RecordSpec(state_errors_record(pack), EXPORTER_GROUP, errors)]
+
+
 def state_errors_alert(pack: Mapping[str, Any], scope: Scope) -> AlertSpec:
     """SGLangOOMExporterStateErrors: new state file errors within the window."""
     window = str(pack["state_errors"]["window"])
-    series = scope.sel("sglang_oom_exporter_state_errors_total")
-    expr = f"max {scope.by('job', 'instance', *EXPORTER_POD_LABELS)} (\n" + indent(new_events(series, window)) + "\n)\n"
+    expr = f"{state_errors_record(pack)} > 0\n"
     description = (
-        '{{ $value | printf "%.0f" }} state file error(s) in the last '
+        '{{ $value }} state file error{{ if ne $value 1.0 }}s{{ end }} in the last '
         f"{window} on the exporter at {{{{ $labels.instance }}}}{EXPORTER_POD_TEXT}: it could not write its "
         "--state-dir, or found the state file unreadable or corrupt at start (moved aside as "
         "state.json.corrupt-<time>). Check the directory's free space, permissions and mount, and the exporter's log."

@@ -1,39 +1,119 @@
 """Render, the OOM alerts (rule group sglang-oom): one per fatal kind, one per kind with a `non_fatal` block,
-the retraction kind's rate alert, the crash loop and the KV near-full warning, with their templated descriptions.
+the retraction kind's rate alert, the crash loop and the KV near-full warning, with their templated
+descriptions, and the recording rules they read (oom_records).
 
-OOM alerts aggregate `max by` the source labels, so two exporters reporting the same pod (another `instance`)
-give one alert with the same count, and a label the exporter does not emit is simply empty.
+The joins live in the recording rules, kubernetes-mixin's way, so each alert reads in one line: the exact count
+of new fatal events per source (two exporters reporting the same pod count once, `max by` the source labels),
+the same per unit (a serving group's pods counted once), and the exporter's page text for each last event.
+A label the exporter does not emit is simply empty.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ..catalog import OomKind
 from ..config import parse_duration
 from ..metrics import GROUP_INFO
-from .alertspec import CRASH_LOOP, NEAR_FULL, OOM_GROUP, RETRACTIONS_HIGH, AlertSpec, alert_name, pack_alert
-from .promql import SOURCE_LABELS, Scope, fmt, indent, new_events, per_group, recent_event
+from .alertspec import (
+    CRASH_LOOP,
+    NEAR_FULL,
+    OOM_GROUP,
+    RETRACTIONS_HIGH,
+    AlertSpec,
+    RecordSpec,
+    alert_name,
+    pack_alert,
+)
+from .promql import SOURCE_LABELS, Scope, exact_increase, fmt, indent, per_group, recent_event, sel
 
 # What the alerts on SGLang's scraped values group by: the pod (sidecar mode), the exporter and the SGLang URL.
 # engine_type (SGLang's prefill | decode | unified, where it gives one) tells a PD pair's servers apart.
 TARGET_LABELS = ("namespace", "pod", "source", "instance", "target", "engine_type")
 
 
+# The recorded series (rule group sglang-oom, before its alerts). A "unit" is what one incident is about: a pod,
+# a multi-node server's serving group (its pods counted once), or a plain file's source.
+GROUP_MAP = "namespace_pod:sglang_oom_serving_group_info:max"
+PD_ROLE = "namespace_pod_source:sglang_oom_target_engine_type:info"
+LAST_EVENT_SOURCE = "source_kind:sglang_oom_last_event_info:max"
+LAST_EVENT = "unit_kind:sglang_oom_last_event_info:max"
+UNIT_LABELS = (*SOURCE_LABELS, "group")
+# What a description's lookup matches the unit by (a pod's containers share its page text).
+UNIT_KEY = ("namespace", "pod", "source", "group")
+
+
+def source_new(window: str) -> str:
+    """Per source and kind: the exact number of new fatal events in the window, two exporters counted once."""
+    return f"source_kind:sglang_oom_fatal_events:exact_increase{window}"
+
+
+def unit_new(window: str) -> str:
+    """Per unit (pod, serving group or source) and kind: the exact number of new fatal events in the window."""
+    return f"unit_kind:sglang_oom_fatal_events:exact_increase{window}"
+
+
+def fatal_windows(kinds: Sequence[OomKind], pack: Mapping[str, Any]) -> list[str]:
+    """Every window a fatal-kind alert or the crash loop counts new events over, shortest first."""
+    windows = {str(k.alert["window"]) for k in kinds if k.fatal in ("true", "raised")}
+    windows.add(str(pack["crash_loop"]["window"]))
+    return sorted(windows, key=parse_duration)
+
+
+def oom_records(kinds: Sequence[OomKind], pack: Mapping[str, Any], scope: Scope) -> list[RecordSpec]:
+    """The recording rules of the OOM alerts: the serving-group map, the PD role map, the last event's page
+    text per unit, and per window the exact new fatal events per source and per unit."""
+    info = scope.sel(GROUP_INFO)
+    records = [
+        RecordSpec(GROUP_MAP, OOM_GROUP, f"max {scope.by('namespace', 'pod', 'group', 'worker_index')} ({info})\n"),
+        RecordSpec(PD_ROLE, OOM_GROUP, _pd_role(scope)),
+        RecordSpec(LAST_EVENT_SOURCE, OOM_GROUP, _last_event_source(scope)),
+        RecordSpec(LAST_EVENT, OOM_GROUP, _last_event_unit(scope)),
+    ]
+    for window in fatal_windows(kinds, pack):
+        series = scope.sel("sglang_oom_fatal_events_total")
+        exact = exact_increase(series, window, recent_event(scope, window))
+        records.append(RecordSpec(source_new(window), OOM_GROUP, f"max {scope.by(*SOURCE_LABELS, 'kind')} (\n{indent(exact)}\n)\n"))  # fmt: skip
+        grouped = per_group(scope, source_new(window), "kind", info=GROUP_MAP, sources=source_new(window))
+        records.append(RecordSpec(unit_new(window), OOM_GROUP, grouped))
+    return records
+
+
+def _pd_role(scope: Scope) -> str:
+    """(namespace, pod or source) -> engine_type, for the servers SGLang's metrics call a PD prefill or decode
+    server (the mirrored sglang_oom_target_* series), the last hour, as the server may be down."""
+    usage = sel("sglang_oom_target_token_usage", scope.job_selector, 'engine_type=~"prefill|decode"')
+    return f"max {scope.by('namespace', 'pod', 'source', 'engine_type')} (last_over_time({usage}[1h]))\n"
+
+
+def _last_event_source(scope: Scope) -> str:
+    """The exporter's text for each source's last event of each kind (sglang_oom_last_event_info: the limiting
+    pool, the numbers and the advice), two exporters counted once, with the PD role where it is known."""
+    labels = (*SOURCE_LABELS, "kind", "limiting_pool", "detail", "advice")
+    last = f"max {scope.by(*labels)} ({scope.sel('sglang_oom_last_event_info')})"
+    at = scope.on("namespace", "pod", "source")
+    return f"{last}\n* {at} group_left (engine_type) {PD_ROLE}\nor\n{last}\nunless {at} {PD_ROLE}\n"
+
+
+def _last_event_unit(scope: Scope) -> str:
+    """The same per unit: a serving group's members under the group's labels (member_pod names each), as the
+    fatal alerts' labels are."""
+    pod = scope.on("namespace", "pod")
+    grouped = f"{LAST_EVENT_SOURCE} * {pod} group_left (group) {GROUP_MAP}\nor\n{LAST_EVENT_SOURCE} unless {pod} {GROUP_MAP}"
+    copied = f'label_replace(\n{indent(grouped)},\n"member_pod", "$1", "pod", "(.*)")'
+    return f'label_replace(label_replace(\n{indent(copied)},\n"pod", "", "group", ".+"), "container", "", "group", ".+")\n'
+
+
 # Templating shared by the OOM alerts' descriptions. Prometheus prepends `$labels` and `$value`.
-def who(scope: Scope, pods: str = "") -> str:
-    """The source an alert is about, and its cluster when the series carry one. With `pods` (a template that
-    lists the pods of $labels.group that logged it), a multi-node server's group and its pods."""
+def who(scope: Scope) -> str:
+    """The unit an alert is about (a serving group, a pod, a file source), and its cluster when it has one."""
     cluster = scope.template_label()
-    group = "{{ "
-    if pods:
-        group = f"{{{{ if $labels.group }}}}group {{{{ $labels.namespace }}}}/{{{{ $labels.group }}}}{pods}{{{{ else "
     return (
-        f"{group}if $labels.pod }}}}pod {{{{ $labels.namespace }}}}/{{{{ $labels.pod }}}}"
-        "{{ else if $labels.source }}source {{ $labels.source }}"
-        "{{ else }}container {{ $labels.container }}{{ end }}"
-        f"{{{{ if {cluster} }}}} in cluster {{{{ {cluster} }}}}{{{{ end }}}}"
+        "{{ if $labels.group }}group {{ $labels.namespace }}/{{ $labels.group }}"
+        "{{ else if $labels.pod }}pod {{ $labels.namespace }}/{{ $labels.pod }}"
+        "{{ else }}source {{ $labels.source }}{{ end }}"
+        f"{{{{ with {cluster} }}}} in cluster {{{{ . }}}}{{{{ end }}}}"
     )
 
 
@@ -44,41 +124,21 @@ def _lower_first(text: str) -> str:
     return text
 
 
-def _num(var: str) -> str:
-    """A float as people write it: 16384 not 1.6384e+04, 0.88 as is."""
-    return f'{{{{ if ge {var} 1000.0 }}}}{{{{ printf "%.0f" {var} }}}}{{{{ else }}}}{{{{ {var} }}}}{{{{ end }}}}'
+def _lookup(scope: Scope, metric: str, labels: Sequence[str], *, where: str = "", **matchers: str) -> str:
+    """The one query of a description, as `$info`: `metric` where the alert's own labels match (`where`: a
+    comparison after the selector)."""
+    fixed = [f'{k}="{v}"' for k, v in matchers.items()]
+    names = (scope.cluster, *labels)
+    fmt_ = ",".join([*fixed, *(f"{label}=%q" for label in names)])
+    args = " ".join(f"$labels.{label}" for label in names)
+    return f"{{{{ $info := query (printf `{metric}{{{fmt_}}}{where}` {args}) }}}}"
 
 
-def _selector_var(scope: Scope, kind: str) -> str:
-    """Defines $sel: the matchers of this alert's series (a label the alert lacks matches series without it).
-    A group's alert (no pod label) matches the group's pods by LWS's pod names, `<group>` and `<group>-<n>`."""
-    labels = (scope.cluster, *SOURCE_LABELS)
-    job = scope.job_selector.replace("%", "%%")
-    fmt_ = ",".join([job, f'kind="{kind}"', *(f"{label}=%q" for label in labels)])
-    args = " ".join(f"$labels.{label}" for label in labels)
-    in_group = ",".join([job, f'kind="{kind}"', f"{scope.cluster}=%q", "namespace=%q", "pod=~%q"])
-    group_args = f'{scope.template_label()} $labels.namespace (printf "%s(-[0-9]+)?" $labels.group)'
+def _text(kind: OomKind) -> str:
+    """The last event's numbers and advice as the exporter wrote them, else the catalog's fix for the kind."""
     return (
-        f"{{{{ $sel := printf `{fmt_}` {args} }}}}"
-        f"{{{{ if $labels.group }}}}{{{{ $sel = printf `{in_group}` {group_args} }}}}{{{{ end }}}}"
-    )
-
-
-def _pods_text(scope: Scope, window: str, kind: str | None = None) -> str:
-    """(pods a, b): the pods of the alert's group whose last event (of the kind) is within the window."""
-    job = scope.job_selector.replace("%", "%%")
-    kind_matcher = [f'kind="{kind}"'] if kind else []
-    where = ",".join([job, f"{scope.cluster}=%q", "namespace=%q"])
-    last = f"sglang_oom_last_event_timestamp_seconds{{{','.join([*kind_matcher, where])}}}"
-    info = f"{GROUP_INFO}{{{where},group=%q}}"
-    query = (
-        f"max by (pod) ((time() - {last}) < {int(parse_duration(window))} and {scope.on('namespace', 'pod')} {info})"
-    )
-    c = scope.template_label()
-    return (
-        f"{{{{ with query (printf `{query}` {c} $labels.namespace {c} $labels.namespace $labels.group) }}}}"
-        ' (pods {{ range $i, $p := sortByLabel "pod" . }}{{ if $i }}, {{ end }}{{ $p.Labels.pod }}{{ end }})'
-        "{{ end }}"
+        "{{ with $info }}{{ with first . }}{{ with .Labels.detail }}{{ . }} {{ end }}{{ .Labels.advice }}{{ end }}"
+        f"{{{{ else }}}}Fix: {kind.summary}{{{{ end }}}}"
     )
 
 
@@ -86,63 +146,26 @@ def _pods_text(scope: Scope, window: str, kind: str | None = None) -> str:
 _PD_ROLE = '{{ with $labels.engine_type }}{{ if ne . "unified" }} {{ . }} server{{ end }}{{ end }}'
 
 
-def _role_text(scope: Scope) -> str:
-    """(decode server): the PD role SGLang's metrics gave the alert's server (engine_type on the mirrored
-    sglang_oom_target_* series of its pod or source, the last hour, as the server may be down), else nothing.
-    A group's server is its leader pod, named as the group."""
-    job = scope.job_selector.replace("%", "%%")
-    pd = 'engine_type=~"prefill|decode"'
-    where = ",".join([job, f"{scope.cluster}=%q", "namespace=%q", "pod=%q", "source=%q", pd])
-    query = f"max by (engine_type) (last_over_time(sglang_oom_target_token_usage{{{where}}}[1h]))"
-    args = f"{scope.template_label()} $labels.namespace (or $labels.pod $labels.group) $labels.source"
-    return (
-        f"{{{{ with query (printf `{query}` {args}) }}}}"
-        ' (PD {{ range $i, $r := sortByLabel "engine_type" . }}{{ if $i }}/{{ end }}'
-        "{{ $r.Labels.engine_type }}{{ end }} server){{ end }}"
-    )
-
-
-def _numbers_text() -> str:
-    """Requested versus available tokens of the last event, when the event said."""
-    return (
-        '{{ with query (printf "max(sglang_oom_last_event_requested_tokens{%s})" $sel) }}'
-        'The last one asked for {{ . | first | value | printf "%.0f" }} KV tokens'
-        '{{ with query (printf "max(sglang_oom_last_event_available_tokens{%s})" $sel) }}'
-        ' while {{ . | first | value | printf "%.0f" }} were available{{ end }}. {{ end }}'
-    )
-
-
-def _fix_text(kind: OomKind) -> str:
-    """The exporter's concrete suggestion (current -> suggested value per flag), else the catalog's fix."""
-    return (
-        '{{ with query (printf "max by (flag) (sglang_oom_suggested_flag_value{%s})" $sel) }}Suggested:'
-        '{{ range $i, $s := sortByLabel "flag" . }}{{ if $i }},{{ end }} --{{ $s.Labels.flag }}'
-        '{{ with query (printf "max(sglang_oom_current_flag_value{%s,flag=%q})" $sel $s.Labels.flag) }}'
-        f" from {{{{ $v := . | first | value }}}}{_num('$v')}{{{{ end }}}}"
-        f" to {{{{ $v := $s.Value }}}}{_num('$v')}{{{{ end }}}}."
-        f"{{{{ else }}}}Fix: {kind.summary}{{{{ end }}}}"
-    )
+def _events(noun: str) -> str:
+    """`$value` new events, exact: "1 fatal prefill OOM", "2 fatal prefill OOMs"."""
+    return f"{{{{ $value }}}} {noun}{{{{ if ne $value 1.0 }}}}s{{{{ end }}}}"
 
 
 def fatal_alert(kind: OomKind, scope: Scope) -> AlertSpec:
-    """`SGLang<Kind>OOM`: page on the first fatal event of the kind."""
+    """`SGLang<Kind>OOM`: page on the first fatal event of the kind, per unit (pod, serving group, source)."""
     alert = kind.alert
     window = str(alert["window"])
-    series = scope.sel("sglang_oom_fatal_events_total", kind=kind.id)
-    per_pod = (
-        f"max {scope.by(*SOURCE_LABELS, 'kind')} (\n"
-        + indent(new_events(series, window, recent_event(scope, window, kind.id)))
-        + "\n)"
+    expr = f'{unit_new(window)}{{kind="{kind.id}"}} > 0\n'
+    members = (
+        '{{ with $info }}{{ if $labels.group }} (pods {{ range $i, $r := sortByLabel "member_pod" . }}'
+        "{{ if $i }}, {{ end }}{{ .Labels.member_pod }}{{ end }}){{ end }}"
+        "{{ with (first .).Labels.engine_type }} (PD {{ . }} server){{ end }}{{ end }}"
     )
-    expr = per_group(scope, per_pod, "kind")
-    pods = _pods_text(scope, window, kind.id)
     description = (
-        _selector_var(scope, kind.id)
-        + f'{{{{ $value | printf "%.0f" }}}} fatal {kind.id} OOM event(s) on {who(scope, pods)}{_role_text(scope)}'
-        + f" in the last {window}: "
+        _lookup(scope, LAST_EVENT, UNIT_KEY, kind=kind.id)
+        + f"{_events(f'fatal {kind.id} OOM')} on {who(scope)}{members} in the last {window}: "
         + f"{_lower_first(kind.title)}. "
-        + _numbers_text()
-        + _fix_text(kind)
+        + _text(kind)
     )
     return AlertSpec(
         name=alert_name(kind.id),
@@ -172,12 +195,11 @@ def non_fatal_alert(kind: OomKind, scope: Scope) -> AlertSpec:
         f") * 60 > {fmt(per_minute)}\n"
     )
     description = (
-        _selector_var(scope, kind.id)
+        _lookup(scope, LAST_EVENT_SOURCE, ("namespace", "pod", "source"), kind=kind.id)
         + f'SGLang on {who(scope)} aborted {{{{ $value | printf "%.2f" }}}} requests a minute (over {window}) '
         + f"on non-fatal {kind.id} OOMs: {_lower_first(kind.title)}. The server keeps running, "
         + "but each aborted request failed. "
-        + _numbers_text()
-        + _fix_text(kind)
+        + _text(kind)
     )
     return AlertSpec(
         name=alert_name(kind.id, str(spec["name"])),
@@ -215,7 +237,7 @@ def retraction_alert(kind: OomKind, scope: Scope) -> AlertSpec:
         f"  unless {scope.on('instance')}\n  max {scope.by('instance')} ({series})\n)\n"
     )
     description = (
-        _selector_var(scope, kind.id)
+        _lookup(scope, LAST_EVENT_SOURCE, ("namespace", "pod", "source"), kind=kind.id)
         + "{{ if $labels.target }}"
         + f"SGLang{_PD_ROLE} at {{{{ $labels.target }}}}"
         + f"{{{{ if {scope.template_label()} }}}} in cluster {{{{ {scope.template_label()} }}}}{{{{ end }}}}"
@@ -228,7 +250,7 @@ def retraction_alert(kind: OomKind, scope: Scope) -> AlertSpec:
         + "{{ end }}"
         + ": its KV cache keeps filling up, retracted requests are recomputed and slow down, and a fatal decode "
         + "OOM may follow. "
-        + _fix_text(kind)
+        + _text(kind)
     )
     return AlertSpec(
         name=RETRACTIONS_HIGH,
@@ -246,20 +268,16 @@ def retraction_alert(kind: OomKind, scope: Scope) -> AlertSpec:
 
 
 def crash_loop_alert(pack: Mapping[str, Any], scope: Scope) -> AlertSpec:
-    """SGLangOOMCrashLoop: `count` fatal OOMs of any kind on one source within the window."""
+    """SGLangOOMCrashLoop: `count` fatal OOMs of any kind on one unit within the window, each kind listed."""
     spec = pack["crash_loop"]
     window = str(spec["window"])
     count = int(spec["count"])
-    series = scope.sel("sglang_oom_fatal_events_total")
-    per_exporter = f"sum {scope.by(*SOURCE_LABELS, 'job', 'instance')} (\n" + indent(
-        new_events(series, window, recent_event(scope, window))
-    )
-    per_pod = f"max {scope.by(*SOURCE_LABELS)} (\n" + indent(per_exporter + "\n)") + "\n)"
-    expr = f"{per_group(scope, per_pod).rstrip()} >= {count}\n"
-    pods = _pods_text(scope, window)
+    expr = f"sum {scope.by(*UNIT_LABELS)} ({unit_new(window)}) >= {count}\n"
     description = (
-        f'SGLang on {who(scope, pods)} had {{{{ $value | printf "%.0f" }}}} fatal OOMs in the last {window} '
-        f"(alert at {count}): "
+        _lookup(scope, unit_new(window), UNIT_KEY, where=" > 0")
+        + f"SGLang on {who(scope)} had {_events('fatal OOM')} in the last {window} (alert at {count})"
+        + '{{ with $info }}: {{ range $i, $r := sortByLabel "kind" . }}{{ if $i }}, {{ end }}'
+        + "{{ $r.Labels.kind }} {{ $r.Value }}{{ end }}{{ end }}. "
         "SGLang restarts, runs out of memory again and restarts. The per-kind OOM alerts and the events "
         "say which allocation failed and which flag to change; until it is changed every restart fails the same way."
     )

@@ -1,4 +1,4 @@
-"""Render, PromQL pieces: selectors, label lists and the "new events in a window" expression the alert
+"""Render, PromQL pieces: selectors, label lists and the exact "new events in a window" expression the alert
 modules (oom_alerts.py, guard_alerts.py) build their rules from.
 """
 
@@ -90,22 +90,29 @@ def label_list(*labels: str) -> str:
     return ", ".join(labels)
 
 
-def new_events(series: str, window: str, recent: str | None = None) -> str:
-    """Per-series count of new events in the window, only where it is above zero. Three branches:
+def exact_increase(series: str, window: str, recent: str | None = None) -> str:
+    """Per-series count of new events in the window, as an exact integer (increase() extrapolates: one event
+    seen by a 5 s scrape reads 1.53). Three branches, the first that has a value wins:
 
-    1. `increase()`, which also bridges counter resets (an exporter restarted without its state);
-    2. the value now minus the last one before the window, up to OUTAGE_LOOKBACK back: an exporter outage
-       longer than the window leaves increase() one sample, but with --state-dir its counters continue, so an
-       OOM logged while it was down still shows (and a counter that only re-appears with old counts does not);
-    3. a series born non-zero with no earlier sample (a new pod whose first log lines hold the OOM, counted
-       before the first scrape), which increase() cannot see. `recent` narrows it to series with an event in
-       the window, so counters restored after a longer outage do not page again.
+    1. the value now minus the last one before the window, up to OUTAGE_LOOKBACK back, where the counter did
+       not go down: exact, and across an exporter outage longer than the window too (with --state-dir its
+       counters continue, so an OOM logged while it was down still counts);
+    2. where it went down (an exporter restarted without its state): the count since the reset plus what the
+       window saw before it (its highest value minus the value before the window); exact for one reset while
+       the new count stays below the old one, which is how a restarted exporter's counters look;
+    3. a series born in the window (a new source, its first sample at 0 or, when its first lines held the OOM,
+       above 0): its value. `recent` narrows it to series with an event in the window, so counters that come
+       back after a longer outage with their old counts do not count again.
     """
     before = f"last_over_time({series}[{OUTAGE_LOOKBACK}] offset {window})"
-    born = f"({series} > 0 unless {before})"
+    born = f"({series} unless {before})"
     if recent:
         born = f"(\n  {born}\n  and\n  {recent}\n)"
-    return f"(increase({series}[{window}]) > 0)\nor\n({series} - {before} > 0)\nor\n{born}"
+    return (
+        f"({series} - {before} >= 0)\nor\n"
+        f"({series} + clamp_min(max_over_time({series}[{window}]) - {before}, 0))\nor\n"
+        f"{born}"
+    )
 
 
 def recent_event(scope: Scope, window: str, kind: str | None = None) -> str:
