@@ -30,6 +30,7 @@ from sglang_oom_exporter.render.alerts import (
     alert_name,
     alert_pack,
     retraction_kind,
+    recording_rules,
     rules_file,
 )
 from tests.support.helpers import dump_yaml, load_yaml
@@ -53,8 +54,15 @@ needs_amtool = pytest.mark.skipif(shutil.which("amtool") is None, reason="amtool
 
 
 def _rules() -> list[dict]:
+    """The alerting rules of the committed pack."""
     data = load_yaml(RULES)
-    return [r for g in data["groups"] for r in g["rules"]]
+    return [r for g in data["groups"] for r in g["rules"] if "alert" in r]
+
+
+def _records() -> list[dict]:
+    """The recording rules of the committed pack."""
+    data = load_yaml(RULES)
+    return [r for g in data["groups"] for r in g["rules"] if "record" in r]
 
 
 def _run(*argv: str, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
@@ -77,6 +85,36 @@ def test_the_contract_names_and_one_fatal_alert_per_fatal_kind_are_all_there():
     assert [s.kind.id for s in SPECS if s.role == "retraction" and s.kind] == [retract.id]
     # 17 today: 9 fatal kinds, decode's aborts, the retraction rate, crash loop, near full and four guards.
     assert len(SPECS) == len(fatal_kinds) + 8
+    records = [r["record"] for r in _records()]
+    assert len(records) == len(set(records)) == len(recording_rules(CATALOG))
+
+
+def test_recording_rules_follow_the_naming_convention_and_come_before_what_reads_them():
+    """level:metric:operations (the Prometheus docs), and each group's records first, each reading only records
+    recorded before it: a group's rules run in order, so an alert reads the value of the same evaluation."""
+    data = load_yaml(RULES)
+    for group in data["groups"]:
+        seen: list[str] = []
+        kinds = ["record" if "record" in r else "alert" for r in group["rules"]]
+        assert kinds == sorted(kinds, key=lambda k: k != "record"), group["name"]  # records first
+        for rule in group["rules"]:
+            read = set(re.findall(r"\b([a-z_]+:[a-z0-9_]+:[a-z0-9_]+)\b", rule["expr"]))
+            assert read <= set(seen), (rule.get("record") or rule["alert"], read - set(seen))
+            if "record" in rule:
+                assert re.fullmatch(r"[a-z_]+:sglang_oom_[a-z0-9_]+:[a-z0-9_]+", rule["record"]), rule["record"]
+                assert set(rule) == {"record", "expr"}, rule["record"]
+                seen.append(rule["record"])
+
+
+def test_alerts_read_in_one_breath_and_descriptions_hold_at_most_one_lookup():
+    """The joins live in recording rules: every OOM and pack alert expression is short, and each description
+    is plain text around at most one query."""
+    for spec in SPECS:
+        if spec.role != "exporter_no_logs":  # the guard over kube-state-metrics: its own test
+            assert len(spec.expr) <= 300, (spec.name, len(spec.expr))
+        assert spec.description.count("query ") <= 1, spec.name
+    fatal = [s for s in SPECS if s.role == "fatal"]
+    assert all(s.expr.count("\n") == 1 for s in fatal)  # one line
 
 
 def test_names_severities_and_annotations_follow_the_conventions():
@@ -112,7 +150,7 @@ def test_for_is_below_the_window_and_event_alerts_keep_firing():
         rule = rules[spec.name]
         # One isolated event keeps an increase()/rate() true for about one window: `for` must fit inside it.
         assert parse_duration(rule["for"]) < parse_duration(spec.window), spec.name
-        assert f"[{spec.window}]" in rule["expr"], spec.name
+        assert any(f"[{spec.window}]" in e for e in _read_by(rule["expr"])), spec.name
     for spec in SPECS:
         if spec.role in ("fatal", "crash_loop"):
             source = spec.kind.alert if spec.kind else CATALOG.alert_pack[spec.role]
@@ -122,31 +160,51 @@ def test_for_is_below_the_window_and_event_alerts_keep_firing():
             assert "keep_firing_for" not in rules[spec.name], spec.name
 
 
+def _read_by(expr: str) -> list[str]:
+    """expr and the expressions of every recording rule it reads, directly or through another."""
+    records = {r.name: r.expr for r in recording_rules(CATALOG)}
+    found, todo = [expr], [expr]
+    while todo:
+        for name in re.findall(r"\b[a-z_]+:[a-z0-9_]+:[a-z0-9_]+", todo.pop()):
+            if records[name] not in found:
+                found.append(records[name])
+                todo.append(records[name])
+    return found
+
+
 def test_every_expression_matches_the_catalog_job_and_oom_alerts_aggregate_exporters_away():
-    for rule in _rules():
-        assert f'job="{JOB}"' in rule["expr"], rule["alert"]
+    # Every raw series a rule reads is of the pack's job; recorded series are job-free (they aggregate it away).
+    for rule in _records() + _rules():
+        name = rule.get("record") or rule["alert"]
+        for metric, matchers in re.findall(r"\b((?:sglang_oom_|up\b)[a-z_]*)\{([^}]*)\}", rule["expr"]):
+            assert f'job="{JOB}"' in matchers, (name, metric)
     by = f"max by (cluster, {', '.join(SOURCE_LABELS)}"
-    group = f"max by (cluster, {', '.join(SOURCE_LABELS)}, group"  # one page per server (docs/multi-node.md)
+    records = {r.name: r.expr for r in recording_rules(CATALOG)}
     for spec in SPECS:
-        if spec.role in ("fatal", "non_fatal", "retraction", "crash_loop"):
-            start = group if spec.role in ("fatal", "crash_loop") else by
-            assert spec.expr.startswith(start), spec.name  # no instance: two exporters give one alert
-            assert "instance" not in spec.expr.split("(", 1)[0]
+        if spec.role == "non_fatal":
+            assert spec.expr.startswith(by), spec.name  # no instance: two exporters give one alert
+        if spec.role == "retraction":
+            (logged,) = re.findall(r"\bsource:[a-z_]+:[a-z0-9_]+", spec.expr)
+            assert records[logged].startswith(f"{by})"), spec.name
+        if spec.role in ("fatal", "crash_loop"):
+            (read,) = set(re.findall(r"\b(unit_kind:[a-z_]+:[a-z0-9_]+)", spec.expr))
+            source = read.replace("unit_kind:", "source_kind:", 1)
+            assert records[source].startswith(f"{by}, kind)"), spec.name  # two exporters count once
+            assert records[read].startswith(f"{by}, group, kind)"), spec.name  # one page per serving group
     absent = next(s for s in SPECS if s.role == "exporter_down")
     assert f'absent(up{{job="{JOB}"}})' in absent.expr  # bare selector: the alert keeps its job label
 
 
-def test_descriptions_name_the_numbers_and_fall_back_to_the_catalog_fix():
+def test_descriptions_quote_the_exporters_text_and_fall_back_to_the_catalog_fix():
     for spec in SPECS:
         if spec.kind is None:
             continue
         d = spec.description
-        assert "sglang_oom_suggested_flag_value" in d, spec.name
-        assert "sglang_oom_current_flag_value" in d, spec.name
+        assert "sglang_oom_last_event_info:max{" in d, spec.name  # the exporter's numbers and advice
+        assert "{{ .Labels.advice }}" in d, spec.name
         assert f"{{{{ else }}}}Fix: {spec.kind.summary}{{{{ end }}}}" in d, spec.name
         if spec.role == "fatal":
-            assert "sglang_oom_last_event_requested_tokens" in d
-            assert "sglang_oom_last_event_available_tokens" in d
+            assert "{{ .Labels.detail }}" in d or "{{ with .Labels.detail }}" in d
 
 
 def test_a_new_kind_in_the_catalog_gets_its_alert_without_code_changes():
@@ -154,7 +212,7 @@ def test_a_new_kind_in_the_catalog_gets_its_alert_without_code_changes():
     new = replace(base, id="swa_pool", title="The sliding-window pool is exhausted")
     catalog = replace(CATALOG, kinds=(*CATALOG.kinds, new))
     text = rules_file(catalog, RenderOptions())
-    rule = next(r for g in yaml.safe_load(text)["groups"] for r in g["rules"] if r["alert"] == "SGLangSWAPoolOOM")
+    rule = next(r for g in yaml.safe_load(text)["groups"] for r in g["rules"] if r.get("alert") == "SGLangSWAPoolOOM")
     assert 'kind="swa_pool"' in rule["expr"]
     assert rule["annotations"]["summary"] == "SGLang fatal OOM: the sliding-window pool is exhausted."
     assert re.search(r"SGLang\(?[^']*SGLangSWAPoolOOM", _example_for(catalog))
@@ -174,7 +232,7 @@ def _example_for(catalog) -> str:
 def test_promtool_lints_the_rules_clean():
     proc = _run("promtool", "check", "rules", "--lint=all", "--lint-fatal", str(RULES))
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert f"SUCCESS: {len(SPECS)} rules found" in proc.stdout
+    assert f"SUCCESS: {len(SPECS) + len(recording_rules(CATALOG))} rules found" in proc.stdout
 
 
 @pytest.mark.needs_promtool
@@ -188,12 +246,14 @@ def test_promtool_unit_tests_pass(tmp_path):
 
 
 def _unit_test_mutated(
-    tmp_path: Path, alert: str, mutate: Callable[[str], str]
+    tmp_path: Path, alert: str, mutate: Callable[[str], str], rule_name: str | None = None
 ) -> tuple[subprocess.CompletedProcess[str], set[str]]:
-    """Run the alert's promtool tests against the rules with its expression mutated; the result and test names."""
+    """Run the alert's promtool tests against the rules with the expression of the alert (or of the recording
+    rule `rule_name`) mutated; the result and the test names."""
+    target = rule_name or alert
 
     def change(data: dict) -> None:
-        rule = next(r for g in data["groups"] for r in g["rules"] if r["alert"] == alert)
+        rule = next(r for g in data["groups"] for r in g["rules"] if target in (r.get("alert"), r.get("record")))
         mutated = mutate(rule["expr"])
         assert mutated != rule["expr"]
         rule["expr"] = mutated
@@ -207,12 +267,14 @@ def _unit_test_mutated(
 @needs_promtool
 @pytest.mark.timeout(30)
 def test_the_unit_tests_catch_a_rule_without_its_born_at_one_branch(tmp_path):
-    # The convention's warning: a plain increase() misses a series born at 1. Prove the tests notice.
-    plain = f'max by (namespace, pod, container, source, kind) (increase(sglang_oom_fatal_events_total{{job="{JOB}", kind="prefill"}}[5m]) > 0)'
-    proc, _ = _unit_test_mutated(tmp_path, "SGLangPrefillOOM", lambda _expr: plain)
+    # The convention's warning: a plain increase() misses a series born at 1, and it extrapolates. Prove the
+    # tests notice both, while the ordinary case still pages (rounded, as the old pack printed it).
+    plain = f'max by (cluster, namespace, pod, container, source, kind) (round(increase(sglang_oom_fatal_events_total{{job="{JOB}"}}[5m])))'
+    proc, _ = _unit_test_mutated(tmp_path, "SGLangPrefillOOM", lambda _expr: plain, "source_kind:sglang_oom_fatal_events:exact_increase5m")
     out = proc.stdout + proc.stderr
     assert proc.returncode == 1
-    assert "name: a series born at 1 pages" in out
+    assert "name: a series born at 1 pages," in out
+    assert "name: one event on a source just seen pages as exactly one," in out  # 1.57 read as 2
     assert "name: one event pages" not in out  # the plain increase still sees the ordinary case
 
 
@@ -282,8 +344,9 @@ def test_the_guard_alerts_read_series_a_live_daemon_exports_with_the_values_thei
         metrics = {name: v for (name, labels), v in daemon.metrics().items() if not labels}
     finally:
         daemon.stop()
-    guards = [s for s in SPECS if s.group == "sglang-oom-exporter"]
-    read = {m for s in guards for m in re.findall(r"\b(sglang_oom_exporter_\w+)\{", s.expr)}
+    guards = [s.expr for s in SPECS if s.group == "sglang-oom-exporter"]
+    guards += [r.expr for r in recording_rules(CATALOG) if r.group == "sglang-oom-exporter"]
+    read = {m for e in guards for m in re.findall(r"\b(sglang_oom_exporter_\w+)\{", e)}
     assert read == {"sglang_oom_exporter_sglang_sources", "sglang_oom_exporter_lines_read_total",
                     "sglang_oom_exporter_sources_waiting", "sglang_oom_exporter_state_errors_total"}  # fmt: skip
     # The missing file is followed (files_watched counts it) and waiting: NoLogs needs its waiting branch.
@@ -340,7 +403,7 @@ def test_dashboard_url_is_templated_from_the_alert_labels(tmp_path):
                                    "container": "sglang"},
                     "exp_annotations": {
                         "summary": "SGLang fatal OOM: the CUDA allocator ran out of GPU memory (outside the KV pool).",
-                        "description": "1 fatal cuda_oom OOM event(s) on pod llm/sglang-0 in the last 5m: the CUDA "
+                        "description": "1 fatal cuda_oom OOM on pod llm/sglang-0 in the last 5m: the CUDA "
                         "allocator ran out of GPU memory (outside the KV pool). Fix: Activations or CUDA graphs "
                         "outgrew what the KV pool left free; lower --mem-fraction-static (e.g. to 0.8).",
                         "runbook_url": "https://runbooks.example.com/sglang/sglangcudaoom.md",

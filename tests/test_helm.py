@@ -539,9 +539,12 @@ def test_per_alert_disable_overrides_and_labels():
 def test_disabling_a_whole_group_drops_it():
     needs_rules()
     groups = yaml.safe_load(RULES_FILE.read_text())["groups"]
-    first = [r["alert"] for r in groups[0]["rules"]]
+    first = [r["alert"] for r in groups[0]["rules"] if "alert" in r]
     pr = one(template(values={"prometheusRule": {"enabled": True, "disabled": first}}), "PrometheusRule")
-    assert [g["name"] for g in pr["spec"]["groups"]] == [g["name"] for g in groups[1:]]
+    # Its recording rules stay (the dashboard reads them); its alerts go.
+    assert [g["name"] for g in pr["spec"]["groups"]] == [g["name"] for g in groups]
+    kept = pr["spec"]["groups"][0]["rules"]
+    assert kept == [r for r in groups[0]["rules"] if "record" in r] and kept
 
 
 def test_runbook_and_grafana_url_swaps():

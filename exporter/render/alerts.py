@@ -85,7 +85,8 @@ def alert_pack(catalog: Catalog) -> list[AlertSpec]:
 def recording_rules(catalog: Catalog) -> list[RecordSpec]:
     """Every recording rule of the pack, in the order they are evaluated (each reads only those before it)."""
     scope = Scope.of(catalog.alert_pack)
-    return oom_records(catalog.kinds, catalog.alert_pack, scope) + guard_records(catalog.alert_pack, scope)
+    records = oom_records(catalog.kinds, catalog.alert_pack, scope, retraction_kind(catalog))
+    return records + guard_records(catalog.alert_pack, scope)
 
 
 class _Dumper(yaml.SafeDumper):

@@ -61,9 +61,12 @@ def fatal_windows(kinds: Sequence[OomKind], pack: Mapping[str, Any]) -> list[str
     return sorted(windows, key=parse_duration)
 
 
-def oom_records(kinds: Sequence[OomKind], pack: Mapping[str, Any], scope: Scope) -> list[RecordSpec]:
+def oom_records(
+    kinds: Sequence[OomKind], pack: Mapping[str, Any], scope: Scope, retract: OomKind | None = None
+) -> list[RecordSpec]:
     """The recording rules of the OOM alerts: the serving-group map, the PD role map, the last event's page
-    text per unit, and per window the exact new fatal events per source and per unit."""
+    text per source and per unit, per window the exact new fatal events per source and per unit, the
+    retraction rates (of the `retract` kind) and the KV cache used."""
     info = scope.sel(GROUP_INFO)
     records = [
         RecordSpec(GROUP_MAP, OOM_GROUP, f"max {scope.by('namespace', 'pod', 'group', 'worker_index')} ({info})\n"),
@@ -77,6 +80,9 @@ def oom_records(kinds: Sequence[OomKind], pack: Mapping[str, Any], scope: Scope)
         records.append(RecordSpec(source_new(window), OOM_GROUP, f"max {scope.by(*SOURCE_LABELS, 'kind')} (\n{indent(exact)}\n)\n"))  # fmt: skip
         grouped = per_group(scope, source_new(window), "kind", info=GROUP_MAP, sources=source_new(window))
         records.append(RecordSpec(unit_new(window), OOM_GROUP, grouped))
+    if retract is not None:
+        records += _retraction_records(retract, scope)
+    records.append(_kv_used_record(scope))
     return records
 
 
@@ -227,15 +233,8 @@ def retraction_alert(kind: OomKind, scope: Scope) -> AlertSpec:
     window = str(alert["window"])
     per_minute = float(alert["threshold_per_minute"])
     requests_per_minute = float(alert.get("requests_threshold_per_minute", per_minute))
-    series = scope.sel("sglang_oom_events_total", kind=kind.id)
-    requests = scope.sel("sglang_oom_target_retracted_requests_total")
-    expr = (
-        f"max {scope.by(*SOURCE_LABELS)} (\n  rate({series}[{window}])\n) * 60 > {fmt(per_minute)}\n"
-        "or\n"
-        f"(\n  max {scope.by(*TARGET_LABELS)} (\n    rate({requests}[{window}])\n  ) * 60"
-        f" > {fmt(requests_per_minute)}\n"
-        f"  unless {scope.on('instance')}\n  max {scope.by('instance')} ({series})\n)\n"
-    )
+    logged, counted = retraction_records(kind)
+    expr = f"{logged} * 60 > {fmt(per_minute)}\nor\n{counted} * 60 > {fmt(requests_per_minute)}\n"
     description = (
         _lookup(scope, LAST_EVENT_SOURCE, ("namespace", "pod", "source"), kind=kind.id)
         + "{{ if $labels.target }}"
@@ -267,6 +266,58 @@ def retraction_alert(kind: OomKind, scope: Scope) -> AlertSpec:
     )
 
 
+def retraction_records(kind: OomKind) -> tuple[str, str]:
+    """The names of the retraction rates: per source from the logs, per SGLang endpoint from its own counter."""
+    window = str(kind.alert["window"])
+    return (f"source:sglang_oom_{kind.id}_events:rate{window}",
+            f"target:sglang_oom_target_retracted_requests:rate{window}")  # fmt: skip
+
+
+def _retraction_records(kind: OomKind, scope: Scope) -> list[RecordSpec]:
+    """The retraction kind's rate per source, and SGLang's own counter of retracted requests per endpoint where
+    the exporter reads no retraction logs (one tick of the logs retracts one or more requests)."""
+    window = str(kind.alert["window"])
+    logged, counted = retraction_records(kind)
+    series = scope.sel("sglang_oom_events_total", kind=kind.id)
+    requests = scope.sel("sglang_oom_target_retracted_requests_total")
+    by_source = f"max {scope.by(*SOURCE_LABELS)} (rate({series}[{window}]))\n"
+    by_target = (
+        f"max {scope.by(*TARGET_LABELS)} (rate({requests}[{window}]))\n"
+        f"unless {scope.on('instance')}\nmax {scope.by('instance')} ({series})\n"
+    )
+    return [RecordSpec(logged, OOM_GROUP, by_source), RecordSpec(counted, OOM_GROUP, by_target)]
+
+
+KV_USED = "target:sglang_oom_kv_cache_used:ratio"
+
+
+def _kv_used_record(scope: Scope) -> RecordSpec:
+    """What SGLang's KV cache cannot give back, per endpoint that answers, by the higher of two readings.
+
+    "Used" is what an allocation cannot get back: 1 - (free + evictable) / capacity from SGLang's
+    kv_available_tokens and kv_evictable_tokens gauges (0.5.16+; evictable radix cache is reclaimable), or
+    SGLang's token_usage (the same quantity; every release, the worst rank and pool). On a PD decode server the
+    share already promised to transfers and not yet pre-allocated (pending_prealloc_token_usage) counts as used
+    too. The gauges are summed over data-parallel groups, so with DP attention token_usage (the worst group,
+    the one that runs out) can be the higher one: the record keeps the higher.
+    """
+    usage = scope.sel("sglang_oom_target_token_usage")
+    free = scope.sel("sglang_oom_target_kv_available_tokens")
+    evictable = scope.sel("sglang_oom_target_kv_evictable_tokens")
+    capacity = scope.sel("sglang_oom_target_max_total_tokens")
+    promised = scope.sel("sglang_oom_target_pending_prealloc_token_usage")
+    up = scope.sel("sglang_oom_target_up")
+    gauges = f"1 - ({free} + {evictable}) / {capacity}\n  + ({promised} or {free} * 0)"
+    token_usage = f"{usage}\n  + ({promised} or {usage} * 0)"
+    expr = (
+        f"max {scope.by(*TARGET_LABELS)} (\n"
+        f'  label_replace(\n    {indent(gauges, "  ").strip()},\n  "reading", "gauges", "", "")\n  or\n'
+        f'  label_replace(\n    {indent(token_usage, "  ").strip()},\n  "reading", "token_usage", "", "")\n)\n'
+        f"and {scope.on('instance', 'target')}\n({up} == 1)\n"
+    )
+    return RecordSpec(KV_USED, OOM_GROUP, expr)
+
+
 def crash_loop_alert(pack: Mapping[str, Any], scope: Scope) -> AlertSpec:
     """SGLangOOMCrashLoop: `count` fatal OOMs of any kind on one unit within the window, each kind listed."""
     spec = pack["crash_loop"]
@@ -287,31 +338,11 @@ def crash_loop_alert(pack: Mapping[str, Any], scope: Scope) -> AlertSpec:
 
 
 def near_full_alert(pack: Mapping[str, Any], scope: Scope) -> AlertSpec:
-    """SGLangKVCacheNearFull: little of SGLang's KV cache is left, read from what the exporter scrapes.
-
-    "Used" is what an allocation cannot get back: 1 - (free + evictable) / capacity from SGLang's
-    kv_available_tokens and kv_evictable_tokens gauges (0.5.16+; evictable radix cache is reclaimable), or
-    SGLang's token_usage (the same quantity; every release, the worst rank and pool). On a PD decode server the
-    share already promised to transfers and not yet pre-allocated (pending_prealloc_token_usage) counts as used
-    too. Either reading above the threshold warns: the gauges are summed over data-parallel groups, so with DP
-    attention token_usage (the worst group, the one that runs out) can be the higher one.
-    """
+    """SGLangKVCacheNearFull: little of SGLang's KV cache is left, read from what the exporter scrapes (the
+    higher of two readings of "used", _kv_used_record)."""
     spec = pack["kv_near_full"]
     threshold = float(spec["threshold"])
-    usage = scope.sel("sglang_oom_target_token_usage")
-    free = scope.sel("sglang_oom_target_kv_available_tokens")
-    evictable = scope.sel("sglang_oom_target_kv_evictable_tokens")
-    capacity = scope.sel("sglang_oom_target_max_total_tokens")
-    promised = scope.sel("sglang_oom_target_pending_prealloc_token_usage")
-    up = scope.sel("sglang_oom_target_up")
-    by = f"max {scope.by(*TARGET_LABELS)}"
-    expr = (
-        f"(\n  {by} (\n    1 - ({free} + {evictable}) / {capacity}\n    + ({promised} or {free} * 0)\n"
-        f"  ) > {fmt(threshold)}\n"
-        f"  or\n"
-        f"  {by} (\n    {usage}\n    + ({promised} or {usage} * 0)\n  ) > {fmt(threshold)}\n)\n"
-        f"and {scope.on('instance', 'target')}\n({up} == 1)\n"
-    )
+    expr = f"{KV_USED} > {fmt(threshold)}\n"
     description = (
         f"SGLang{_PD_ROLE} at {{{{ $labels.target }}}}"
         "{{ if $labels.pod }} (pod {{ $labels.namespace }}/{{ $labels.pod }})"

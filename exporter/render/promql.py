@@ -100,14 +100,15 @@ def exact_increase(series: str, window: str, recent: str | None = None) -> str:
     2. where it went down (an exporter restarted without its state): the count since the reset plus what the
        window saw before it (its highest value minus the value before the window); exact for one reset while
        the new count stays below the old one, which is how a restarted exporter's counters look;
-    3. a series born in the window (a new source, its first sample at 0 or, when its first lines held the OOM,
-       above 0): its value. `recent` narrows it to series with an event in the window, so counters that come
-       back after a longer outage with their old counts do not count again.
+    3. a series with no sample before the window (a new source): its value, where it was first seen at 0 (every
+       event since came in the window) or where `recent` says its last event is in the window (a new pod whose
+       first log lines held the OOM, counted before the first scrape). Without the first condition, counters
+       that come back after a longer outage with their old counts would count again.
     """
     before = f"last_over_time({series}[{OUTAGE_LOOKBACK}] offset {window})"
     born = f"({series} unless {before})"
     if recent:
-        born = f"(\n  {born}\n  and\n  {recent}\n)"
+        born = f"(\n  {born}\n  and\n  (min_over_time({series}[{window}]) == 0 or {recent})\n)"
     return (
         f"({series} - {before} >= 0)\nor\n"
         f"({series} + clamp_min(max_over_time({series}[{window}]) - {before}, 0))\nor\n"
