@@ -1,9 +1,11 @@
 """Mutation check of the alert pack: can each alert's promtool tests tell its rule from a slightly wrong one?
 
-For every alert of the committed rules (alerts/sglang-oom.rules.yaml) this makes mutants, each one small change
-to the rule, and runs the alert's own test file (tests/rules/<alert lowercased>.test.yaml) against a copy of the
-pack holding only the mutated rule (tests/support/promtool_rules.py, as tests/test_alerts.py runs the tests). A mutant
-is killed when `promtool test rules` fails. The operators:
+For every rule of the committed pack (alerts/sglang-oom.rules.yaml), alerts and recording rules alike, this makes
+mutants, each one small change to the rule, and runs the test files of the alerts it can change against a copy of the
+pack with the mutated rule (tests/support/promtool_rules.py, as tests/test_alerts.py runs the tests): an alert's own
+file (tests/rules/<alert lowercased>.test.yaml), and for a recording rule the files of every alert that reads it,
+directly or through another record (a family's first member standing for the family). A mutant is killed when
+`promtool test rules` fails on one of them. The operators:
 
 - number: each number literal doubled, 0 -> 1;
 - range, offset: each range selector's range and each offset times 3;
@@ -22,7 +24,8 @@ the pack is run under promtool, and each other member's mutants are killed by th
 mutant breaks that equality, and `shape()` here is that test's predicate.
 
 A surviving mutant must be listed, with the reason it cannot change behaviour, in
-tests/rules/equivalent-mutants.yaml (alert, operator, site, change: no line numbers). The check fails on any
+tests/rules/equivalent-mutants.yaml (alert, operator, site, change: no line numbers; `alert` names the rule, a
+recording rule by its record name). The check fails on any
 unlisted survivor, on a listed entry that no longer survives (stale), on a failing control, and when fewer than
 90 % of the valid mutants are killed. `--suggest` prints the entries for new survivors, ready to paste.
 
@@ -235,17 +238,40 @@ def _durations(value: str) -> Iterator[tuple[str, str]]:
         yield f"{value} → {half}", half
 
 
+def rule_name(rule: dict[str, Any]) -> str:
+    """An alerting rule's alert name, a recording rule's record name."""
+    return str(rule.get("alert") or rule["record"])
+
+
+RECORDED_RE = re.compile(r"\b[a-z_]+:[a-z0-9_]+:[a-z0-9_]+\b")
+
+
+def readers(rules: Sequence[dict[str, Any]]) -> dict[str, list[str]]:
+    """Recording rule -> the alerts that read it, directly or through other recording rules, in pack order."""
+    reads = {rule_name(r): set(RECORDED_RE.findall(str(r["expr"]))) for r in rules}
+    out: dict[str, list[str]] = {}
+    for record in (rule_name(r) for r in rules if "record" in r):
+        found, todo = {record}, [record]
+        while todo:
+            current = todo.pop()
+            for name, read in reads.items():
+                if current in read and name not in found:
+                    found.add(name)
+                    todo.append(name)
+        out[record] = [rule_name(r) for r in rules if "alert" in r and rule_name(r) in found]
+    return out
+
+
 def mutants(rule: dict[str, Any], kinds: Sequence[str]) -> list[Mutant]:
-    """Every mutant of one alerting rule; duplicate sites get #2, #3 in their order in the expression."""
+    """Every mutant of one rule; duplicate sites get #2, #3 in their order in the expression."""
     found: list[Mutant] = []
+    name = rule_name(rule)
     for operator, site, change, expr in _expression_mutants(rule["expr"], kinds):
-        found.append(Mutant(rule["alert"], operator, site, change, {**rule, "expr": expr}))
+        found.append(Mutant(name, operator, site, change, {**rule, "expr": expr}))
     for field_ in ("for", "keep_firing_for"):
         if field_ in rule:
             for change, value in _durations(str(rule[field_])):
-                found.append(
-                    Mutant(rule["alert"], field_, f"{field_}: {rule[field_]}", change, {**rule, field_: value})
-                )
+                found.append(Mutant(name, field_, f"{field_}: {rule[field_]}", change, {**rule, field_: value}))
     counts: dict[tuple[str, str, str, str], int] = {}
     named: list[Mutant] = []
     for m in found:
@@ -273,7 +299,7 @@ def families(rules: Sequence[dict[str, Any]]) -> dict[str, str]:
     member: dict[str, str] = {}
     for rule in rules:
         key = shape(rule)
-        if len(set(KIND_RE.findall(rule["expr"]))) != 1:
+        if "alert" not in rule or len(set(KIND_RE.findall(rule["expr"]))) != 1:
             continue
         if key in first:
             member[rule["alert"]] = first[key]
@@ -316,10 +342,10 @@ def _test_file(alert: str) -> Path:
     return RULE_TESTS / f"{alert.lower()}.test.yaml"
 
 
-def _replacing(alert: str, rule: dict[str, Any]) -> Callable[[dict[str, Any]], None]:
+def _replacing(name: str, rule: dict[str, Any]) -> Callable[[dict[str, Any]], None]:
     def change(data: dict[str, Any]) -> None:
         for group in data["groups"]:
-            group["rules"] = [copy.deepcopy(rule) if r["alert"] == alert else r for r in group["rules"]]
+            group["rules"] = [copy.deepcopy(rule) if rule_name(r) == name else r for r in group["rules"]]
 
     return change
 
@@ -375,9 +401,10 @@ def check(
     start = time.monotonic()
     rules = [r for g in load_yaml(RULES)["groups"] for r in g["rules"]]
     kinds = [k.id for k in load_catalog().kinds]
-    chosen = [r for r in rules if alerts is None or r["alert"] in alerts]
+    chosen = [r for r in rules if alerts is None or rule_name(r) in alerts]
     member_of = families(rules) if by_structure else {}
-    by_name = {r["alert"]: r for r in rules}
+    by_name = {rule_name(r): r for r in rules}
+    read_by = readers(rules)
     problems: list[str] = []
     outcomes: list[Outcome] = []
     with tempfile.TemporaryDirectory(prefix="mutate-alerts-", dir=work_dir) as tmp:
@@ -385,16 +412,21 @@ def check(
         pending: dict[str, Outcome] = {}  # test file name -> outcome to fill
         controls: dict[str, str] = {}  # test file name -> alert
         for rule in chosen:
-            alert = rule["alert"]
-            test_file = _test_file(alert)
-            if not test_file.exists():
-                problems.append(f"{alert}: no test file {test_file.relative_to(ROOT)}")
+            alert = rule_name(rule)
+            # The alerts whose tests judge the rule: itself, or every reader of a record (one per family).
+            judges = [alert] if "alert" in rule else list(dict.fromkeys(member_of.get(a, a) for a in read_by[alert]))
+            files = [_test_file(a) for a in judges]
+            if not files or not all(f.exists() for f in files):
+                missing = [str(f.relative_to(ROOT)) for f in files if not f.exists()] or ["no alert reads it"]
+                problems.append(f"{alert}: no test file {', '.join(missing)}")
                 continue
             family = member_of.get(alert)
             if family is None:
                 printed = {**rule, "expr": str(pp.parse(rule["expr"]))}
-                name, _ = isolate(out, test_file, _replacing(alert, printed), f"control-{alert.lower()}")
-                controls[name] = alert
+                for test_file in files:
+                    stem = f"control-{alert.lower().replace(':', '-')}-{test_file.name.removesuffix('.test.yaml')}"
+                    name, _ = isolate(out, test_file, _replacing(alert, printed), stem)
+                    controls[name] = alert
             for n, m in enumerate(mutants(rule, kinds)):
                 if family is not None:
                     same = shape(m.rule) == shape(by_name[family])
@@ -405,9 +437,12 @@ def check(
                 except Exception:  # the parser raises its own error types
                     outcomes.append(Outcome(m, "invalid", "promql-parser rejects it"))
                     continue
-                name, _ = isolate(out, test_file, _replacing(alert, m.rule), f"m{n:03d}-{alert.lower()}")
-                pending[name] = Outcome(m, "killed")
-                outcomes.append(pending[name])
+                outcome = Outcome(m, "killed")
+                outcomes.append(outcome)
+                for test_file in files:
+                    stem = f"m{n:03d}-{alert.lower().replace(':', '-')}-{test_file.name.removesuffix('.test.yaml')}"
+                    name, _ = isolate(out, test_file, _replacing(alert, m.rule), stem)
+                    pending[name] = outcome
         rule_files = [n.replace(".test.yaml", ".rules.yaml") for n in pending]
         checked = _in_batches(["promtool", "check", "rules"], rule_files, out, jobs, "Checking ")
         runnable = []
@@ -420,11 +455,18 @@ def check(
         failed_controls = {alert for name, alert in controls.items() if name not in passed}
         for alert in sorted(failed_controls):
             problems.append(f"{alert}: its tests fail on the unmutated rule as the parser prints it (control)")
+        # A mutant survives when every test file that judges it passed; one failing file kills it.
+        survived: dict[int, bool] = {}
         for name in runnable:
-            if pending[name].mutant.alert in failed_controls:
-                pending[name].status, pending[name].reason = "unjudged", "the control failed"
-            elif name in passed:
-                pending[name].status = "survived"
+            survived[id(pending[name])] = survived.get(id(pending[name]), True) and name in passed
+        for name in runnable:
+            outcome = pending[name]
+            if outcome.status == "invalid":
+                continue
+            if outcome.mutant.alert in failed_controls:
+                outcome.status, outcome.reason = "unjudged", "the control failed"
+            elif survived[id(outcome)]:
+                outcome.status = "survived"
     listed = load_equivalents(equivalents_path)
     surviving = set()
     for o in outcomes:
@@ -434,7 +476,7 @@ def check(
                 o.status, o.reason = "equivalent", listed[o.mutant.key]
             else:
                 problems.append(f"new survivor: {_describe(o.mutant)}")
-    checked_alerts = {r["alert"] for r in chosen}
+    checked_alerts = {rule_name(r) for r in chosen}
     for key in listed:
         if key[0] in checked_alerts and key not in surviving:
             problems.append(f"stale entry in {equivalents_path.name} (no such surviving mutant): {' | '.join(key)}")
@@ -464,12 +506,13 @@ def summary(report: Report) -> str:
     """The per-alert table, the survivors by alert and operator, and the totals."""
     columns = ("killed", "killed-by-structure", "equivalent", "survived", "invalid", "unjudged")
     heads = ("killed", "by structure", "equivalent", "survived", "invalid", "unjudged")
-    lines = [f"{'alert':30} {'mutants':>7} " + " ".join(f"{h:>12}" for h in heads)]
     table = report.by_alert()
+    width = max([30, *(len(a) for a in table)])
+    lines = [f"{'rule':{width}} {'mutants':>7} " + " ".join(f"{h:>12}" for h in heads)]
     for alert, row in table.items():
-        lines.append(f"{alert:30} {sum(row.values()):>7} " + " ".join(f"{row.get(c, 0):>12}" for c in columns))
+        lines.append(f"{alert:{width}} {sum(row.values()):>7} " + " ".join(f"{row.get(c, 0):>12}" for c in columns))
     total = {c: sum(row.get(c, 0) for row in table.values()) for c in columns}
-    lines.append(f"{'all':30} {sum(total.values()):>7} " + " ".join(f"{total[c]:>12}" for c in columns))
+    lines.append(f"{'all':{width}} {sum(total.values()):>7} " + " ".join(f"{total[c]:>12}" for c in columns))
     survivors = [o for o in report.outcomes if o.status in ("survived", "equivalent")]
     if survivors:
         lines.append("survivors (alert | operator | site | change):")
@@ -489,7 +532,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """The command line: print the report; exit 1 when the check fails."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n", 1)[0])
     parser.add_argument("--jobs", type=int, default=2, help="promtool processes at a time (default 2)")
-    parser.add_argument("--alert", action="append", help="only this alert (repeatable)")
+    parser.add_argument("--alert", action="append", help="only this alert or recording rule (repeatable)")
     parser.add_argument(
         "--suggest", action="store_true", help="print equivalent-mutants.yaml entries for new survivors"
     )
