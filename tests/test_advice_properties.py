@@ -7,7 +7,12 @@ For each suggestion of an event of kind K:
   2048", above "to 1.3", more than one step of "0.85 -> 0.9"), or for a flag K's fix text does not name, only
   with the rule saying BEYOND_EXAMPLE and why;
 - an unknown current value is never printed as a number ("the current 1" when nothing is known);
-- a retraction suggests nothing unless SGLang's own counter shows more than a few retracted requests.
+- a retraction suggests nothing unless SGLang's own counter shows more than a few retracted requests;
+- a suggested value can change the failing allocation: a chunk size is below the tokens the failing prefill asked
+  for, and, sized from the free tokens, not above what the pool that ran out had available;
+- an event whose limiting pool is the mamba state pool (hybrid models) gets the mamba lever only: never a chunk
+  size or a running-batch size, which its count (state slots, not KV tokens) must not feed. The hybrid (mamba,
+  swa) and paged snapshots below are shaped as detect/match.py gives them.
 The examples in advise/limits.py are the ones the catalog's text gives (checked here).
 """
 
@@ -23,7 +28,9 @@ from sglang_oom_exporter.advise import limits
 from sglang_oom_exporter.advise.rules import RULES
 from sglang_oom_exporter.advise.suggest import suggest
 from sglang_oom_exporter.catalog import OomKind
-from sglang_oom_exporter.detect.model import OomEvent
+from sglang_oom_exporter.catalog.vocabulary import POOL_FULL, POOL_MAMBA, POOL_SWA
+from sglang_oom_exporter.detect.match import SHORTFALL_NOTE
+from sglang_oom_exporter.detect.model import OomEvent, PoolState
 from tests.support.helpers import CATALOG
 
 _NUMBER = re.compile(r"(?<![\w.])\d+(?:\.\d+)?")
@@ -100,10 +107,30 @@ _NUMBERS = st.fixed_dictionaries(
 )
 
 
-def _check(kind: OomKind, rule: str, subphase: str | None, numbers: dict, args: dict, kv: dict) -> None:
+CHUNK = "--chunked-prefill-size"
+MAMBA_FLAGS = {"--max-mamba-cache-size", "--mamba-full-memory-ratio"}
+
+
+def _check(
+    kind: OomKind, rule: str, subphase: str | None, numbers: dict, args: dict, kv: dict, pools: tuple = ()
+) -> tuple:
     event = OomEvent(kind=kind.id, fatal=kind.fatal, source="s", location="s:1", time=None, ranks=(), message="m",
-                     excerpt="", subphase=subphase, numbers=numbers)  # fmt: skip
+                     excerpt="", subphase=subphase, numbers=numbers, pools=pools)  # fmt: skip
     got = suggest(event, rule, args, kv)
+    requested, available = numbers.get("requested_tokens"), numbers.get("available_tokens")
+    for s in got:
+        if s.flag == CHUNK and s.suggested is not None and requested is not None:
+            assert s.suggested < requested, (kind.id, rule, numbers, s)  # else it cannot change the allocation
+        if (
+            s.flag == CHUNK
+            and s.suggested is not None
+            and available is not None
+            and available >= limits.CHUNKED_PREFILL_FLOOR
+        ):
+            assert s.suggested <= available, (kind.id, rule, numbers, s)
+    if numbers.get("limiting_pool") == POOL_MAMBA:
+        assert {s.flag for s in got if s.suggested is not None} <= MAMBA_FLAGS, (kind.id, rule, numbers, got)
+        assert {s.flag for s in got} == MAMBA_FLAGS, (kind.id, rule, got)
     steps = _steps(kind)
     if kind.id == CATALOG.retraction_kind and kv.get("retracted_requests_total", 0) < limits.RETRACTED_BEFORE_ADVICE:
         assert got == ()
@@ -135,6 +162,7 @@ def _check(kind: OomKind, rule: str, subphase: str | None, numbers: dict, args: 
             assert s.suggested >= min(examples), (kind.id, rule, s)
         elif direction == "raise":
             assert s.suggested <= max(examples), (kind.id, rule, s)
+    return got
 
 
 USES = [(rule, kind) for rule in sorted(RULES) for kind in _uses(rule)]
@@ -150,3 +178,65 @@ USES = [(rule, kind) for rule in sorted(RULES) for kind in _uses(rule)]
 )
 def test_advice_never_contradicts_itself(rule, kind, numbers, args, kv, subphase):
     _check(kind, rule, subphase, numbers, args, kv)
+
+
+# The KV rules: the ones a hybrid or paged snapshot reaches (an event with pools is a KV allocation failure).
+KV_USES = [(rule, kind) for rule, kind in USES if rule in ("chunked_prefill", "running_requests", "prefill_or_decode")]
+
+
+@st.composite
+def _pool_snapshot(draw) -> tuple[dict, tuple]:
+    """numbers and pools as detect/match.py gives them for a hybrid (mamba, swa) or paged failure."""
+    shape = draw(st.sampled_from(["mamba", "swa", "pure_swa", "paged"]))
+    requested = draw(st.integers(min_value=1, max_value=200_000))
+    if shape == "paged":  # paged rounding: the request is not above what was available (facts 10.9)
+        available = draw(st.integers(min_value=requested, max_value=400_000))
+        pools = (PoolState(POOL_FULL, available=available),)
+        numbers = {"requested_tokens": requested, "available_tokens": available, "limiting_pool": POOL_FULL,
+                   "shortfall_tokens": None, "shortfall_note": f"asked for {requested}, {available} available: "
+                   + SHORTFALL_NOTE}  # fmt: skip
+        return numbers, pools
+    small = draw(st.integers(min_value=0, max_value=requested - 1)) if requested > 1 else 0
+    name = POOL_MAMBA if shape == "mamba" else POOL_SWA
+    pools = (PoolState(name, available=small),)
+    if shape != "pure_swa":
+        pools = (PoolState(POOL_FULL, available=draw(st.integers(min_value=requested, max_value=8_000_000))), *pools)
+    numbers = {"requested_tokens": requested, "available_tokens": small, "limiting_pool": name,
+               "shortfall_tokens": requested - small}  # fmt: skip
+    return numbers, pools
+
+
+_HYBRID_ARGS = st.fixed_dictionaries(
+    {},
+    optional={
+        "chunked_prefill_size": st.sampled_from([-1, 512, 2048, 4096, 8192, 16384, 65536]),
+        "max_running_requests": st.integers(min_value=0, max_value=4096),
+        "max_mamba_cache_size": st.integers(min_value=0, max_value=10_000),
+        "mamba_full_memory_ratio": st.floats(min_value=0.1, max_value=0.99),
+        "mem_fraction_static": st.floats(min_value=0.3, max_value=0.99),
+    },
+)
+
+
+@pytest.mark.parametrize(("rule", "kind"), KV_USES, ids=[f"{r}-{k.id}" for r, k in KV_USES])
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(snapshot=_pool_snapshot(), args=_HYBRID_ARGS, kv=_KV)
+def test_hybrid_and_paged_advice_targets_the_pool_that_ran_out(rule, kind, snapshot, args, kv):
+    numbers, pools = snapshot
+    got = _check(kind, rule, None, numbers, args, kv, pools)
+    if numbers["limiting_pool"] == POOL_MAMBA:
+        mamba = numbers["available_tokens"]
+        # Nothing derived from the mamba count: no number of any suggestion is a power of two fitted to it.
+        assert all(s.suggested != limits.pow2_at_most(mamba) or s.flag in MAMBA_FLAGS for s in got)
+        assert all("the memory comes out of the full KV pool" in s.rule for s in got)
+
+
+def test_a_1444_token_prefill_never_gets_a_4096_chunk():
+    """Measured: a 1,444-token prefill with 300 free and --chunked-prefill-size 16384 was told 16384 -> 4096."""
+    (kind,) = (k for k in CATALOG.kinds if k.suggest == "chunked_prefill")
+    got = _check(kind, "chunked_prefill", None, {"requested_tokens": 1444, "available_tokens": 300},
+                 {"chunked_prefill_size": 16384, "max_running_requests": 256}, {})  # fmt: skip
+    assert [(s.flag, s.current, s.suggested) for s in got] == [
+        (CHUNK, 16384, None),
+        ("--max-running-requests", 256, 192),
+    ]

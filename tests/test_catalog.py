@@ -13,6 +13,7 @@ import yaml
 from sglang_oom_exporter.catalog import CatalogError, default_catalog_path, load_catalog
 from sglang_oom_exporter.catalog.vocabulary import EVENT_FIELDS
 from sglang_oom_exporter.detect.match import Matcher
+from tests.support.helpers import scan_text
 
 CATALOG = load_catalog()
 MATCHER = Matcher(CATALOG)
@@ -209,7 +210,7 @@ def test_no_python_module_names_a_kind():
     assert found == []
 
 
-def test_the_vocabulary_spells_a_kind_id_only_as_a_phase_the_catalog_uses():
+def test_the_vocabulary_spells_a_kind_id_only_as_a_phase_the_catalog_uses_or_a_pool_sglang_names():
     from sglang_oom_exporter.catalog import vocabulary
 
     with open(_vocabulary_path(), encoding="utf-8") as fh:
@@ -225,10 +226,16 @@ def test_the_vocabulary_spells_a_kind_id_only_as_a_phase_the_catalog_uses():
     }
     # Every spelling is the whole value of one such NAME = "id" line: none in a tuple, a dict, a comment or text.
     assert sorted(_spellings(text)) == sorted(constants.values())
-    assert sorted(constants) == ["PHASE_DECODE", "PHASE_PREFILL"]
-    # ... and each is a phase the catalog itself uses: a kind's phase, a phase_kinds key and a phase_frames group.
+    assert sorted(constants) == ["PHASE_DECODE", "PHASE_PREFILL", "POOL_MAMBA"]
+    # ... and each is a phase the catalog itself uses: a kind's phase, a phase_kinds key and a phase_frames group;
+    # or the name detection gives a pool SGLang's own message names ("Available mamba: N", facts 2).
     for name, value in constants.items():
         assert getattr(vocabulary, name) == value
+        if name.startswith("POOL_"):
+            block = ("Out of memory. Try to lower your batch size.\nTry to allocate 8 tokens.\n"
+                     f"Available {value}: 5 (available_size=5 + component_evictable_size_=0)\n\n")  # fmt: skip
+            assert [p.name for e in scan_text(block) for p in e.pools] == [value]
+            continue
         assert value in vocabulary.PHASES
         assert value in {k.phase for k in CATALOG.kinds}
         assert value in CATALOG.phase_kinds

@@ -256,7 +256,7 @@ def test_exclusions_stay_narrow(dash):
 
 def test_every_expression_parses_with_grafanas_all_values(dash):
     exprs = list(_exprs(dash))
-    assert len(exprs) == 31  # 30 panel targets and the annotation
+    assert len(exprs) == 32  # 31 panel targets and the annotation
     for expr in exprs:
         # label_replace's "$1" is a regex group, not a variable: Grafana leaves a name it does not know as is
         concrete = interpolate(expr, GRAFANA_ALL).replace('"$1"', "")
@@ -287,7 +287,7 @@ def test_dashboard_conventions(dash):
     assert dash["editable"] is False
     assert not {"id", "__inputs", "__requires"} & set(dash)
     ids = [p["id"] for p in panels(dash)]
-    assert len(ids) == len(set(ids)) == 35
+    assert len(ids) == len(set(ids)) == 36
     datasources = [v for k, v in _walk_json(dash) if k == "datasource"]
     assert datasources
     assert all(ds == {"type": "prometheus", "uid": "${datasource}"} for ds in datasources)
@@ -453,13 +453,17 @@ def _merged_columns(table: dict[str, Any], labels: Mapping[str, str]) -> list[st
 
 def test_tables_show_their_own_columns_and_never_the_operators_labels(dash):
     tables = [p for p in panels(dash) if p.get("type") == "table"]
-    assert len(tables) == 2
+    assert len(tables) == 3
     # A series as a Prometheus Operator ServiceMonitor scrape labels it, in Kubernetes node mode.
     series = {"__name__": "x", "job": "sglang-oom-exporter", "instance": "10.0.0.7:9817", "endpoint": "http",
               "service": "sglang-oom-exporter", "prometheus": "monitoring/k8s", "prometheus_replica": "prometheus-0",
               "namespace": "llm", "pod": "sglang-0", "container": "sglang", "kind": "decode",
               "flag": "max-running-requests"}  # fmt: skip
-    what, last = tables
+    what, last, words = tables
+    info = {**series, "limiting_pool": "mamba", "detail": "The last one ...", "advice": "Suggested: ..."}
+    info.pop("flag")
+    assert _merged_columns(words, info) == ["kind", "limiting pool", "detail", "advice", "namespace", "pod",
+                                            "container"]  # fmt: skip
     assert _merged_columns(what, series) == ["kind", "flag", "current", "suggested", "namespace", "pod", "container"]
     assert _merged_columns(last, series) == [
         "kind",

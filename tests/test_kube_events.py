@@ -96,8 +96,8 @@ def test_a_tp2_oom_with_tracebacks_gives_exactly_one_warning_event_on_its_pod(ap
     message = body["message"]
     (s,) = events[-1].suggestions
     assert message == (
-        f"{CATALOG.kind('prefill').title}: asked for 16384 tokens, 9000 available (ranks TP0, TP1). "
-        f"Suggested: lower {s.flag} from 16384 to {s.suggested:g}. {DEFAULT_RUNBOOK_BASE_URL}/sglangprefilloom.md"
+        f"{CATALOG.kind('prefill').title}: asked for 16384 KV tokens while 9000 were available (ranks TP0, TP1). "
+        f"Suggested: {s.flag} from 16384 to {s.suggested:g}. {DEFAULT_RUNBOOK_BASE_URL}/sglangprefilloom.md"
     )
     assert len(message.encode()) < 1024
     assert api.calls[0][:3] == ("GET", "/api/v1/namespaces/llm/pods/llama-0", "Bearer tok-1")

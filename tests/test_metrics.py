@@ -149,9 +149,9 @@ def _exposition() -> str:
     labels = ("llm", "sglang-0", "sglang")
     counts.ensure(labels)
     event = _event("decode", requested_tokens=96, available_tokens=40)
-    counts.record(
-        labels, EventSink(CATALOG).enrich(event, Context(args={"max_running_requests": 256})), 1_780_000_000.0
-    )
+    sink = EventSink(CATALOG, counts=counts, wall=lambda: 1_780_000_000.0)
+    sink.record(event, labels, dict(zip(counts.label_names, labels, strict=True)),
+                Context(args={"max_running_requests": 256}))  # fmt: skip
     stats = SourceStats(labels, files=2, bytes_read=9467, lines_read=125, records=4, matched_records=2, lag_bytes=0,
                         last_read=1_780_000_000.0)  # fmt: skip
     stats.resets["rotated"] = 1

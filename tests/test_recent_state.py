@@ -51,8 +51,12 @@ def test_a_restart_restores_the_events_marked_and_the_last_event_times(tmp_path)
     assert [event_json(s.event, CATALOG) for s in new] == [event_json(s.event, CATALOG) for s in old]
     assert [(dict(s.labels), s.seen, s.restored) for s in new] == [(dict(s.labels), s.seen, True) for s in old]
     assert _last(app) == _last(before)
-    # The blocks give requested tokens and no available ones: two series, both back.
-    assert sorted(name for name, _ in _last(app)) == ["sglang_oom_last_event_requested_tokens", LAST_TS]
+    # The blocks give requested tokens and no available ones: three series (the info one in words), all back.
+    assert sorted(name for name, _ in _last(app)) == [
+        "sglang_oom_last_event_info",
+        "sglang_oom_last_event_requested_tokens",
+        LAST_TS,
+    ]
 
 
 def test_an_old_state_file_without_recent_still_loads(tmp_path):

@@ -53,7 +53,8 @@ def test_event_json_has_the_documented_shape():
     data = event_json(event, CATALOG)
     assert sorted(data) == sorted([
         "kind", "title", "fatal", "time", "ranks", "source", "requested_tokens", "available_tokens", "phase",
-        "subphase", "inferred", "message", "numbers", "pools", "excerpt", "remediation", "suggestions", "context",
+        "subphase", "inferred", "message", "numbers", "pools", "excerpt", "remediation", "suggestions", "explanation",
+        "context",
     ])  # fmt: skip
     assert (data["kind"], data["title"], data["source"], data["requested_tokens"]) == (
         "prefill",

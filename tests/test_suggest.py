@@ -113,11 +113,17 @@ def test_an_unknown_current_value_is_never_printed_as_a_number():
 def test_unknown_phase_gives_both_fixes_with_their_condition():
     got = by_catalog(_event("unknown", requested_tokens=96, available_tokens=40),
                      {"chunked_prefill_size": 8192, "max_running_requests": 64})  # fmt: skip
+    # A 96-token prefill: the runbook's 4096 chunk would not change it, so the prefill side lowers the running
+    # batch too, with its reason (advise/scheduler.py prefill).
     assert [(s.flag, s.current, s.suggested) for s in got] == [
-        ("--chunked-prefill-size", 8192, 4096),
-        ("--max-running-requests", 64, None),
+        ("--chunked-prefill-size", 8192, None),
+        ("--max-running-requests", 64, 48),
         ("--max-running-requests", 64, 48),
     ]
+    assert got[0].rule == (
+        "a 4096-token chunk would not change the failing prefill, which asked for only 96 tokens (at most the floor "
+        "512); lower --max-running-requests instead, the running requests hold the pool"
+    )
     assert [s.when.rsplit(" ", 2)[-2:] for s in got] == [["a", "prefill"], ["a", "prefill"], ["decode", "batch"]]
 
 

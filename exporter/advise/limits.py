@@ -10,6 +10,9 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
+from ..catalog.vocabulary import POOL_FULL
+from ..detect.model import OomEvent
+
 CHUNKED_PREFILL_FLOOR = 512  # below this, chunked prefill costs more than it saves; shrink the batch instead
 RUNNING_REQUESTS_FLOOR = 1
 DRAFT_TOKENS_FLOOR = 2
@@ -25,6 +28,11 @@ CUDA_GRAPH_BS_GUIDE = 16
 CHUNKED_PREFILL_EXAMPLES = (2048, 4096)  # "lower, for example to 4096 or 2048"
 MEM_FRACTION_DOWN_EXAMPLES = (0.7, 0.8)  # "lower it, for example to 0.8 or 0.7"
 BEYOND_EXAMPLE = "beyond the runbook's example"
+# The words a rule uses when it leaves a flag alone because no value of it could change the failing allocation
+# (a chunk at or above the tokens a prefill asked for): advise/explain.py names such a lever as skipped.
+WOULD_NOT_CHANGE = "would not change the failing"
+# The next lever when neither the chunk nor the running batch can be sized: a trade-off, never a fix (facts 8).
+MEM_FRACTION_LEVER = "raise --mem-fraction-static if available_gpu_mem at start-up leaves room (a trade-off, not a fix)"
 # Retracted requests (SGLang's own counter, 0.5.8+) before a retraction suggests a value: one or a few
 # retractions are normal and never alert; without the counter a retraction suggests nothing.
 RETRACTED_BEFORE_ADVICE = 10
@@ -36,6 +44,12 @@ def num(mapping: Mapping[str, Any], key: str) -> float | None:
     if isinstance(value, bool) or not isinstance(value, int | float) or math.isnan(value):
         return None
     return float(value)
+
+
+def pool_words(event: OomEvent) -> str:
+    """' of the swa pool (the limit)' when a pool other than the full KV pool ran out, else nothing."""
+    pool = event.numbers.get("limiting_pool")
+    return f" of the {pool} pool (the limit)" if isinstance(pool, str) and pool and pool != POOL_FULL else ""
 
 
 def text(value: float | None) -> str:

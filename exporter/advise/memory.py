@@ -8,6 +8,7 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
+from ..catalog.vocabulary import POOL_FULL
 from ..detect.model import OomEvent, Suggestion
 from .limits import (
     BEYOND_EXAMPLE,
@@ -99,6 +100,27 @@ def mamba_cache(args: Mapping[str, Any]) -> list[Suggestion]:
     return [
         Suggestion("--max-mamba-cache-size", current, math.ceil(current * 1.5), f"1.5 times the current {current:.0f}")
     ]
+
+
+# What moving memory to the mamba state pool costs: SGLang carves it out of the same GPU memory as the full KV pool.
+MAMBA_COST = "the memory comes out of the full KV pool"
+MAMBA_FIX = f"Raise --max-mamba-cache-size or --mamba-full-memory-ratio so the mamba state pool has room; {MAMBA_COST}"
+
+
+def mamba_pool(event: OomEvent, args: Mapping[str, Any]) -> list[Suggestion]:
+    """The mamba lever for a KV allocation whose limit was the mamba state pool, never a chunk or a batch sized
+    from the mamba count: that counts per-request state slots, not KV tokens."""
+    free, full = event.numbers.get("available_tokens"), full_available(event)
+    where = f"the mamba state pool was the limit ({free} free" + (f"; the full KV pool had {full})" if full else ")")
+    size = [Suggestion(s.flag, s.current, s.suggested, f"{s.rule}: {where}; {MAMBA_COST}") for s in mamba_cache(args)]
+    ratio = Suggestion("--mamba-full-memory-ratio", num(args, "mamba_full_memory_ratio"), None,
+                       f"raise it when the cache size alone is not enough: {where}; {MAMBA_COST}")  # fmt: skip
+    return [*size, ratio]
+
+
+def full_available(event: OomEvent) -> int | None:
+    """What the full KV pool had available at the event, when the message said."""
+    return next((p.available for p in event.pools if p.name == POOL_FULL), None)
 
 
 def pool_vs_context(args: Mapping[str, Any], kv: Mapping[str, Any]) -> list[Suggestion]:

@@ -18,34 +18,63 @@ from .limits import (
     CONSERVATIVENESS_MAX,
     DRAFT_TOKENS_FLOOR,
     FALLBACK_SHRINK,
+    MEM_FRACTION_LEVER,
     POOL_HEADROOM,
     RETRACTED_BEFORE_ADVICE,
     RUNNING_REQUESTS_FLOOR,
+    WOULD_NOT_CHANGE,
     num,
+    pool_words,
     pow2_at_most,
     round_requests,
     text,
 )
 
 
-def prefill(event: OomEvent, args: Mapping[str, Any]) -> list[Suggestion]:
+def prefill(event: OomEvent, args: Mapping[str, Any], kv: Mapping[str, Any]) -> list[Suggestion]:
     """--chunked-prefill-size sized to the tokens that were free (and fewer running requests below the floor).
 
     Free tokens below the floor are too few to size a chunk from: the running requests held the pool, so the
     suggestion is the runbook's example (4096 or 2048) and the running batch is what to shrink, never an
-    extreme chunk. Without numbers, half the current value, within the runbook's examples.
+    extreme chunk. Without numbers, half the current value, within the runbook's examples. A chunk is only
+    suggested below the tokens the failing prefill asked for: one at or above it would not change that
+    allocation, so the running requests (which hold the pool) are the lever then, with the reason.
     """
+    out = _prefill_chunk(event, args)
+    requested = num(event.numbers, "requested_tokens")
+    chunk = out[0]
+    # A chunk with no number still names the runbook's examples: the smaller one is what it would come to.
+    smallest = (
+        chunk.suggested if chunk.suggested is not None or chunk.current is not None else min(CHUNKED_PREFILL_EXAMPLES)
+    )
+    if requested is None or smallest is None or smallest < requested:
+        return out
+    why = f"a {smallest:.0f}-token chunk {WOULD_NOT_CHANGE} prefill, which asked for only {requested:.0f} tokens" + (
+        f" (at most the floor {CHUNKED_PREFILL_FLOOR})" if requested <= CHUNKED_PREFILL_FLOOR else ""
+    )
+    instead = "lower --max-running-requests instead, the running requests hold the pool"
+    skipped = Suggestion(chunk.flag, chunk.current, None, f"{why}; {instead}")
+    lever = [
+        Suggestion(s.flag, s.current, s.suggested, f"the running requests hold the pool: {s.rule}"
+                   + ("" if s.suggested is not None else f"; or {MEM_FRACTION_LEVER}"), s.when)
+        for s in decode(event, args, kv)
+    ]  # fmt: skip
+    return [skipped, *lever]
+
+
+def _prefill_chunk(event: OomEvent, args: Mapping[str, Any]) -> list[Suggestion]:
     requested = num(event.numbers, "requested_tokens")
     available = num(event.numbers, "available_tokens")
     current = num(args, "chunked_prefill_size")
     flag = "--chunked-prefill-size"
     low, high = CHUNKED_PREFILL_EXAMPLES
     fit = pow2_at_most(available) if available is not None else 0
+    of_pool = pool_words(event)
     if available is None or fit < CHUNKED_PREFILL_FLOOR:
         why = (
             "the message gave no available tokens"
             if available is None
-            else f"only {available:.0f} KV tokens were free, too few to size a prefill chunk from"
+            else f"only {available:.0f} KV tokens were free{of_pool}, too few to size a prefill chunk from"
         )
         out = [_prefill_by_example(flag, current, why)]
         if available is not None:
@@ -54,14 +83,14 @@ def prefill(event: OomEvent, args: Mapping[str, Any]) -> list[Suggestion]:
                     "--max-running-requests",
                     num(args, "max_running_requests"),
                     None,
-                    f"only {available:.0f} tokens were free, less than the floor {CHUNKED_PREFILL_FLOOR}: "
+                    f"only {available:.0f} tokens were free{of_pool}, less than the floor {CHUNKED_PREFILL_FLOOR}: "
                     "the running requests fill the pool; admit fewer of them",
                 )
             )
         return out
     value = fit
     rule = (
-        f"the largest power of two that fits the {available:.0f} available tokens"
+        f"the largest power of two that fits the {available:.0f} available tokens{of_pool}"
         + (f" (the prefill asked for {requested:.0f})" if requested is not None else "")
         + f", never below {CHUNKED_PREFILL_FLOOR}"
     )
@@ -121,6 +150,9 @@ def decode(event: OomEvent, args: Mapping[str, Any], kv: Mapping[str, Any]) -> l
             rule += f"; that does not shrink the batch, so {FALLBACK_SHRINK:.0%} of the {running:.0f} running"
         return [_below_current(flag, current, value, rule + f", at least {RUNNING_REQUESTS_FLOOR}")]
     base, what = (current, "the current limit") if current else (running, "the requests running at the failure")
+    if base and not current and round_requests(base * FALLBACK_SHRINK) >= base:
+        rule = f"{base:.0f} running request(s) at the failure, already the fewest: the pool is small for one request"
+        return [Suggestion(flag, current, None, rule + " (see --context-length and --mem-fraction-static)")]
     if base:
         return [
             _below_current(

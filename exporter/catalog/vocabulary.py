@@ -69,6 +69,7 @@ KV_FAILURE_PHASES = (*KV_PHASES, PHASE_FRAMES)
 # the message gives it (Available mamba: N, [mamba-active] total=N).
 POOL_FULL = "full"
 POOL_SWA = "swa"
+POOL_MAMBA = "mamba"  # the hybrid model's per-request state pool: its count is state slots, not KV tokens
 # Suggestion rules a kind (or one of its patterns) may name in `suggest:`; advise/rules.py implements each.
 SUGGEST_RULES = (
     "none",

@@ -2,6 +2,8 @@
 
     OomEvent --enrich (KV context + catalog's suggestion rule, excerpt redacted)--> counters (metrics/) + EventStore
                                                              \\--> event_json(): scan JSON and /events
+    explanation(): the limiting pool, numbers and advice in words, the same for the counters' info series,
+    event_json, scan's text, the page and the Kubernetes Event message
 
 `scan` enriches with the server args it was given and keeps the events; `serve` enriches with the
 scraped endpoint's last snapshot, counts and stores, and hands each live event (not one read from history)
@@ -16,6 +18,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
+from ..advise.explain import Explanation, explain
 from ..advise.suggest import with_suggestions
 from ..catalog import Catalog
 from ..detect.model import OomEvent
@@ -84,7 +87,9 @@ class EventSink:
             event = self.enrich(event, context)
             now = self._wall()
             if self.counts is not None:
-                self.counts.record(labels, event, now)
+                told = explanation(event, self.catalog)
+                info = {"limiting_pool": told.limiting_pool, "detail": told.detail, "advice": told.advice}
+                self.counts.record(labels, event, now, info)
             if self.store is not None:
                 self.store.add(event, label_map, now)
             if live and self._on_live is not None:
@@ -101,6 +106,11 @@ class EventSink:
             event.numbers.get("requested_tokens"), event.numbers.get("available_tokens"),
         )  # fmt: skip
         return event
+
+
+def explanation(event: OomEvent, catalog: Catalog) -> Explanation:
+    """The limiting pool, the numbers and the advice in words (advise/explain.py), for every output of an event."""
+    return explain(event, catalog.kind(event.kind).summary)
 
 
 def event_json(event: OomEvent, catalog: Catalog) -> dict[str, Any]:
@@ -125,5 +135,6 @@ def event_json(event: OomEvent, catalog: Catalog) -> dict[str, Any]:
         "excerpt": event.excerpt,
         "remediation": kind.remediation(),
         "suggestions": [s.as_dict() for s in event.suggestions],
+        "explanation": explanation(event, catalog).as_dict(),
         "context": event.context,
     }

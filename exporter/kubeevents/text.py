@@ -15,7 +15,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from ..catalog import Catalog
-from ..detect.model import OomEvent, Suggestion, format_number
+from ..detect.model import OomEvent
+from ..events.sink import explanation
 from ..render import RenderOptions, runbook_page_url
 from ..render.alertspec import RETRACTIONS_HIGH, alert_name
 from ..sources.discover import PodLogRef, pod_log_ref
@@ -78,28 +79,14 @@ def runbook_url(base: str, reason: str) -> str:
 
 
 def message_for(catalog: Catalog, event: OomEvent, runbook: str, prefix: str = "") -> str:
-    """What happened with its numbers, the suggestion (or the catalog's fix), the runbook URL; under 1 kB."""
+    """What happened with its numbers, the suggestion (or the fix), the runbook URL; under 1 kB. The words are
+    the ones scan, /events and sglang_oom_last_event_info give (events.sink.explanation)."""
     kind = catalog.kind(event.kind)
-    what = prefix + kind.title
-    n = event.numbers
-    requested, available = n.get("requested_tokens"), n.get("available_tokens")
-    if requested is not None and available is not None:
-        what += f": asked for {requested} tokens, {available} available"
-    elif requested is not None:
-        what += f": asked for {requested} tokens"
+    told = explanation(event, catalog)
+    what = prefix + kind.title + (f": {told.what}" if told.what else "")
     if len(event.ranks) > 1:
         what += f" (ranks {', '.join(event.ranks)})"
-    changes = [_change(s) for s in event.suggestions if s.suggested is not None]
-    advice = f"Suggested: {'; '.join(changes)}." if changes else f"Fix: {kind.summary}"
-    return _fit(f"{what}.", advice, runbook)
-
-
-def _change(s: Suggestion) -> str:
-    """'lower --chunked-prefill-size from 16384 to 4096', or 'set --x to 4096' when the current value is unknown."""
-    if s.current is None or s.suggested is None:
-        return f"set {s.flag} to {format_number(s.suggested)}"
-    verb = "lower" if s.suggested < s.current else "raise"
-    return f"{verb} {s.flag} from {format_number(s.current)} to {format_number(s.suggested)}"
+    return _fit(f"{what}.", told.advice, runbook)
 
 
 def _fit(what: str, advice: str, runbook: str) -> str:

@@ -24,11 +24,18 @@ def fatal_kinds(catalog: Catalog) -> tuple[str, ...]:
     return tuple(k.id for k in catalog.kinds if k.fatal != "false" or any(p.fatal for p in k.patterns))
 
 
+# sglang_oom_last_event_info's text labels, in label order, and how long each may be (a label is no place for
+# an essay: a longer text ends in an ellipsis).
+INFO_LABELS = ("limiting_pool", "detail", "advice")
+INFO_LABEL_LIMIT = 299
+
+
 @dataclass(slots=True)
 class _Last:
     timestamp: float
     requested: float | None
     available: float | None
+    info: tuple[str, ...] | None = None  # INFO_LABELS' values; None: the event gave none (an old state file)
 
 
 # The event families in page order: key -> (name after the namespace, type, help, label set).
@@ -41,6 +48,9 @@ _FAMILIES = {
     "last_req": ("last_event_requested_tokens", "gauge", "Tokens the last failed allocation asked for.", "kind"),
     "last_avail": ("last_event_available_tokens", "gauge",
                    "Tokens available (free + evictable) in the pool that ran out, at the last event.", "kind"),
+    "last_info": ("last_event_info", "gauge",
+                  "Always 1: the last event of a kind in words, the pool that ran out, its numbers and the advice "
+                  "(the same text as scan and /events).", "info"),
     "suggested": ("suggested_flag_value", "gauge",
                   "The value the last event of a kind suggests for an SGLang flag (flag without its leading dashes).",
                   "flag"),
@@ -74,11 +84,13 @@ class EventCounts:
         self._sum: float | None = 0.0  # total() over every source and kind (None: recount); the keeper asks each pass
         by = {"kind": ["kind", *self.label_names], "source": list(self.label_names)}
         by["flag"] = [*by["kind"], "flag"]
+        by["info"] = [*by["kind"], *INFO_LABELS]
         fams = {attr: self.page.family(f"{NAMESPACE}_{name}", typ, doc, by[labels])
                 for attr, (name, typ, doc, labels) in _FAMILIES.items()}  # fmt: skip
         self._f_events, self._f_fatal, self._f_retracted = fams["events"], fams["fatal"], fams["retracted"]
         self._f_last_ts, self._f_last_req, self._f_last_avail = fams["last_ts"], fams["last_req"], fams["last_avail"]
         self._f_suggested, self._f_current = fams["suggested"], fams["current"]
+        self._f_last_info = fams["last_info"]
         self.sources = SourceTable(self.page, self.label_names)  # the read statistics, after the event families
 
     # --- writes ------------------------------------------------------------------------------
@@ -103,8 +115,8 @@ class EventCounts:
             _show(self._f_fatal, (kind, *labels), value, zero=kind in self.kinds and kind in self.fatal_kinds)
         _show(self._f_retracted, labels, self._retracted[labels], zero=self.retraction_kind is not None)
 
-    def record(self, labels: Labels, event: OomEvent, wall_time: float) -> None:
-        """Count one event."""
+    def record(self, labels: Labels, event: OomEvent, wall_time: float, info: Mapping[str, str] | None = None) -> None:
+        """Count one event; info is its INFO_LABELS in words (events/sink.py), for sglang_oom_last_event_info."""
         n = event.numbers
         with self._lock:
             self._ensure(labels)
@@ -124,11 +136,9 @@ class EventCounts:
                 wall_time,
                 float(requested) if isinstance(requested, int | float) else None,
                 float(available) if isinstance(available, int | float) else None,
+                None if info is None else tuple(_label_text(info.get(k, "")) for k in INFO_LABELS),
             )
-            self._last[(labels, event.kind)] = last
-            self._f_last_ts.set(kind_key, last.timestamp)
-            _show(self._f_last_req, kind_key, last.requested)
-            _show(self._f_last_avail, kind_key, last.available)
+            self._show_last(labels, event.kind, last)
             for s in event.suggestions:
                 if s.suggested is not None:
                     # The first suggestion per flag is the primary one (an unknown phase lists prefill first).
@@ -163,9 +173,11 @@ class EventCounts:
             self._retracted.pop(labels, None)
             self._f_retracted.discard(labels)
             for key in [k for k in self._last if k[0] == labels]:
-                del self._last[key]
+                old = self._last.pop(key)
                 for fam in (self._f_last_ts, self._f_last_req, self._f_last_avail):
                     fam.discard((key[1], *labels))
+                if old.info is not None:
+                    self._f_last_info.discard((key[1], *labels, *old.info))
             for fkey in [k for k in self._flags if k[0] == labels]:
                 del self._flags[fkey]
                 for fam in (self._f_suggested, self._f_current):
@@ -229,7 +241,7 @@ class EventCounts:
         with self._lock:
             return [
                 {"labels": list(labels), "kind": kind, "timestamp": last.timestamp, "requested": last.requested,
-                 "available": last.available}
+                 "available": last.available, **_info_state(last.info)}
                 for (labels, kind), last in self._last.items()
             ]  # fmt: skip
 
@@ -243,8 +255,10 @@ class EventCounts:
                 if len(labels) != len(self.label_names):
                     raise ValueError(f"bad entry {entry!r}")
                 req, avail = entry["requested"], entry["available"]
+                # A state file written before the info series has no texts: that series waits for the next event.
+                info = tuple(_label_text(str(entry[k])) for k in INFO_LABELS) if INFO_LABELS[0] in entry else None
                 last = _Last(float(entry["timestamp"]), None if req is None else float(req),
-                             None if avail is None else float(avail))  # fmt: skip
+                             None if avail is None else float(avail), info)  # fmt: skip
                 restored.append((labels, str(entry["kind"]), last))
         except (KeyError, TypeError, AttributeError) as exc:
             raise ValueError(f"bad last-event state: {exc!r}") from exc
@@ -253,11 +267,30 @@ class EventCounts:
                 key = (labels, kind)
                 if key in self._last and self._last[key].timestamp >= last.timestamp:
                     continue
-                self._last[key] = last
-                kind_key = (kind, *labels)
-                self._f_last_ts.set(kind_key, last.timestamp)
-                _show(self._f_last_req, kind_key, last.requested)
-                _show(self._f_last_avail, kind_key, last.available)
+                self._show_last(labels, kind, last)
+
+    def _show_last(self, labels: Labels, kind: str, last: _Last) -> None:
+        """Make `last` the kind's last event: its gauges, and its one info series (the previous one removed)."""
+        old = self._last.get((labels, kind))
+        self._last[(labels, kind)] = last
+        kind_key = (kind, *labels)
+        self._f_last_ts.set(kind_key, last.timestamp)
+        _show(self._f_last_req, kind_key, last.requested)
+        _show(self._f_last_avail, kind_key, last.available)
+        if old is not None and old.info is not None and old.info != last.info:
+            self._f_last_info.discard((*kind_key, *old.info))
+        if last.info is not None:
+            self._f_last_info.set((*kind_key, *last.info), 1.0)
+
+
+def _info_state(info: tuple[str, ...] | None) -> dict[str, str]:
+    """The info series' texts as the state file keeps them beside the last event (none: nothing)."""
+    return {} if info is None else dict(zip(INFO_LABELS, info, strict=True))
+
+
+def _label_text(text: str) -> str:
+    """A text label within INFO_LABEL_LIMIT characters, ending in an ellipsis when cut."""
+    return text if len(text) <= INFO_LABEL_LIMIT else text[: INFO_LABEL_LIMIT - 1].rstrip() + "…"
 
 
 def _show(fam: Family, key: tuple[str, ...], value: float | None, *, zero: bool = False) -> None:

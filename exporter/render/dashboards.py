@@ -41,6 +41,7 @@ from .promql import Scope, indent, per_group, relabel_cluster
 
 OVERVIEW_PATH = f"dashboards/{OVERVIEW_DASHBOARD_UID}.json"
 OVERVIEW_TITLE = "SGLang OOM overview"
+SOURCE_COLUMNS = ["namespace", "pod", "container", "source"]  # the source labels a table shows, after its own
 
 
 def render_dashboards(catalog: Catalog, options: RenderOptions, _files: Mapping[str, str]) -> dict[str, str]:
@@ -250,9 +251,22 @@ def last_event_queries() -> list[g.Json]:
     )
 
 
+def _source_table(
+    title: str,
+    description: str,
+    queries: list[g.Json],
+    unit: str,
+    row_link: str,
+    names: Mapping[str, str],
+    columns: list[str],
+) -> g.Json:
+    """A table with one row per kind and source (these columns, renamed by names), each row linked to its runbook."""
+    fields = g.field_config(unit, data_links=[g.link("Runbook for ${__data.fields.kind}", row_link)])
+    return g.table(title, description, queries, fields, _merge_table(names, [*columns, *SOURCE_COLUMNS]))
+
+
 def _what_to_change(row_link: str, index: str) -> list[tuple[g.Json, int, int]]:
-    columns = ["kind", "flag", "Value #A", "Value #B", "namespace", "pod", "container", "source"]
-    suggestions = g.table(
+    suggestions = _source_table(
         "What to change: suggested SGLang flag values",
         "The concrete flag change the last OOM of each kind suggests, per source: the flag (pass it with two "
         "leading dashes), its value on the server when the OOM happened, and the suggested value. Some changes "
@@ -262,22 +276,38 @@ def _what_to_change(row_link: str, index: str) -> list[tuple[g.Json, int, int]]:
         "(--sglang-url, targets: or Kubernetes discovery), and are missing without one. Empty until an OOM "
         "happened. Click a row for that kind's runbook section.",
         suggestion_queries(),
-        g.field_config("none", data_links=[g.link("Runbook for ${__data.fields.kind}", row_link)]),
-        _merge_table({"Value #A": "current", "Value #B": "suggested"}, columns),
+        "none",
+        row_link,
+        {"Value #A": "current", "Value #B": "suggested"},
+        ["kind", "flag", "Value #A", "Value #B"],
     )
     suggestions["links"] = [g.link("Runbook index", index)]
-    last = g.table(
+    last = _source_table(
         "Last event: requested vs available tokens",
         "Per kind and source, the tokens the last failed KV allocation asked for, the tokens that were available "
         "(free plus evictable) in the pool that ran out, and how many seconds ago that was. Requested far above "
         "available: the batch or chunk is too big for the pool; both small: the pool itself is too small "
         "(--mem-fraction-static). Click a row for that kind's runbook section.",
         last_event_queries(),
-        g.field_config("short", data_links=[g.link("Runbook for ${__data.fields.kind}", row_link)]),
-        _merge_table({"Value #A": "requested tokens", "Value #B": "available tokens", "Value #C": "seconds ago"},
-                     ["kind", "Value #A", "Value #B", "Value #C", "namespace", "pod", "container", "source"]),
-    )  # fmt: skip
-    return [(suggestions, 14, 8), (last, 10, 8)]
+        "short",
+        row_link,
+        {"Value #A": "requested tokens", "Value #B": "available tokens", "Value #C": "seconds ago"},
+        ["kind", "Value #A", "Value #B", "Value #C"],
+    )
+    words = _source_table(
+        "What to change: the last event in words",
+        "Per kind and source, the last OOM in the words scan and /events give it: the pool that ran out (full, "
+        "swa, mamba, ...; a hybrid model's small state pool can be the limit while the full KV pool has millions "
+        "free), its numbers in one sentence, and the advice in one: the concrete change, or the fix with the "
+        "reason a lever was left alone (a smaller chunk that would not change the failing prefill). Empty until "
+        "an OOM happened. Click a row for that kind's runbook section.",
+        g.targets((sel("sglang_oom_last_event_info"), "info"), instant=True, table=True),
+        "none",
+        row_link,
+        {"limiting_pool": "limiting pool"},
+        ["kind", "limiting_pool", "detail", "advice"],
+    )
+    return [(suggestions, 14, 8), (last, 10, 8), (words, 24, 8)]
 
 
 def _events(kind_link: str) -> list[tuple[g.Json, int, int]]:

@@ -5,10 +5,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..advise.explain import skipped
 from ..catalog import Catalog
 from ..detect.model import OomEvent
 from ..detect.pipeline import PipelineStats
-from ..events.sink import event_json
+from ..events.sink import event_json, explanation
 
 
 @dataclass(slots=True)
@@ -96,15 +97,20 @@ def format_text(result: ScanResult) -> str:
             facts.append("pools=" + " ".join(f"{p.name}:{p.available}" for p in e.pools))
         if e.inferred:
             facts.append("inferred-from-frames")
+        told = explanation(e, catalog)
         out.append(f"    {kind.title}")
         if facts:
             out.append("    " + " ".join(facts))
-        out.append(f"    fix: {kind.summary}")
+        if told.sentence:
+            out.append(f"    {told.sentence}")
+        out.append(f"    fix: {told.fix}")
         for s in e.suggestions:
+            when = f"; when {s.when}" if s.when else ""
             if s.suggested is not None:
-                out.append(
-                    f"    suggest: {s.flag} {s.change()}  ({s.rule}" + (f"; when {s.when}" if s.when else "") + ")"
-                )
+                out.append(f"    suggest: {s.flag} {s.change()}  ({s.rule}{when})")
+            elif skipped(s):
+                out.append(f"    not {s.flag}: {s.rule}{when}")
+        out.append(f"    advice: {told.advice}")
     counts = result.counts()
     out.append("")
     out.append("kind           events")

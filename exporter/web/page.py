@@ -3,7 +3,8 @@
 server.py serves it.
 
 Everything that came from a log is escaped: log text is untrusted input. Each event leads with what to change
-(the concrete flag values, then the kind's fix); a value the log did not give is left out, never shown as None.
+(the event's numbers in words, naming the pool that ran out, then the concrete flag values, a lever left alone
+and why, then the fix); a value the log did not give is left out, never shown as None.
 """
 
 from __future__ import annotations
@@ -13,8 +14,10 @@ import re
 import time
 
 from .. import __version__
+from ..advise.explain import skipped
 from ..catalog import Catalog
 from ..detect.model import OomEvent
+from ..events.sink import explanation
 from ..events.store import Health, StoredEvent
 
 # A logged time that carries its own zone (Z, +02:00, +0200): shown as it is; any other is said to have none.
@@ -69,9 +72,11 @@ def _event_row(index: int, stored: StoredEvent, catalog: Catalog) -> str:
         for s in kind.steps
     )  # fmt: skip
     ranks = f"<br>ranks {_e(' '.join(e.ranks))}" if e.ranks else ""
+    told = explanation(e, catalog)
+    what = f'<p class="detail">{_e(told.sentence)}</p>' if told.sentence else ""
     return (
         f'<tr class="event" id="event-{index}"><td class="time">{_time(stored)}</td>'
-        f"<td>{_suggestions(e)}{_e(kind.summary)}<ol>{steps}</ol>{_context(e)}</td>"
+        f"<td>{what}{_suggestions(e)}{_e(told.fix)}<ol>{steps}</ol>{_context(e)}</td>"
         f"<td><code>{_e(e.kind)}</code> ({fatal})<br>{_e(kind.title)}<br><code>{_e(e.message)}</code>"
         f'<br><a class="runbook" href="{_e(runbook_href(e.kind))}">runbook</a>'
         f"<details><summary>log excerpt</summary><pre>{_e(e.excerpt)}</pre></details></td>"
@@ -101,6 +106,8 @@ def _suggestions(e: OomEvent) -> str:
     """The concrete flag changes first: they are what the on-call engineer came for."""
     items = []
     for s in e.suggestions:
+        if skipped(s):  # a lever left alone, and why: the on-call would otherwise reach for it first
+            items.append(f'<li class="skipped"><code>{_e(s.flag)}</code> unchanged: <small>{_e(s.rule)}</small></li>')
         if s.suggested is None:
             continue
         change = s.change("&rarr;")  # numbers only: nothing to escape

@@ -26,6 +26,7 @@ NOT_FROM_THE_LOG = {
     "remediation": "the kind's remediation in catalog.yaml",
     "suggestions": "the catalog's suggest rule applied to the stated numbers by advise/ (tests/test_suggest.py)",
     "context": "the server args or KV snapshot scan and serve are handed, not the log",
+    "explanation": "the stated numbers, pools and suggestions in words by advise/explain.py (tests/test_explain.py)",
 }
 # event_json repeats these entries of `numbers` at the top level: a golden states them once, under numbers.
 COPIES_OF_NUMBERS = ("requested_tokens", "available_tokens")

@@ -1,0 +1,102 @@
+"""Advice in words: an enriched OomEvent -> the pool that ran out, one sentence on its numbers, one on what to
+change. Pure; the one code path behind scan's text and JSON, /events, the events page, the Kubernetes Event
+message and sglang_oom_last_event_info, so every output says the same thing about an event.
+
+    numbers + pools (detect/match.py) + suggestions (rules.py) + the kind's fix --explain--> Explanation
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from ..catalog.vocabulary import POOL_FULL, POOL_MAMBA, POOL_SWA
+from ..detect.match import SHORTFALL_NOTE
+from ..detect.model import OomEvent, Suggestion, format_number
+from .limits import WOULD_NOT_CHANGE
+from .memory import MAMBA_COST, MAMBA_FIX, full_available
+
+# How a pool that ran out is named when it is not the full KV pool; any other keeps the name the message gave.
+_POOL_NAMES = {POOL_MAMBA: "mamba state pool", POOL_SWA: "SWA (sliding-window) KV pool"}
+
+
+@dataclass(frozen=True, slots=True)
+class Explanation:
+    """What an event's outputs say about it: each text whole ("" when there is nothing to say)."""
+
+    limiting_pool: str  # the pool that ran out as the event names it (full, swa, mamba, ...)
+    what: str  # "asked for 16384 KV tokens while 6100 were available": a clause, no capital, no full stop
+    advice: str  # "Suggested: --chunked-prefill-size from 16384 to 4096." or "Fix: <text>"
+    fix: str  # the fix text that applies: the kind's, or the rule's when the limiting pool changes the lever
+
+    @property
+    def detail(self) -> str:
+        """The sentence on the numbers of a kind's last event (the metric's `detail`)."""
+        return f"The last one {self.what}." if self.what else ""
+
+    @property
+    def sentence(self) -> str:
+        """The clause as a sentence of its own, for one event (scan, the page, a Kubernetes Event)."""
+        return f"{self.what[:1].upper()}{self.what[1:]}." if self.what else ""
+
+    def as_dict(self) -> dict[str, Any]:
+        """Plain data for JSON (scan's events and /events)."""
+        return {"limiting_pool": self.limiting_pool, "detail": self.sentence, "advice": self.advice}
+
+
+def explain(event: OomEvent, kind_fix: str) -> Explanation:
+    """The explanation of an enriched event; kind_fix is its kind's one-line fix (the catalog's summary)."""
+    pool = event.numbers.get("limiting_pool")
+    pool = pool if isinstance(pool, str) else ""
+    fix = MAMBA_FIX + "." if pool == POOL_MAMBA else kind_fix
+    return Explanation(pool, _what(event, pool), _advice(event, fix, pool), fix)
+
+
+def skipped(s: Suggestion) -> bool:
+    """Whether a suggestion leaves its flag alone because no value of it could change the failing allocation."""
+    return s.suggested is None and WOULD_NOT_CHANGE in s.rule
+
+
+def value_text(value: float | None) -> str:
+    """A flag value in advice: an integer from 1000 up (as the alert templates print it), else as Python does."""
+    if value is not None and value >= 1000:
+        return f"{value:.0f}"
+    return format_number(value)
+
+
+def _what(event: OomEvent, pool: str) -> str:
+    n = event.numbers
+    requested, available = n.get("requested_tokens"), n.get("available_tokens")
+    if requested is not None and available is not None and pool and pool != POOL_FULL:
+        name = _POOL_NAMES.get(pool, f"{pool} pool")
+        held = "free" if pool == POOL_MAMBA else "available"
+        full = full_available(event)
+        tail = f" (the full KV pool had {full})" if full is not None else ""
+        note = f": {SHORTFALL_NOTE}" if n.get("shortfall_note") else ""
+        return f"asked for {requested} tokens; the {name} was the limit with {available} {held}{tail}{note}"
+    if requested is not None and available is not None:
+        note = f": {SHORTFALL_NOTE}" if n.get("shortfall_note") else ""
+        return f"asked for {requested} KV tokens while {available} were available{note}"
+    if requested is not None:
+        return f"asked for {requested} KV tokens"
+    slots, free = n.get("req_slots_requested"), n.get("req_slots_available")
+    if slots is not None:
+        return f"asked for {slots} request slots" + (f" while {free} were free" if free is not None else "")
+    if n.get("retracted_requests") is not None:
+        return f"retracted {n['retracted_requests']} running requests"
+    return ""
+
+
+def _advice(event: OomEvent, fix: str, pool: str) -> str:
+    changes: dict[str, str] = {}
+    for s in event.suggestions:  # the first suggestion per flag is the primary one (as the flag gauges keep it)
+        if s.suggested is not None and s.flag not in changes:
+            start = f" from {value_text(s.current)}" if s.current is not None else ""
+            changes[s.flag] = f"{s.flag}{start} to {value_text(s.suggested)}"
+    left = [s for s in event.suggestions if skipped(s) and s.flag not in changes]
+    if not changes:
+        # No value to give: the fix text, or, when a lever was left alone, the rule's own words, which say
+        # why and what to change instead.
+        return f"Fix: {left[0].rule[:1].upper()}{left[0].rule[1:]}." if left else f"Fix: {fix}"
+    reasons = [f"not {s.flag}: {s.rule}" for s in left] + ([MAMBA_COST] if pool == POOL_MAMBA else [])
+    return "Suggested: " + ", ".join(changes.values()) + (f" ({'; '.join(reasons)})" if reasons else "") + "."
