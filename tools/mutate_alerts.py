@@ -247,8 +247,10 @@ RECORDED_RE = re.compile(r"\b[a-z_]+:[a-z0-9_]+:[a-z0-9_]+\b")
 
 
 def readers(rules: Sequence[dict[str, Any]]) -> dict[str, list[str]]:
-    """Recording rule -> the alerts that read it, directly or through other recording rules, in pack order."""
-    reads = {rule_name(r): set(RECORDED_RE.findall(str(r["expr"]))) for r in rules}
+    """Recording rule -> the alerts that read it (in their expressions or their descriptions' queries),
+    directly or through other recording rules, in pack order."""
+    # An alert reads a record in its expression or in its description's query.
+    reads = {rule_name(r): set(RECORDED_RE.findall(yaml.safe_dump(r))) - {rule_name(r)} for r in rules}
     out: dict[str, list[str]] = {}
     for record in (rule_name(r) for r in rules if "record" in r):
         found, todo = {record}, [record]

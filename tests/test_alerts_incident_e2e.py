@@ -1,0 +1,164 @@
+"""End to end: one incident, one page. The real daemon on a /var/log/pods tree, a real Prometheus evaluating the
+committed rules, and a real Alertmanager running alerts/alertmanager.example.yml (its webhooks pointed at this
+test, 1s waits) deliver what on-call receives.
+
+    pods/llm_sglang-0_*/sglang/0.log     prefill OOM; decode and req_slots OOMs seconds later
+    pods/llm_sglang-0_*/sglang/1.log     the container's next run: prefill OOM again
+    pods/llm_other-0_*/sglang/0.log      another pod: one prefill OOM, its own incident
+    pods/llm_lws-0_*/sglang-leader/...   one multi-node (LeaderWorkerSet) server: its leader and worker pods
+    pods/llm_lws-0-1_*/sglang-worker/... each log the same decode OOM, one incident for the group
+
+What is asserted is what the pager sees: one Alertmanager group key per incident (PagerDuty's dedup_key,
+Opsgenie's alias), however many notifications update it; the crash-looping pod's incident lists every kind it
+hit with its exact count; nothing reaches the ticket receiver.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+from sglang_oom_exporter.render.alerts import RULES_PATH
+from tests.support.daemon import Daemon
+from tests.support.helpers import wait_until
+from tests.support.logs import append, cri, oom_block
+from tests.support.promstack import (
+    ALERTMANAGER,
+    PROMETHEUS,
+    Alertmanager,
+    WebhookReceiver,
+    alerting,
+    require_binaries,
+)
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
+
+ROOT = Path(__file__).resolve().parent.parent
+BANNER = "[2026-03-14 22:00:00] server_args=ServerArgs(model_path='Qwen/Qwen2.5-7B', mem_fraction_static=0.88)\n"
+REQ_SLOTS = (
+    "[2026-03-14 22:07:41 TP0] Scheduler hit an exception: Traceback (most recent call last):\n"
+    '  File "/usr/local/lib/python3.10/dist-packages/sglang/srt/managers/schedule_batch.py", line 842, in alloc_req_slots\n'
+    "    raise RuntimeError(\n"
+    "RuntimeError: alloc_req_slots runs out of memory. Please set a smaller number for `--max-running-requests`. "
+    "self.req_to_token_pool.available_size()=0, num_reqs=3, \n\n"
+)
+UID = "5f0c2a91"
+
+
+def _container(root: Path, namespace: str, pod: str, container: str) -> Path:
+    path = root / f"{namespace}_{pod}_{UID}" / container
+    path.mkdir(parents=True)
+    return path
+
+
+def _incidents(hook: WebhookReceiver) -> dict[str, list[dict]]:
+    """The pager's notifications by Alertmanager group key, oldest first."""
+    out: dict[str, list[dict]] = {}
+    for note in hook.snapshot():
+        if note["_path"] == "/pager":
+            out.setdefault(note["groupKey"], []).append(note)
+    return out
+
+
+def _firing(note: dict) -> dict[str, dict]:
+    """alertname -> the alert, of one notification's firing alerts."""
+    return {a["labels"]["alertname"]: a for a in note["alerts"] if a["status"] == "firing"}
+
+
+def test_one_crash_looping_pod_is_one_page_another_pod_and_a_group_are_one_each(tmp_path):
+    require_binaries(PROMETHEUS, ALERTMANAGER)
+    root = tmp_path / "pods"
+    sglang = _container(root, "llm", "sglang-0", "sglang")
+    other = _container(root, "llm", "other-0", "sglang")
+    leader = _container(root, "llm", "lws-0", "sglang-leader")
+    worker = _container(root, "llm", "lws-0-1", "sglang-worker")
+    for path in (sglang, other, leader, worker):
+        (path / "0.log").write_text(cri(BANNER))
+    with WebhookReceiver() as hook:
+        with (
+            Daemon(["--kubernetes-logs", str(root)], str(tmp_path / "state")) as daemon,
+            alerting(tmp_path, hook, [ROOT / RULES_PATH], targets=[f"127.0.0.1:{daemon.port}"]) as (prom, am),
+        ):
+            prom.wait_for_targets_up()
+            wait_until(lambda: prom.query_value("sum(sglang_oom_exporter_sglang_sources)") == 4, timeout=20,
+                       what="the four SGLang containers in Prometheus")  # fmt: skip
+
+            # The crash-looping pod: prefill, decode and req_slots OOMs in one burst; another pod; one LWS group.
+            append(sglang / "0.log", cri(oom_block(kind="Prefill") + oom_block(kind="Decode") + REQ_SLOTS))
+            append(other / "0.log", cri(oom_block(kind="Prefill")))
+            decode = oom_block(kind="Decode")
+            append(leader / "0.log", cri(decode))
+            append(worker / "0.log", cri(decode))
+
+            def crash_looping() -> list[dict] | None:
+                notes = _incidents(hook).get(_key(hook, "pod", "sglang-0"))
+                return notes if notes and len(_firing(notes[-1])) == 4 else None
+
+            wait_until(lambda: len(_incidents(hook)) == 3 and crash_looping(), timeout=40,
+                       what="three incidents at the pager, the crash-looping pod's with its four alerts")  # fmt: skip
+            # The container's next run (1.log) fails the same way: the same incident, its counts move on.
+            (sglang / "1.log").write_text(cri(BANNER + oom_block(kind="Prefill")))
+            wait_until(lambda: "2 fatal prefill OOMs" in _am_text(am, "SGLangPrefillOOM", "sglang-0")
+                       and "prefill 2" in _am_text(am, "SGLangOOMCrashLoop", "sglang-0"),
+                       timeout=30, what="the second prefill in Alertmanager")  # fmt: skip
+            seen_at = time.time()
+            wait_until(lambda: all(g["lastEvaluation"] and _ts(g["lastEvaluation"]) > seen_at + 3 for g in prom.rule_groups()),
+                       timeout=15, what="three rule evaluations after it")  # fmt: skip
+            incidents = _incidents(hook)
+            texts = {name: _am_text(am, name, "sglang-0") for name in _firing(crash_looping()[-1])}  # type: ignore[index]
+            group_text = _am_text(am, "SGLangDecodeOOM", "", group="lws-0")
+            other_text = _am_text(am, "SGLangPrefillOOM", "other-0")
+    print("\nthe crash-looping pod's incident, as Alertmanager holds it for the pager:")
+    for name, text in sorted(texts.items()):
+        print(f"  {name}: {text}")
+    by_unit = {tuple(sorted(notes[0]["groupLabels"].items())): notes for notes in incidents.values()}
+    assert sorted(by_unit) == [
+        (("group", "lws-0"), ("namespace", "llm")),
+        (("namespace", "llm"), ("pod", "other-0")),
+        (("namespace", "llm"), ("pod", "sglang-0")),
+    ]
+    for notes in by_unit.values():  # however many notifications update an incident, they carry one dedup key
+        assert {n["groupKey"] for n in notes} == {notes[0]["groupKey"]}
+        assert {n["receiver"] for n in notes} == {"pager"}
+    assert sorted(texts) == ["SGLangDecodeOOM", "SGLangOOMCrashLoop", "SGLangPrefillOOM", "SGLangReqSlotsOOM"]
+    assert texts["SGLangOOMCrashLoop"].startswith(
+        "SGLang on pod llm/sglang-0 had 4 fatal OOMs in the last 1h (alert at 3): decode 1, prefill 2, req_slots 1. "
+    )
+    assert texts["SGLangPrefillOOM"].startswith("2 fatal prefill OOMs on pod llm/sglang-0 in the last 5m: ")
+    assert texts["SGLangDecodeOOM"].startswith("1 fatal decode OOM on pod llm/sglang-0 in the last 5m: ")
+    assert texts["SGLangReqSlotsOOM"].startswith("1 fatal req_slots OOM on pod llm/sglang-0 in the last 5m: ")
+    (group_alert,) = _firing(by_unit[(("group", "lws-0"), ("namespace", "llm"))][-1]).values()
+    assert group_alert["labels"] == {"alertname": "SGLangDecodeOOM", "group": "lws-0", "kind": "decode",
+                                     "namespace": "llm", "severity": "critical"}  # fmt: skip
+    assert group_text.startswith("1 fatal decode OOM on group llm/lws-0 (pods lws-0, lws-0-1) in the last 5m: ")
+    assert other_text.startswith("1 fatal prefill OOM on pod llm/other-0 in the last 5m: ")
+    assert [n for n in hook.snapshot() if n["_path"] != "/pager"] == []
+
+
+def _key(hook: WebhookReceiver, label: str, value: str) -> str | None:
+    """The group key of the pager's incident whose group labels name `label=value`."""
+    for key, notes in _incidents(hook).items():
+        if notes[0]["groupLabels"].get(label) == value:
+            return key
+    return None
+
+
+def _am_text(am: Alertmanager, alertname: str, pod: str, **labels: str) -> str:
+    """The description Alertmanager holds now for the alert of that pod (a group's alert has no pod)."""
+    found = [
+        a["annotations"]["description"] for a in am.alerts()
+        if a["labels"]["alertname"] == alertname and a["labels"].get("pod", "") == pod
+        and all(a["labels"].get(k) == v for k, v in labels.items())
+    ]  # fmt: skip
+    assert len(found) <= 1, found
+    return found[0] if found else ""
+
+
+def _ts(rfc3339: str) -> float:
+    """Prometheus' RFC 3339 timestamps (nanoseconds, Z) as epoch seconds."""
+    from datetime import datetime
+
+    head, _, frac = rfc3339.rstrip("Z").partition(".")
+    return datetime.fromisoformat(head + "+00:00").timestamp() + float(f"0.{frac or 0}")
