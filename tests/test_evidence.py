@@ -41,12 +41,25 @@ PAD = b"".join(b"INFO: GET /health 200 %d\n" % i for i in range(40))
         (WEAK % 1 + WEAK % 2, 0),  # the rank prefix is weak: two lines are not enough
         (WEAK % 1 + WEAK % 2 + WEAK % 3, 1),
         (b"2026-03-14T22:00:00.1Z stderr F " + WEAK % 1 + b"x TP0 y\n" * 5, 0),  # TP0 outside a prefix is nothing
+        # SGLang's prefix starting the line once the runtime's framing (CRI, docker json-file, compose) is off.
+        (b"".join(b"2026-03-14T22:00:00.1Z stderr F " + WEAK % i for i in range(3)), 1),
+        (b"".join(b'{"log":"%s\\n","stream":"stderr"}\n' % (WEAK % i).strip() for i in range(3)), 1),
+        (b"".join(b"sglang-1  | " + WEAK % i for i in range(3)), 1),
+        # The same signs echoed inside a log forwarder's own records: its source is not SGLang by them.
+        (b"".join(b"Body: Str(" + (WEAK % i).strip() + b")\n" for i in range(3)), 0),
+        (b"".join(b'{"date":1.0,"log":"' + (WEAK % i).strip() + b'"}\n' for i in range(3)), 0),
+        (b"Body: Str([2026-03-14 22:00:00] server_args=ServerArgs(model_path='m'))\n", 0),
+        (b'{"message":"[2026-03-14 22:00:00] Decode batch. #running-req: 3, #token: 900, token usage: 0.01"}\n', 0),
+        (b'[0] kube.log: [1.0, {"log"=>"[2026-03-14 22:00:00 TP0] max_total_num_tokens=401408"}]\n', 0),
+        (b'Body: Str(  File "/usr/lib/python3/dist-packages/sglang/srt/server.py", line 9, in f)\n', 0),
+        (b'{"level":"info","line":"[2026-03-14 22:00:00] Prefill out of memory. Try to lower your batch size."}\n', 0),
     ],
 )
 def test_what_identifies_a_source_before_a_bare_cuda_oom(head, counted):
     events = scan_bytes(head + PAD + BARE)
     assert len(events) == counted
     assert sum(1 for e in events if e.kind == "cuda_oom") == (1 if counted else 0)
+    assert probe(head) == (counted == 1)  # the signs alone (a KV-pool message identifies as an event, not a sign)
 
 
 def test_evidence_after_the_event_does_not_reach_back_and_chunking_changes_nothing():
@@ -60,7 +73,7 @@ def test_evidence_after_the_event_does_not_reach_back_and_chunking_changes_nothi
 def test_a_line_longer_than_a_read_is_judged_whole():
     scanner_evidence = Evidence()
     scanner = EvidenceScanner(scanner_evidence, "bytes.find")
-    line = b"x" * 5000 + b" server_args=ServerArgs(a=1)\n"
+    line = b"[2026-03-14 22:00:00] " + b"x" * 5000 + b" server_args=ServerArgs(a=1)\n"  # SGLang's line: prefixed
     for i in range(0, len(line), 7):
         scanner.feed(line[i : i + 7], i)
     assert scanner_evidence.at == (0, 0)

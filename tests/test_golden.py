@@ -1,7 +1,8 @@
 """Golden fixtures: each tests/data/logs/<case>.log scanned by the real CLI code path, compared with
 <case>.expected.yaml: exact counts per kind (the file lists only the non-zero ones, a missing kind is 0), retraction
-totals, and every event whole: each field scan's JSON gives from the log, nothing left out (tests/support/golden.py
-names the few fields that come from the catalog or the server instead, and why).
+totals, the input's foreign events (OOM text seen and not counted; stated only when not 0, a missing count is 0),
+and every event whole: each field scan's JSON gives from the log, nothing left out (tests/support/golden.py names
+the few fields that come from the catalog or the server instead, and why).
 
 The expected files were written from docs/sglang-facts.md, independently of the parser; the fields added when the
 comparison became whole were proposed from a scan and each checked against the log text first. Every case runs with
@@ -26,6 +27,7 @@ from tests.support.golden import (
     from_the_log,
     golden_counts,
     golden_event,
+    golden_foreign,
     load_expected,
 )
 from tests.support.helpers import CATALOG, scan_bytes
@@ -53,6 +55,7 @@ def test_golden(path, finder):
     got = scan_paths(CATALOG, [path]).to_json()
     assert got["counts"] == golden_counts(expected["counts"])
     assert got["retractions"] == expected["retractions"]
+    assert [i["foreign_events"] for i in got["inputs"]] == [golden_foreign(expected)]
     assert len(got["events"]) == len(expected["events"])
     for i, (want, have) in enumerate(zip(expected["events"], got["events"], strict=True)):
         assert from_the_log(have) == golden_event(path, want), f"event {i}"

@@ -7,7 +7,14 @@ import re
 import pytest
 
 from sglang_oom_exporter.scan import scan_paths
-from tests.support.golden import GOLDEN_FIELDS, from_the_log, golden_counts, golden_event, write_golden
+from tests.support.golden import (
+    GOLDEN_FIELDS,
+    from_the_log,
+    golden_counts,
+    golden_event,
+    golden_foreign,
+    write_golden,
+)
 from tests.support.helpers import CATALOG, load_yaml
 
 TEXT = "KV page use-after-free: 2 owner page refs are in the free pool, sample pages=[1, 2]"
@@ -30,6 +37,22 @@ def test_write_golden_derives_counts_and_retractions_from_the_declared_events(tm
     got = scan_paths(CATALOG, [str(log)]).to_json()
     assert got["counts"] == golden_counts(data["counts"])
     assert [from_the_log(e) for e in got["events"]] == [golden_event(log, e) for e in data["events"]]
+
+
+def test_write_golden_states_foreign_events_only_when_not_zero(tmp_path):
+    cuda = "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB."  # no SGLang evidence: foreign
+    _, quiet = write_golden("quiet", LINE, "x", [EVENT], directory=tmp_path)
+    log, foreign = write_golden("foreign", cuda, "y", [], directory=tmp_path, foreign_events=1)
+    assert "foreign_events" not in load_yaml(quiet)
+    assert golden_foreign(load_yaml(quiet)) == 0
+    assert load_yaml(foreign)["foreign_events"] == 1
+    assert [i["foreign_events"] for i in scan_paths(CATALOG, [str(log)]).to_json()["inputs"]] == [1]
+
+
+@pytest.mark.parametrize("stated", [0, -1, True, "1"])
+def test_golden_foreign_refuses_anything_but_a_positive_count(stated):
+    with pytest.raises(ValueError, match="positive count"):
+        golden_foreign({"foreign_events": stated})
 
 
 @pytest.mark.parametrize("missing", GOLDEN_FIELDS)

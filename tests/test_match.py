@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import io
+
 import pytest
 
 from sglang_oom_exporter.detect.assemble import Assembler
 from sglang_oom_exporter.detect.model import LogLine
 from sglang_oom_exporter.detect.prefix import PrefixParser
-from tests.support.helpers import CATALOG, frames, scan_text
+from sglang_oom_exporter.scan import scan_stream
+from tests.support.helpers import CATALOG, MATCHER, frames, scan_text
+from tests.support.logs import cri
 
 GENERIC = "Out of memory. Try to lower your batch size.\nTry to allocate 96 tokens.\nAvailable tokens: 40 (available_size=40 + evictable_size=0)\n"
 
@@ -439,3 +443,66 @@ def test_the_pattern_s_own_suggestion_rule_still_applies_to_the_wider_message():
     assert startup.suggest_rule(capture) == "cuda_graph_bs"
     assert startup.suggest_rule("Scheduler failed. " + capture) == "cuda_graph_bs"
     assert startup.suggest_rule("Not enough memory. Please try to increase --mem-fraction-static.") == "mem_fraction_up"
+
+
+PREFILL_TEXT = "Prefill out of memory. Try to lower your batch size."
+# SGLang's text inside another program's record: a log forwarder echoing SGLang's line (OpenTelemetry Collector's
+# debug exporter, Fluent Bit's stdout, Vector's console JSON, a JSON log wrapper, a text forwarder's own fields).
+ECHOES = [
+    f"Body: Str([2026-12-03 10:00:00 TP0] {PREFILL_TEXT})",
+    f"     -> body: Str([2026-12-03 10:00:00 TP0] {PREFILL_TEXT})",
+    f"2026-12-03T10:00:01.123Z\tinfo\tResourceLog #0 Body: Str(RuntimeError: {PREFILL_TEXT})",
+    f'[0] kube.var.log.containers.sglang-0_llm_sglang-1.log: [1733220000.1, {{"log"=>"[2026-12-03 10:00:00 TP0] '
+    f'{PREFILL_TEXT}", "stream"=>"stderr"}}]',
+    f'{{"date":1733220000.1,"log":"[2026-12-03 10:00:00 TP0] {PREFILL_TEXT}"}}',
+    f'{{"kubernetes":{{"pod_name":"sglang-0"}},"message":"RuntimeError: {PREFILL_TEXT}"}}',
+    f'{{"level":"info","msg":"forwarded","line":"[2026-12-03 10:00:00 TP0] {PREFILL_TEXT}"}}',
+    f"sglang-0 stderr [2026-12-03 10:00:00 TP0] {PREFILL_TEXT}",
+    f"forwarder: RuntimeError: {PREFILL_TEXT}",
+]
+# What SGLang (or Python for it) writes at the start of a line without a log prefix: each is its event.
+OWN_STARTS = [
+    PREFILL_TEXT,
+    f"RuntimeError: {PREFILL_TEXT}",
+    "ValueError: Failed to retract any request. No space left for only one request.",
+    "ValueError: token_to_kv_pool_allocator memory leak detected! available_size=10, max_total_num_tokens=20",
+    "/usr/local/lib/python3.10/dist-packages/sglang/srt/mem_cache/radix_cache.py:123: UserWarning: KV cache pool "
+    "leak detected!available_size=1, self.max_total_num_tokens=9",
+    f"(SchedulerActor pid=48213, ip=10.0.3.17) {PREFILL_TEXT}",
+]
+
+
+def _scan(text: str) -> tuple[list[str], int]:
+    events, stats = scan_stream(CATALOG, MATCHER, "t.log", io.BytesIO(text.encode()))
+    return [e.kind for e in events], stats.foreign_events
+
+
+@pytest.mark.parametrize("line", ECHOES)
+def test_sglang_s_text_inside_another_program_s_line_is_a_foreign_event_never_an_event(line):
+    assert _scan(line + "\n") == ([], 1)
+    # The same in a CRI record of the forwarder's container, and after SGLang's own banner: still not SGLang's line.
+    banner = "[2026-12-03 09:58:00] server_args=ServerArgs(model_path='m')\n"
+    assert _scan(banner + cri(line + "\n")) == ([], 1)
+
+
+@pytest.mark.parametrize("line", OWN_STARTS)
+def test_sglang_s_words_starting_an_unprefixed_line_are_its_event(line):
+    kinds, foreign = _scan(line + "\n\n")
+    assert (len(kinds), foreign) == (1, 0)
+
+
+def test_a_forwarded_traceback_printed_raw_is_one_foreign_event_not_an_event():
+    # A recombined record printed as it is: the header after the forwarder's words, then frames and exception text
+    # at the start of their lines, as SGLang wrote them. The header decides: the lines that follow are its record.
+    text = (
+        "Body: Str([2026-12-03 10:00:00 TP0] Scheduler hit an exception: Traceback (most recent call last):\n"
+        + frames("prepare_for_extend", "alloc_paged_token_slots_extend")
+        + f"RuntimeError: {PREFILL_TEXT}\nTry to allocate 8192 tokens.)\n\n"
+    )
+    assert _scan(text) == ([], 1)
+    assert _scan(text.replace("Body: Str([2026-12-03 10:00:00 TP0] ", "")) == (["prefill"], 0)
+
+
+def test_sglang_s_own_prefixed_line_quoting_a_request_stays_no_event_and_no_foreign_event():
+    line = f"[2026-03-23 10:11:02] Receive: obj=GenerateReqInput(text='My server logs \"{PREFILL_TEXT}\"')\n"
+    assert _scan(line) == ([], 0)

@@ -145,3 +145,41 @@ def test_scan_counts_a_cuda_oom_only_with_sglang_evidence(tmp_path):
         ("cuda_oom", f"{framed}:1"),
     ]
     assert [i["foreign_events"] for i in got["inputs"]] == [1, 0, 0, 1]  # type: ignore[union-attr, index]
+
+
+def otel_echo(text: str) -> str:
+    """An OpenTelemetry Collector's debug exporter echoing these lines, one log record each (Body: Str(...))."""
+    records = [f"LogRecord #{i}\nSeverityNumber: Unspecified(0)\nBody: Str({line})\nTrace ID: \n"
+               for i, line in enumerate(text.splitlines())]  # fmt: skip
+    return "2026-05-28T20:26:44.001Z\tinfo\tResourceLog #0\n" + "".join(records)
+
+
+def test_a_log_forwarder_echoing_sglang_s_lines_counts_no_event_and_is_not_sglang(tmp_path, daemon_factory):
+    """The collector's pod echoes the SGLang pod's banner, usage lines, OOM block and traceback, and a CUDA OOM:
+    SGLang's pod counts its OOM once; the collector's echoes are 3 foreign events (the block, the exception line,
+    the CUDA OOM) and give it no series, though its lines carry every sign SGLang's do."""
+    root = tmp_path / "pods"
+    otel = pod_dir(root, "observability", "otel-collector-agent-x7k2p", "otc-container")
+    sglang = pod_dir(root, "llm", "sglang-0", "sglang")
+    usage = "".join(f"[2026-05-28 20:26:4{i} TP0] Decode batch, #running-req: 3, #token: 900, token usage: 0.01\n"
+                    for i in range(3))  # fmt: skip
+    own = BANNER + usage + oom_block()
+    d = daemon_factory("--kubernetes-logs", str(root))
+    (otel / "0.log").write_text(cri(otel_echo(own + TORCH_OOM)))
+    (sglang / "0.log").write_text(cri(own))
+    wait_until(
+        lambda: gauge(d, "sglang_oom_exporter_foreign_events_total") == 3, what="the collector's echoes", timeout=15.0
+    )
+    settle(d, 1)
+    assert d.count("prefill", namespace="llm", pod="sglang-0", container="sglang") == 1
+    assert d.total("cuda_oom") == 0
+    assert series_of(d, "otc-container") == []
+    assert gauge(d, "sglang_oom_exporter_sglang_sources") == 1
+    assert gauge(d, "sglang_oom_exporter_files_watched") == 2
+    assert gauge(d, "sglang_oom_exporter_foreign_events_total") == 3
+    # scan, offline, over the same two files: the same event and the same foreign events per input.
+    got = scan_json(str(otel / "0.log"), str(sglang / "0.log"))
+    assert [(e["kind"], e["source"]) for e in got["events"]] == [  # type: ignore[union-attr]
+        ("prefill", f"{sglang / '0.log'}:5")
+    ]
+    assert [i["foreign_events"] for i in got["inputs"]] == [3, 0]  # type: ignore[union-attr, index]

@@ -52,7 +52,7 @@ KNOWN_SLOW: set[str] = set()  # assemble._DETAIL was quadratic on blank lines un
 
 def test_every_kind_and_prefix_is_covered():
     assert sum(name.startswith("catalog.") for name in LOG_REGEXES) == sum(len(k.patterns) for k in CATALOG.kinds)
-    assert sum(name.startswith("prefix.BUILTIN") for name in LOG_REGEXES) == len(prefix.BUILTIN_PATTERNS) == 3
+    assert sum(name.startswith("prefix.BUILTIN") for name in LOG_REGEXES) == len(prefix.BUILTIN_PATTERNS) == 4
 
 
 @pytest.mark.slow

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 import regex
 
 from ..detect.model import Gap, LogLine, Prefix, Record
-from ..detect.prefix import PrefixParser
+from ..detect.prefix import PrefixParser, starts_own
 
 MAX_RECORD_LINES = 400  # a record that grows past this is closed (a runaway traceback, not an OOM)
 
@@ -95,6 +95,7 @@ class _Open:
     state: str = "body"  # block: body; traceback: frames | exception | after_blank
     exceptions: list[list[str]] = field(default_factory=list)
     headless: bool = False  # a traceback that began at a frame (the file was cut): frames and source lines only
+    echoed: bool = False  # a traceback whose header stood after another program's words on an unprefixed line
 
     def size(self) -> int:
         return len(self.lines) + len(self.frames) + sum(len(e) for e in self.exceptions)
@@ -195,7 +196,12 @@ class Assembler:
             self._start(key, line, None, message)
 
     def _start(self, key: tuple[str, str], line: LogLine, prefix: Prefix | None, message: str) -> None:
-        if _HEADER.search(message):
+        header = _HEADER.search(message)
+        if header is not None:
+            # A forwarder that prints a recombined record raw ("Body: Str([...] Scheduler hit an exception: Traceback
+            # (most recent call last):", then the frames and the exception text as they were) echoes a whole
+            # traceback: its header does not start the line. The record still takes the lines that follow, so none
+            # of them starts a record of its own.
             self._open[key] = _Open(
                 "traceback",
                 line.lineno,
@@ -205,6 +211,7 @@ class Assembler:
                 line.runtime_time,
                 lines=[message],
                 state="frames",
+                echoed=prefix is None and not starts_own(message, header.start()),
             )
         elif self._has_anchor(message):
             self._open[key] = _Open(
@@ -306,6 +313,8 @@ def _finish(rec: _Open) -> Record | None:
             tuple(rec.lines),
             runtime_time=rec.runtime_time,
             offset=rec.offset,
+            prefixed=prefix is not None,
+            echoed=rec.echoed,
         )
     exc_lines: list[str] = []
     for exc in rec.exceptions:
@@ -322,4 +331,6 @@ def _finish(rec: _Open) -> Record | None:
         runtime_time=rec.runtime_time,
         truncated=not rec.exceptions,
         offset=rec.offset,
+        prefixed=prefix is not None,
+        echoed=rec.echoed,
     )

@@ -113,6 +113,17 @@ class Decoder:
         return LogLine(lineno, _tail(line), stream, ts, raw.offset)
 
 
+def unwrap(data: bytes) -> str:
+    """The text a program wrote on one raw line, its container framing off as Decoder.decode takes it off; a CRI
+    partial record gives its own piece. Stateless: for judging one line alone (detect/evidence.py)."""
+    if data[:1].isdigit():
+        m = _CRI.match(data.decode("utf-8", "replace"))
+        if m is not None:
+            return _tail(m.group(4) or "")
+    line = Decoder().decode(RawLine(0, data))
+    return line.text if line is not None else ""
+
+
 def _strip_compose(text: str) -> tuple[str, str]:
     """(service, text): the docker-compose service name ("" when none) and the line without its prefix."""
     if "\x1b" in text:  # compose colours its service prefix

@@ -11,6 +11,10 @@ third line that shows the weak one.
   (`max_total_num_tokens=`), or a report of a catalog kind whose text only SGLang writes (the KV-pool messages);
 - weak: SGLang's log prefix with a rank token, `[<time> ... TP0 ...] ` (a format another program could share, so
   one line is not enough; an SGLang scheduler writes dozens in its first second).
+A sign counts only on SGLang's own line: after the container's framing (detect/decode.py), the line starts with a log
+prefix, or, without one, SGLang's words start it (prefix.starts_own; a frame for `sglang/srt/`). A log forwarder that
+echoes SGLang's lines inside its own records (`Body: Str([...] Decode batch, #running-req: ...)`, a JSON field) does
+not become SGLang by them.
 A kind the catalog marks `requires_sglang_evidence` (torch's and flashinfer's CUDA OOM: any PyTorch program
 writes them) counts only when its own traceback has a `sglang/srt/` frame, or when the source was SGLang at or
 before the event's first line. Positions, not arrival times, decide: a file read in one piece or byte by byte,
@@ -23,17 +27,21 @@ from collections.abc import Callable
 
 import regex
 
+from .decode import unwrap
 from .finder import make_finder
 from .model import Record
+from .prefix import RAY_TAG, PrefixParser, starts_own
 
 STRONG = ("server_args=ServerArgs(", "sglang/srt/", "#running-req: ", "max_total_num_tokens=")
 WEAK = "TP0"
 WEAK_LINES = 3  # lines with a rank-tagged SGLang prefix that identify a source
 OWN_FRAME = "sglang/srt/"
-# SGLang's prefix with a TP0 rank token, anywhere in the line (a CRI or compose wrapper may come first).
+# SGLang's prefix with a TP0 rank token, starting the line once its framing is off (a Ray actor's tag may come first).
 _WEAK_LINE = regex.compile(
-    rb"\[(?:\d{4}-\d\d-\d\d )?\d\d:\d\d:\d\d(?:\.\d{1,6})?(?: [A-Z][A-Z_]*\d+)* TP0(?: [A-Z][A-Z_]*\d+)*\] "
+    rf"(?:{RAY_TAG})?"
+    r"\[(?:\d{4}-\d\d-\d\d )?\d\d:\d\d:\d\d(?:\.\d{1,6})?(?: [A-Z][A-Z_]*\d+)* TP0(?: [A-Z][A-Z_]*\d+)*\] "
 )
+_OWN_FRAME_LINE = regex.compile(r'\s+File "[^"]*' + regex.escape(OWN_FRAME))
 MAX_LINE = 256 * 1024  # the reader's bound: a longer line is judged on its first MAX_LINE bytes
 BEFORE_ALL = (-1, -1)  # the position of evidence that precedes every byte (inherited, restored, probed)
 
@@ -79,8 +87,9 @@ class Evidence:
 class EvidenceScanner:
     """Looks for the signs in a source's bytes, complete lines only, until one identifies it."""
 
-    def __init__(self, evidence: Evidence, finder: str = "auto") -> None:
+    def __init__(self, evidence: Evidence, finder: str = "auto", prefixes: PrefixParser | None = None) -> None:
         self.evidence = evidence
+        self._prefixes = prefixes or PrefixParser()
         self._finder = make_finder(tuple(s.encode() for s in (*STRONG, WEAK)), prefer=finder)
         self._strong = tuple(s.encode() for s in STRONG)
         self._partial = bytearray()
@@ -151,16 +160,30 @@ class EvidenceScanner:
             self._partial += data
 
     def _line(self, line: bytes, at: int) -> None:
-        if any(s in line for s in self._strong):
+        if any(s in line for s in self._strong) and self._shows_strong(unwrap(line)):
             if self.strong_at is None:
                 self.strong_at = at
             self.evidence.mark((self._gen, at))
-        elif WEAK.encode() in line and _WEAK_LINE.search(line) is not None:
+        elif WEAK.encode() in line and _WEAK_LINE.match(unwrap(line)) is not None:
             if len(self.weak_lines) < WEAK_LINES:
                 self.weak_lines.append(at)
             self._weak_total += 1
             if self._weak_total >= WEAK_LINES:
                 self.evidence.mark((self._gen, at))
+
+    def _shows_strong(self, text: str) -> bool:
+        """A strong sign on SGLang's own line: anywhere after a log prefix; without one, where SGLang's words start
+        the line (a frame, for the frame sign), never inside another program's line that quotes SGLang's."""
+        prefix, message = self._prefixes.parse(text)
+        for sign in STRONG:
+            i = message.find(sign)
+            if i < 0:
+                continue
+            if prefix is not None or starts_own(message, i):
+                return True
+            if sign == OWN_FRAME and _OWN_FRAME_LINE.match(message) is not None:
+                return True
+        return False
 
 
 def probe(data: bytes, finder: str = "auto") -> bool:

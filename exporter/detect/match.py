@@ -5,15 +5,18 @@ traceback frames, when there are any, decide the phase, and may move a KV kind t
 verify says "Prefill" but is a decode step) or resolve the generic 0.5.4+ text. A traceback cut short
 before its exception line still counts when its last allocator frame names the failure (R5).
 
-The message must start the text (after a log prefix or an exception class); quoted text, as in a
-request echoed by --log-requests, is never an event.
+The message must start the text: in a record SGLang's prefix opened, quoted text (a request echoed by
+--log-requests) is never an event; in a record without a prefix, only an exception class, a warning's location or a
+few of SGLang's own words may come first (prefix.starts_own). SGLang's text after another program's words (a log
+forwarder's `Body: Str([...] Prefill out of memory...`, a JSON field) is an echo: a report marked `echo`, which the
+pipeline counts as a foreign event and never as an event or as evidence.
 """
 
 from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -30,8 +33,11 @@ from ..catalog.vocabulary import (
     SUBPHASES,
 )
 from ..detect.model import PoolState, Record, Report
+from ..detect.prefix import starts_own
 
 log = logging.getLogger(__name__)
+
+Lead = Callable[[str, int], bool]  # may a match start at this offset of this line?
 
 MAX_EXCERPT_LINES = 8
 # The largest number an event field (or a pool's) may hold. SGLang's counts are far below it, and past it a
@@ -92,19 +98,32 @@ class Matcher:
         self._allocators = dict(catalog.allocator_frames)
         self.numbers_dropped = 0  # numbers out of range left out of events (numbers_dropped_total)
 
-    def match_line(self, line: str) -> tuple[OomKind, Pattern, regex.Match[str]] | None:
-        """The first kind whose pattern starts this line's message, or None."""
+    def match_line(self, line: str, lead: Lead | None = None) -> tuple[OomKind, Pattern, regex.Match[str]] | None:
+        """The first kind whose pattern starts this line's message, or None. `lead` judges where a match may start
+        (line, match start -> bool); by default after a log prefix or an exception class, never in quoted text."""
+        lead_ok = _context_ok if lead is None else lead
         for kind in self._kinds:
             if not any(a in line for a in kind.anchors):
                 continue
             for pattern in kind.patterns:
                 m = pattern.regex.search(line)
-                if m is not None and _context_ok(line[: m.start()]):
+                if m is not None and lead_ok(line, m.start()):
                     return kind, pattern, m
         return None
 
     def classify(self, record: Record) -> Report | None:
-        """Classify one record; None when it is not an event."""
+        """Classify one record; None when it is not an event. A record without a prefix whose text is SGLang's only
+        after another program's words gives a report marked echo (never an event)."""
+        if record.prefixed:
+            return self._classify(record, _context_ok)
+        if not record.echoed:
+            report = self._classify(record, starts_own)
+            if report is not None:
+                return report
+        echoed = self._classify(record, _anywhere)
+        return replace(echoed, echo=True) if echoed is not None else None
+
+    def _classify(self, record: Record, lead: Lead) -> Report | None:
         groups = _exception_groups(record) if record.kind == "traceback" else [list(record.lines)]
         frames_phase = self._frames_phase(record.frames)
         # The last exception of a chained traceback is the one the process died of: "Capture cuda graph
@@ -113,7 +132,7 @@ class Matcher:
         for group in reversed(groups):
             if not group:
                 continue
-            found = self.match_line(group[0])
+            found = self.match_line(group[0], lead)
             if found is not None:
                 return self._report(record, group, found, frames_phase)
         if record.kind == "traceback":
@@ -256,9 +275,14 @@ def _message_start(line: str, match_start: int) -> int:
     return start if match_start - start <= _MESSAGE_LEAD else match_start
 
 
-def _context_ok(ctx: str) -> bool:
+def _context_ok(line: str, at: int) -> bool:
     """What precedes the message may be a prefix or an exception class, never quoted request text."""
-    return len(ctx) <= 200 and not any(bad in ctx for bad in _BAD_CONTEXT)
+    return at <= 200 and not any(bad in line[:at] for bad in _BAD_CONTEXT)
+
+
+def _anywhere(_line: str, _at: int) -> bool:
+    """Any match: where the record is not SGLang's, to tell an echo of its text from no OOM text at all."""
+    return True
 
 
 def _exception_groups(record: Record) -> list[list[str]]:

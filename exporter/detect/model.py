@@ -65,6 +65,8 @@ class Record:
     runtime_time: str | None = None
     truncated: bool = False  # a traceback that ended before any exception line
     offset: int = 0  # byte offset of the first physical line
+    prefixed: bool = False  # its first line carried a log prefix: SGLang's record by its own framing
+    echoed: bool = False  # its first line held SGLang's traceback header after another program's words (an echo)
 
 
 @dataclass(frozen=True, slots=True)
@@ -170,3 +172,4 @@ class Report:
     inferred: bool
     numbers: dict[str, Any]
     pools: tuple[PoolState, ...]
+    echo: bool = False  # SGLang's text inside another program's record: never an event, never evidence

@@ -40,7 +40,9 @@ class PipelineStats:
     oversized_lines: int = 0
     noise_lines: int = 0
     json_errors: int = 0
-    foreign_events: int = 0  # reports of an evidence-needing kind withheld: no SGLang evidence (detect/evidence.py)
+    # Reports withheld as another program's: an evidence-needing kind without SGLang evidence (detect/evidence.py), or
+    # an echo of SGLang's text inside another program's record (detect/match.py), counted here even without the gate.
+    foreign_events: int = 0
 
 
 class Pipeline:
@@ -74,12 +76,13 @@ class Pipeline:
             prefilter=prefilter,
         )
         self._decoder = Decoder()
-        self._assembler = Assembler(anchors, PrefixParser(extra_prefixes), OWN_CODE)
+        prefixes = PrefixParser(extra_prefixes)
+        self._assembler = Assembler(anchors, prefixes, OWN_CODE)
         self._matcher = matcher
         # Is the source SGLang? Looked for in the bytes until it is (detect/evidence.py). Without the gate (a
         # parallel scan's worker), reports pass whatever their kind, and the parent applies the same rule.
         self.evidence = Evidence() if evidence is None else evidence
-        self._scanner = EvidenceScanner(self.evidence, finder)
+        self._scanner = EvidenceScanner(self.evidence, finder, prefixes)
         self._needs_evidence = catalog.evidence_kinds()
         self._gate = gate
         self._gen = 0  # generation sequence number: with a byte offset, the position evidence is compared at
@@ -200,6 +203,9 @@ class Pipeline:
             report = self._matcher.classify(record)
             if report is not None:
                 self._reports += 1
+                if report.echo:  # SGLang's text inside another program's record: foreign, whoever the source is
+                    self._foreign += 1
+                    continue
                 if self._gate and not self._admit(report):
                     continue
                 self._deduper.add(report, self._now)

@@ -3,9 +3,14 @@
 Tried in order (facts 4): a Ray actor tag; SGLang's default bracket in every era (HH:MM:SS, a date,
 optional milliseconds, rank tokens in any order, a lost leading "[", no timestamp at all); the custom
 dictConfig format seen in the wild, which prefixes every physical line with date, level, pid and a
-bracket of ranks and file:line; and any extra patterns from the config (named groups ts and ranks).
+bracket of ranks and file:line, or Python logging's " - " fields; and any extra patterns from the config
+(named groups ts and ranks).
 0.1.x-0.2.x scheduler lines may carry `[gpu_id=N] ` (alone, or after the time): it names the rank, as
 logged (facts 10.7).
+
+A line without a prefix is SGLang's only where SGLang's words start it (`starts_own`): a traceback's lines, an
+unprefixed era, piped output. The same words after another program's (a log forwarder's `Body: Str(...`, a JSON
+field, `"log"=>"...`) are an echo of SGLang's line inside that program's record, not SGLang's log.
 """
 
 from __future__ import annotations
@@ -19,7 +24,8 @@ import regex
 
 from ..detect.model import Prefix
 
-_RAY = regex.compile(r"^\(\w+ pid=\d+(?:, ip=[\d.:a-fA-F]+)?\) ")
+RAY_TAG = r"\(\w+ pid=\d+(?:, ip=[\d.:a-fA-F]+)?\) "  # a Ray actor's tag before the prefix (facts 4)
+_RAY = regex.compile("^" + RAY_TAG)
 _GPU_ID = regex.compile(r"^\[(gpu_id=\d+)\] ?")
 _RANK = r"[A-Z][A-Z_]*\d+"
 BUILTIN_PATTERNS = (
@@ -30,7 +36,29 @@ BUILTIN_PATTERNS = (
     # 2026-04-02 09:15:07 ERROR 2210 [ TP1 PP0 scheduler.py:2604] msg  (custom dictConfig, every line)
     rf"^(?P<ts>\d{{4}}-\d\d-\d\d[ T]\d\d:\d\d:\d\d(?:[.,]\d{{1,6}})?) (?:[A-Z]+ )?(?:\d+ )?"
     rf"\[ ?(?P<ranks>(?:{_RANK} ?)*)(?:[\w.-]+:\d+)?\] ?",
+    # 2026-03-14 22:07:33,120 - sglang - ERROR - msg  (a dictConfig with Python logging's "%(asctime)s - ..." fields)
+    r"^(?P<ts>\d{4}-\d\d-\d\d[ T]\d\d:\d\d:\d\d(?:[.,]\d{1,6})?) - (?:[\w.-]+ - ){1,3}",
 )
+
+
+# What may stand before SGLang's own words on a line without a prefix, and nothing else: Python's exception class
+# ("RuntimeError: ", "torch.OutOfMemoryError: "), a warning's location ("/.../radix_cache.py:123: UserWarning: "),
+# the crash header ("Scheduler hit an exception: "), then a few plain words of the message itself ("Failed to retract
+# any request. ", a pool's name, a frame's path). Brackets, parentheses, quotes, braces, tabs, "=" or "#" before
+# them are another program's framing around SGLang's text.
+_MAX_LEAD = 400  # a longer run before SGLang's words is never its own (and the regex stays cheap)
+_OWN_LEAD = regex.compile(
+    r"(?:[\w./\\-]+:\d+: )?"
+    r"(?:(?:[A-Za-z_][\w.]*)?(?:Error|Exception|Warning|Exit|Interrupt): )?"
+    r"(?:\w+ hit an exception:? )?"
+    r"(?:[\w./-]+ ){0,6}[\w./-]*"
+)
+
+
+def starts_own(message: str, at: int) -> bool:
+    """Whether SGLang's words at `at` start this unprefixed message (only an exception class, a warning's location,
+    the crash header or a few of its own words before them), rather than stand inside another program's line."""
+    return at <= _MAX_LEAD and _OWN_LEAD.fullmatch(message, 0, at) is not None
 
 
 _STAMP = regex.compile(r"^(?:(\d{4})-(\d\d)-(\d\d)[ T])?(\d\d):(\d\d):(\d\d)(?:[.,](\d+))?(Z|[+-]\d\d:?\d\d)?$")

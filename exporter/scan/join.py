@@ -274,5 +274,6 @@ class Joiner:
         self._deduper.flush(None)
         self.events.sort(key=lambda e: int(e.location.rsplit(":", 1)[1]))
         self.stats.events = len(self.events)
-        self.stats.foreign_events = self._foreign
+        # The workers counted the echoes (a record's own property, exact per range); the gate's are added here.
+        self.stats.foreign_events += self._foreign
         return self.events, self.stats

@@ -52,6 +52,16 @@ def from_the_log(event: dict[str, Any]) -> dict[str, Any]:
     return {key: value for key, value in event.items() if key not in NOT_FROM_THE_LOG}
 
 
+def golden_foreign(expected: dict[str, Any]) -> int:
+    """The input's foreign_events a golden means: stated only when not 0, so a missing one is 0."""
+    if "foreign_events" not in expected:
+        return 0
+    stated = expected["foreign_events"]
+    if isinstance(stated, bool) or not isinstance(stated, int) or stated < 1:
+        raise ValueError(f"a golden states foreign_events only as a positive count, not {stated!r}")
+    return stated
+
+
 def golden_counts(stated: dict[str, int] | None) -> dict[str, int]:
     """The full counts dict a golden's `counts:` means: it lists only non-zero counts, so a missing kind is 0.
     A kind id the catalog does not have, or a stated zero, is an error (the file would say something false or
@@ -67,14 +77,22 @@ def golden_counts(stated: dict[str, int] | None) -> dict[str, int]:
 
 
 def write_golden(
-    case: str, log: str, description: str, events: list[dict[str, Any]], directory: Path = LOGS_DIR
+    case: str,
+    log: str,
+    description: str,
+    events: list[dict[str, Any]],
+    directory: Path = LOGS_DIR,
+    *,
+    foreign_events: int = 0,
 ) -> tuple[Path, Path]:
     """Write a golden case, <case>.log and <case>.expected.yaml, from what its author expects: the facts.
 
     The expected file is built from `events` alone (the non-zero counts per catalog kind, in catalog order, and
     the retraction totals are derived from them), never from a scan of the log, so a golden can disagree with the parser: that is its
     job. Each event states every field of GOLDEN_FIELDS and nothing else (numbers, requested_tokens included, go
-    under `numbers:`). CONTRIBUTING.md "Add an OOM kind" shows its use.
+    under `numbers:`). foreign_events is what the input's `foreign_events` must be (OOM text seen and not counted:
+    no SGLang evidence, or SGLang's text inside another program's record), stated only when not 0.
+    CONTRIBUTING.md "Add an OOM kind" shows its use.
     """
     kinds = {k.id for k in CATALOG.kinds}
     counts: dict[str, int] = {}
@@ -95,6 +113,7 @@ def write_golden(
             "events": len(retract),
             "retracted_requests": sum(int(e["numbers"].get("retracted_requests", 0)) for e in retract),
         },
+        **({"foreign_events": foreign_events} if foreign_events else {}),
         "events": events,
     }
     log_path, expected_path = directory / f"{case}.log", directory / f"{case}.expected.yaml"
