@@ -29,8 +29,8 @@ from sglang_oom_exporter.render.alerts import (
     SOURCE_LABELS,
     alert_name,
     alert_pack,
-    retraction_kind,
     recording_rules,
+    retraction_kind,
     rules_file,
 )
 from tests.support.helpers import dump_yaml, load_yaml
@@ -270,7 +270,9 @@ def test_the_unit_tests_catch_a_rule_without_its_born_at_one_branch(tmp_path):
     # The convention's warning: a plain increase() misses a series born at 1, and it extrapolates. Prove the
     # tests notice both, while the ordinary case still pages (rounded, as the old pack printed it).
     plain = f'max by (cluster, namespace, pod, container, source, kind) (round(increase(sglang_oom_fatal_events_total{{job="{JOB}"}}[5m])))'
-    proc, _ = _unit_test_mutated(tmp_path, "SGLangPrefillOOM", lambda _expr: plain, "source_kind:sglang_oom_fatal_events:exact_increase5m")
+    proc, _ = _unit_test_mutated(
+        tmp_path, "SGLangPrefillOOM", lambda _expr: plain, "source_kind:sglang_oom_fatal_events:exact_increase5m"
+    )
     out = proc.stdout + proc.stderr
     assert proc.returncode == 1
     assert "name: a series born at 1 pages," in out

@@ -76,40 +76,40 @@ def test_one_crash_looping_pod_is_one_page_another_pod_and_a_group_are_one_each(
     worker = _container(root, "llm", "lws-0-1", "sglang-worker")
     for path in (sglang, other, leader, worker):
         (path / "0.log").write_text(cri(BANNER))
-    with WebhookReceiver() as hook:
-        with (
-            Daemon(["--kubernetes-logs", str(root)], str(tmp_path / "state")) as daemon,
-            alerting(tmp_path, hook, [ROOT / RULES_PATH], targets=[f"127.0.0.1:{daemon.port}"]) as (prom, am),
-        ):
-            prom.wait_for_targets_up()
-            wait_until(lambda: prom.query_value("sum(sglang_oom_exporter_sglang_sources)") == 4, timeout=20,
-                       what="the four SGLang containers in Prometheus")  # fmt: skip
+    with (
+        WebhookReceiver() as hook,
+        Daemon(["--kubernetes-logs", str(root)], str(tmp_path / "state")) as daemon,
+        alerting(tmp_path, hook, [ROOT / RULES_PATH], targets=[f"127.0.0.1:{daemon.port}"]) as (prom, am),
+    ):
+        prom.wait_for_targets_up()
+        wait_until(lambda: prom.query_value("sum(sglang_oom_exporter_sglang_sources)") == 4, timeout=20,
+                   what="the four SGLang containers in Prometheus")  # fmt: skip
 
-            # The crash-looping pod: prefill, decode and req_slots OOMs in one burst; another pod; one LWS group.
-            append(sglang / "0.log", cri(oom_block(kind="Prefill") + oom_block(kind="Decode") + REQ_SLOTS))
-            append(other / "0.log", cri(oom_block(kind="Prefill")))
-            decode = oom_block(kind="Decode")
-            append(leader / "0.log", cri(decode))
-            append(worker / "0.log", cri(decode))
+        # The crash-looping pod: prefill, decode and req_slots OOMs in one burst; another pod; one LWS group.
+        append(sglang / "0.log", cri(oom_block(kind="Prefill") + oom_block(kind="Decode") + REQ_SLOTS))
+        append(other / "0.log", cri(oom_block(kind="Prefill")))
+        decode = oom_block(kind="Decode")
+        append(leader / "0.log", cri(decode))
+        append(worker / "0.log", cri(decode))
 
-            def crash_looping() -> list[dict] | None:
-                notes = _incidents(hook).get(_key(hook, "pod", "sglang-0"))
-                return notes if notes and len(_firing(notes[-1])) == 4 else None
+        def crash_looping() -> list[dict] | None:
+            notes = _incidents(hook).get(_key(hook, "pod", "sglang-0"))
+            return notes if notes and len(_firing(notes[-1])) == 4 else None
 
-            wait_until(lambda: len(_incidents(hook)) == 3 and crash_looping(), timeout=40,
-                       what="three incidents at the pager, the crash-looping pod's with its four alerts")  # fmt: skip
-            # The container's next run (1.log) fails the same way: the same incident, its counts move on.
-            (sglang / "1.log").write_text(cri(BANNER + oom_block(kind="Prefill")))
-            wait_until(lambda: "2 fatal prefill OOMs" in _am_text(am, "SGLangPrefillOOM", "sglang-0")
-                       and "prefill 2" in _am_text(am, "SGLangOOMCrashLoop", "sglang-0"),
-                       timeout=30, what="the second prefill in Alertmanager")  # fmt: skip
-            seen_at = time.time()
-            wait_until(lambda: all(g["lastEvaluation"] and _ts(g["lastEvaluation"]) > seen_at + 3 for g in prom.rule_groups()),
-                       timeout=15, what="three rule evaluations after it")  # fmt: skip
-            incidents = _incidents(hook)
-            texts = {name: _am_text(am, name, "sglang-0") for name in _firing(crash_looping()[-1])}  # type: ignore[index]
-            group_text = _am_text(am, "SGLangDecodeOOM", "", group="lws-0")
-            other_text = _am_text(am, "SGLangPrefillOOM", "other-0")
+        wait_until(lambda: len(_incidents(hook)) == 3 and crash_looping(), timeout=40,
+                   what="three incidents at the pager, the crash-looping pod's with its four alerts")  # fmt: skip
+        # The container's next run (1.log) fails the same way: the same incident, its counts move on.
+        (sglang / "1.log").write_text(cri(BANNER + oom_block(kind="Prefill")))
+        wait_until(lambda: "2 fatal prefill OOMs" in _am_text(am, "SGLangPrefillOOM", "sglang-0")
+                   and "prefill 2" in _am_text(am, "SGLangOOMCrashLoop", "sglang-0"),
+                   timeout=30, what="the second prefill in Alertmanager")  # fmt: skip
+        seen_at = time.time()
+        wait_until(lambda: all(g["lastEvaluation"] and _ts(g["lastEvaluation"]) > seen_at + 3 for g in prom.rule_groups()),
+                   timeout=15, what="three rule evaluations after it")  # fmt: skip
+        incidents = _incidents(hook)
+        texts = {name: _am_text(am, name, "sglang-0") for name in _firing(crash_looping()[-1])}  # type: ignore[index]
+        group_text = _am_text(am, "SGLangDecodeOOM", "", group="lws-0")
+        other_text = _am_text(am, "SGLangPrefillOOM", "other-0")
     print("\nthe crash-looping pod's incident, as Alertmanager holds it for the pager:")
     for name, text in sorted(texts.items()):
         print(f"  {name}: {text}")

@@ -544,7 +544,8 @@ def test_disabling_a_whole_group_drops_it():
     # Its recording rules stay (the dashboard reads them); its alerts go.
     assert [g["name"] for g in pr["spec"]["groups"]] == [g["name"] for g in groups]
     kept = pr["spec"]["groups"][0]["rules"]
-    assert kept == [r for r in groups[0]["rules"] if "record" in r] and kept
+    assert kept
+    assert kept == [r for r in groups[0]["rules"] if "record" in r]
 
 
 def test_runbook_and_grafana_url_swaps():

@@ -90,7 +90,9 @@ def test_runbook_and_grafana_urls_flow_into_the_rules(render, tmp_path):
     proc = render("--runbook-base-url", "https://wiki.example.com/runbooks/", "--grafana-url",
                   "https://grafana.example.com/", str(tmp_path))  # fmt: skip
     assert proc.returncode == 0, proc.stderr
-    rules = [r for g in yaml.safe_load((tmp_path / RULES_PATH).read_text())["groups"] for r in g["rules"] if "alert" in r]
+    rules = [
+        r for g in yaml.safe_load((tmp_path / RULES_PATH).read_text())["groups"] for r in g["rules"] if "alert" in r
+    ]
     for rule in rules:
         ann = rule["annotations"]
         assert ann["runbook_url"] == f"https://wiki.example.com/runbooks/{rule['alert'].lower()}.md"
@@ -104,7 +106,9 @@ def test_a_runbook_url_template_without_the_md_suffix_moves_every_link(render, t
     base = "https://wiki.example.com/sglang"
     proc = render("--runbook-base-url", base, "--runbook-url-template", "{base}/{page}", str(tmp_path))
     assert proc.returncode == 0, proc.stderr
-    rules = [r for g in yaml.safe_load((tmp_path / RULES_PATH).read_text())["groups"] for r in g["rules"] if "alert" in r]
+    rules = [
+        r for g in yaml.safe_load((tmp_path / RULES_PATH).read_text())["groups"] for r in g["rules"] if "alert" in r
+    ]
     assert len(rules) == len({r["alert"] for r in rules}) >= 17
     for rule in rules:
         assert rule["annotations"]["runbook_url"] == f"{base}/{rule['alert'].lower()}", rule["alert"]

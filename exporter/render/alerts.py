@@ -44,9 +44,27 @@ from .options import GENERATED_NOTE, Files, RenderOptions
 from .promql import SOURCE_LABELS, Scope
 
 __all__ = [
-    "ALERTMANAGER_PATH", "CRASH_LOOP", "EXPORTER_DOWN", "NAME_RE", "NEAR_FULL", "NO_LOGS", "RECEIVERS",
-    "RETRACTIONS_HIGH", "RULES_PATH", "SOURCE_LABELS", "STATE_ERRORS", "TARGET_DOWN", "AlertSpec", "alert_name",
-    "RecordSpec", "alert_pack", "alertmanager_example", "recording_rules", "render_alerts", "retraction_kind", "rules_file",
+    "ALERTMANAGER_PATH",
+    "CRASH_LOOP",
+    "EXPORTER_DOWN",
+    "NAME_RE",
+    "NEAR_FULL",
+    "NO_LOGS",
+    "RECEIVERS",
+    "RETRACTIONS_HIGH",
+    "RULES_PATH",
+    "SOURCE_LABELS",
+    "STATE_ERRORS",
+    "TARGET_DOWN",
+    "AlertSpec",
+    "RecordSpec",
+    "alert_name",
+    "alert_pack",
+    "alertmanager_example",
+    "recording_rules",
+    "render_alerts",
+    "retraction_kind",
+    "rules_file",
 ]  # fmt: skip
 
 RULES_PATH = "alerts/sglang-oom.rules.yaml"

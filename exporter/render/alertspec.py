@@ -1,5 +1,6 @@
-"""Render, one rule: the AlertSpec value every alert module returns (RecordSpec for a recording rule), the pack's fixed names and groups, and
-how a kind id becomes an alert name. alerts.py turns a list of these into the rules file; runbooks.py into pages.
+"""Render, one rule: the AlertSpec value every alert module returns (RecordSpec for a recording rule), the
+pack's fixed names and groups, and how a kind id becomes an alert name. alerts.py turns a list of these into
+the rules file; runbooks.py into pages.
 """
 
 from __future__ import annotations

@@ -7,7 +7,16 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from .alertspec import EXPORTER_DOWN, EXPORTER_GROUP, NO_LOGS, STATE_ERRORS, TARGET_DOWN, AlertSpec, RecordSpec, pack_alert
+from .alertspec import (
+    EXPORTER_DOWN,
+    EXPORTER_GROUP,
+    NO_LOGS,
+    STATE_ERRORS,
+    TARGET_DOWN,
+    AlertSpec,
+    RecordSpec,
+    pack_alert,
+)
 from .promql import Scope, exact_increase, indent
 
 # kube-state-metrics' container images that run SGLang (RE2, matched against the whole `image` label).
@@ -139,7 +148,11 @@ def guard_records(pack: Mapping[str, Any], scope: Scope) -> list[RecordSpec]:
     """The recording rules of the guard alerts (rule group sglang-oom-exporter, before its alerts)."""
     window = str(pack["state_errors"]["window"])
     series = scope.sel("sglang_oom_exporter_state_errors_total")
-    errors = f"max {scope.by('job', 'instance', *EXPORTER_POD_LABELS)} (\n" + indent(exact_increase(series, window)) + "\n)\n"
+    errors = (
+        f"max {scope.by('job', 'instance', *EXPORTER_POD_LABELS)} (\n"
+        + indent(exact_increase(series, window))
+        + "\n)\n"
+    )
     return [RecordSpec(state_errors_record(pack), EXPORTER_GROUP, errors)]
 
 
@@ -148,7 +161,7 @@ def state_errors_alert(pack: Mapping[str, Any], scope: Scope) -> AlertSpec:
     window = str(pack["state_errors"]["window"])
     expr = f"{state_errors_record(pack)} > 0\n"
     description = (
-        '{{ $value }} state file error{{ if ne $value 1.0 }}s{{ end }} in the last '
+        "{{ $value }} state file error{{ if ne $value 1.0 }}s{{ end }} in the last "
         f"{window} on the exporter at {{{{ $labels.instance }}}}{EXPORTER_POD_TEXT}: it could not write its "
         "--state-dir, or found the state file unreadable or corrupt at start (moved aside as "
         "state.json.corrupt-<time>). Check the directory's free space, permissions and mount, and the exporter's log."

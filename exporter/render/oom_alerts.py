@@ -77,7 +77,8 @@ def oom_records(
     for window in fatal_windows(kinds, pack):
         series = scope.sel("sglang_oom_fatal_events_total")
         exact = exact_increase(series, window, recent_event(scope, window))
-        records.append(RecordSpec(source_new(window), OOM_GROUP, f"max {scope.by(*SOURCE_LABELS, 'kind')} (\n{indent(exact)}\n)\n"))  # fmt: skip
+        per_source = f"max {scope.by(*SOURCE_LABELS, 'kind')} (\n{indent(exact)}\n)\n"
+        records.append(RecordSpec(source_new(window), OOM_GROUP, per_source))
         grouped = per_group(scope, source_new(window), "kind", info=GROUP_MAP, sources=source_new(window))
         records.append(RecordSpec(unit_new(window), OOM_GROUP, grouped))
     if retract is not None:
@@ -106,9 +107,13 @@ def _last_event_unit(scope: Scope) -> str:
     """The same per unit: a serving group's members under the group's labels (member_pod names each), as the
     fatal alerts' labels are."""
     pod = scope.on("namespace", "pod")
-    grouped = f"{LAST_EVENT_SOURCE} * {pod} group_left (group) {GROUP_MAP}\nor\n{LAST_EVENT_SOURCE} unless {pod} {GROUP_MAP}"
+    grouped = (
+        f"{LAST_EVENT_SOURCE} * {pod} group_left (group) {GROUP_MAP}\nor\n{LAST_EVENT_SOURCE} unless {pod} {GROUP_MAP}"
+    )
     copied = f'label_replace(\n{indent(grouped)},\n"member_pod", "$1", "pod", "(.*)")'
-    return f'label_replace(label_replace(\n{indent(copied)},\n"pod", "", "group", ".+"), "container", "", "group", ".+")\n'
+    return (
+        f'label_replace(label_replace(\n{indent(copied)},\n"pod", "", "group", ".+"), "container", "", "group", ".+")\n'
+    )
 
 
 # Templating shared by the OOM alerts' descriptions. Prometheus prepends `$labels` and `$value`.
