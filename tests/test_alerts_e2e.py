@@ -32,7 +32,14 @@ import yaml
 
 from sglang_oom_exporter.catalog import load_catalog
 from sglang_oom_exporter.render import RenderOptions
-from sglang_oom_exporter.render.alerts import ALERTMANAGER_PATH, RETRACTIONS_HIGH, RULES_PATH, alert_pack, rules_file
+from sglang_oom_exporter.render.alerts import (
+    ALERTMANAGER_PATH,
+    RETRACTIONS_HIGH,
+    RULES_PATH,
+    alert_pack,
+    recording_rules,
+    rules_file,
+)
 from tests.support.daemon import Daemon
 from tests.support.fake_sglang import FakeSGLang
 from tests.support.helpers import wait_until
@@ -53,7 +60,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(90)]
 ROOT = Path(__file__).resolve().parent.parent
 RETRACTION = "[2026-03-14 22:09:0{s} TP0] KV cache pool is full. Retract requests. #retracted_reqs: 2, #new_token_ratio: 0.4000 -> 0.5000\n"
 PAGE_BOUND_SECONDS = 20.0
-RULE_COUNT = len(alert_pack(load_catalog()))
+RULE_COUNT = len(alert_pack(load_catalog())) + len(recording_rules(load_catalog()))
 # SGLang's own /metrics at half KV usage: the near-full warning stays quiet, so step 1 can expect no alert at all.
 KV_HALF_USED = b"# TYPE sglang:token_usage gauge\nsglang:token_usage 0.5\n"
 
@@ -131,7 +138,7 @@ def _run(prom, am, hook, server_log, other_log, tmp_path) -> None:
                                "severity": "critical"}  # fmt: skip
     ann = alert["annotations"]
     assert ann["description"] == (
-        "1 fatal prefill OOM event(s) on source server in the last 5m: KV cache exhausted while scheduling a prefill "
+        "1 fatal prefill OOM on source server in the last 5m: KV cache exhausted while scheduling a prefill "
         "batch. The last one asked for 16384 KV tokens while 6100 were available. Suggested: --chunked-prefill-size "
         "from 16384 to 4096."
     )
