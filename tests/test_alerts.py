@@ -246,14 +246,14 @@ def test_promtool_unit_tests_pass(tmp_path):
 
 
 def _unit_test_mutated(
-    tmp_path: Path, alert: str, mutate: Callable[[str], str], rule_name: str | None = None
+    tmp_path: Path, alert: str, mutate: Callable[[str], str], rule: str | None = None
 ) -> tuple[subprocess.CompletedProcess[str], set[str]]:
-    """Run the alert's promtool tests against the rules with the expression of the alert (or of the recording
-    rule `rule_name`) mutated; the result and the test names."""
-    target = rule_name or alert
+    """Run the alert's promtool tests against the rules with one expression mutated (the alert's, or the
+    recording rule `rule`'s); the result and test names."""
+    name = rule or alert
 
     def change(data: dict) -> None:
-        rule = next(r for g in data["groups"] for r in g["rules"] if target in (r.get("alert"), r.get("record")))
+        rule = next(r for g in data["groups"] for r in g["rules"] if r.get("alert", r.get("record")) == name)
         mutated = mutate(rule["expr"])
         assert mutated != rule["expr"]
         rule["expr"] = mutated
@@ -280,54 +280,88 @@ def test_the_unit_tests_catch_a_rule_without_its_born_at_one_branch(tmp_path):
     assert "name: one event pages" not in out  # the plain increase still sees the ordinary case
 
 
+_NO_LOGS = "SGLangOOMExporterNoLogs"
+_EXCLUDED = ', image!~"(?i).*sglang[-_]?(oom[-_]?exporter|router|(model[-_]?)?gateway).*"'
+_OWN_CONTAINER = re.compile(r"\n    unless on \(cluster, namespace, pod, container\)\n.*\n", re.M)
+_BUSY = 'and on (cluster, job, instance)\nmax by (cluster, job, instance) (max_over_time(sglang_oom_target_running_requests{job="sglang-oom-exporter"}[1h])) > 0\n'
+_INFO = 'and on (cluster, job, instance)\nmax by (cluster, job, instance) (changes(sglang_oom_exporter_last_read_timestamp_seconds{job="sglang-oom-exporter"}[1d])) >= 60\n'
+
+
+def _without_line(expr: str, marker: str) -> str:
+    """The alert's expression without its `or` line that contains marker (one branch per line)."""
+    lines = expr.rstrip("\n").split("\n")
+    drop = next(i for i, line in enumerate(lines) if marker in line)
+    kept = [line for i, line in enumerate(lines) if i != drop]
+    kept[0] = kept[0].removeprefix("or on (cluster, job, instance) ")
+    return "\n".join(kept) + "\n"
+
+
 @pytest.mark.needs_promtool
 @needs_promtool
 @pytest.mark.timeout(30)
 @pytest.mark.parametrize(
-    ("mutate", "failing"),
+    ("rule", "mutate", "failing"),
     [
         # Without `offset 1h`, a file missing for 15m (SGLang still loading) would already warn, and a file
         # missing for good would warn 45 minutes early.
-        (lambda e: e.replace("sources_waiting{job=\"sglang-oom-exporter\"} offset 1h", "sources_waiting{job=\"sglang-oom-exporter\"}"),
+        ("instance:sglang_oom_exporter_sources_waiting:min_over_time1h",
+         lambda e: e.replace('sources_waiting{job="sglang-oom-exporter"} offset 1h', 'sources_waiting{job="sglang-oom-exporter"}'),
          {"a file that appears half an hour after start never warns",
           "a configured file missing for an hour warns although the other files are read",
           "an exporter restart does not restart the hour of waiting"}),
         # Without the waiting branch, a missing file goes unseen while another file is read.
-        (lambda e: _without_branch(e, "min_over_time("),
+        (_NO_LOGS, lambda e: _without_line(e, "sources_waiting"),
          {"a configured file missing for an hour warns although the other files are read",
           "an exporter restart does not restart the hour of waiting",
           "a file missing from 11m on warns an hour and 15 minutes later"}),
-        # The old "follows no file" branch (issue 18): every CPU node without pods would warn.
-        (lambda e: 'max by (cluster, job, instance) (sglang_oom_exporter_files_watched{job="sglang-oom-exporter"}) == 0\nor\n' + e,
-         {"a CPU node with no SGLang stays silent, with or without other containers",
-          "a wrong hostPath on a GPU node with SGLang pages, naming the node and the exporter pod"}),
-        # The line branch not scoped to exporters following SGLang: an idle CPU node would warn after an hour.
-        (lambda e: e.replace('  and on (cluster, job, instance)\n  max by (cluster, job, instance) (sglang_oom_exporter_sglang_sources{job="sglang-oom-exporter"} > 0)\n', ""),
-         {"no line read for hours where no SGLang source is followed is quiet",
-          "a CPU node with no SGLang stays silent, with or without other containers"}),
-        # Without the kube-state-metrics node branch, a wrong hostPath on the SGLang node is unseen.
-        (lambda e: _without_branch(e, "* on (cluster, exporter_namespace, exporter_pod) group_left (node)"),
-         {"a wrong hostPath on a GPU node with SGLang pages, naming the node and the exporter pod"}),
-        # Without the target branch, an answering SGLang whose log is not read is unseen.
-        (lambda e: _without_branch(e, "max by (cluster, job, instance) (sglang_oom_target_up"),
+        # The old "follows no file" branch: every node without pods would warn.
+        (_NO_LOGS, lambda e: 'max by (cluster, job, instance) (sglang_oom_exporter_files_watched{job="sglang-oom-exporter"}) == 0\nor ' + e,
+         {"a CPU node with no SGLang stays silent, with or without other containers"}),
+        # Every image that says sglang a server (the old pattern): routers and gateways would warn, and so
+        # would the exporter's released image where its scrape identity is not known (a fresh cluster,
+        # another cluster's exporter without `up` in the test).
+        ("node:sglang_oom_sglang_server_containers:count", lambda e: e.replace(_EXCLUDED, ""),
+         {"a router or gateway pod is never an SGLang server", "a fresh cluster without an SGLang server is silent",
+          "a wrong hostPath on a node with an SGLang server warns, naming the node and the exporter pod",
+          "SGLang servers in one cluster never make another cluster's idle exporter warn"}),
+        # Without the exporter's own container left out by its scrape identity, a mirrored exporter image
+        # whose name no pattern excludes would be an SGLang server.
+        ("node:sglang_oom_sglang_server_containers:count", lambda e: _OWN_CONTAINER.sub("\n", e),
+         {"the exporter's own pods are never an SGLang server"}),
+        # Silence not scoped to a busy SGLang (the old line branch): an idle server warns overnight.
+        ("instance:sglang_oom_busy_sglang_silence:seconds", lambda e: e.replace(_BUSY, ""),
+         {"an SGLang server idle overnight after 90 busy minutes is silent"}),
+        # Without the info-level evidence, a busy server run at --log-level warning warns.
+        ("instance:sglang_oom_busy_sglang_silence:seconds", lambda e: e.replace(_INFO, ""),
+         {"a busy SGLang server at log level warning is silent"}),
+        # Without the silence branch, a busy server whose lines stop goes unseen.
+        (_NO_LOGS, lambda e: _without_line(e, "busy_sglang_silence"),
+         {"a busy SGLang server whose lines stop warns 75 minutes after its last line"}),
+        # Without the kube-state-metrics node part, a wrong hostPath on the SGLang node is unseen.
+        ("instance:sglang_oom_unread_sglang:count",
+         lambda e: e[e.index("or on (cluster, job, instance)\n") + len("or on (cluster, job, instance)\n"):],
+         {"a wrong hostPath on a node with an SGLang server warns, naming the node and the exporter pod"}),
+        # Without the target part, an answering SGLang whose log is not read is unseen.
+        ("instance:sglang_oom_unread_sglang:count", lambda e: e[: e.index("or on (cluster, job, instance)\n")],
          {"an SGLang endpoint that answers while its logs are not read warns; one that does not answer is quiet"}),
+        # Without the job branch, SGLang servers no exporter runs beside go unseen.
+        (_NO_LOGS, lambda e: _without_line(e, "job:sglang_oom_unread_sglang"),
+         {"SGLang servers while no exporter of the job follows any SGLang log warn once for the job",
+          "SGLang servers in one cluster never make another cluster's idle exporter warn"}),
     ],
-    ids=["no-whole-window-guard", "no-waiting-branch", "files-watched-zero", "idle-lines", "no-node-branch",
-         "no-target-branch"],
+    ids=["no-whole-window-guard", "no-waiting-branch", "files-watched-zero", "any-sglang-image",
+         "own-container-kept", "idle-silence", "warning-level-silence", "no-silence-branch", "no-node-branch",
+         "no-target-branch", "no-job-branch"],
 )  # fmt: skip
-def test_the_unit_tests_catch_a_no_logs_rule_that_ignores_waiting_sources_or_pages_too_soon(tmp_path, mutate, failing):
-    """Each branch of NoLogs, and its scoping to where SGLang is expected, has a promtool test that fails without it."""
-    proc, names = _unit_test_mutated(tmp_path, "SGLangOOMExporterNoLogs", mutate)
+def test_the_unit_tests_catch_a_no_logs_rule_that_ignores_waiting_sources_or_pages_too_soon(
+    tmp_path, rule, mutate, failing
+):
+    """Each branch and record of NoLogs, and its scoping to where an SGLang server runs and logs, has a
+    promtool test that fails without it."""
+    proc, names = _unit_test_mutated(tmp_path, _NO_LOGS, mutate, rule=rule)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 1
     assert {n for n in names if f"name: {n}," in out} == failing, out
-
-
-def _without_branch(expr: str, marker: str) -> str:
-    """The expression without the first top-level `or` branch that contains marker (branches are `(...)`)."""
-    branches = expr.rstrip("\n").split("\nor\n")
-    drop = next(i for i, b in enumerate(branches) if marker in b)
-    return "\nor\n".join(b for i, b in enumerate(branches) if i != drop) + "\n"
 
 
 @pytest.mark.slow
@@ -343,18 +377,20 @@ def test_the_guard_alerts_read_series_a_live_daemon_exports_with_the_values_thei
     present.write_text("")
     daemon = Daemon([str(present), str(tmp_path / "not-started.log")], str(state)).start()
     try:
-        metrics = {name: v for (name, labels), v in daemon.metrics().items() if not labels}
+        everything = daemon.metrics()
     finally:
         daemon.stop()
+    metrics = {name: v for (name, labels), v in everything.items() if not labels}
     guards = [s.expr for s in SPECS if s.group == "sglang-oom-exporter"]
     guards += [r.expr for r in recording_rules(CATALOG) if r.group == "sglang-oom-exporter"]
-    read = {m for e in guards for m in re.findall(r"\b(sglang_oom_exporter_\w+)\{", e)}
-    assert read == {"sglang_oom_exporter_sglang_sources", "sglang_oom_exporter_lines_read_total",
+    read = {m for expr in guards for m in re.findall(r"\b(sglang_oom_exporter_\w+)\{", expr)}
+    assert read == {"sglang_oom_exporter_sglang_sources", "sglang_oom_exporter_last_read_timestamp_seconds",
                     "sglang_oom_exporter_sources_waiting", "sglang_oom_exporter_state_errors_total"}  # fmt: skip
     # The missing file is followed (files_watched counts it) and waiting: NoLogs needs its waiting branch.
     assert metrics["sglang_oom_exporter_files_watched"] == 2.0
     assert metrics["sglang_oom_exporter_sources_waiting"] == 1.0
-    assert metrics["sglang_oom_exporter_lines_read_total"] == 0.0
+    # Nothing read yet: no last-read time, so NoLogs' silence record has no value (it needs a line first).
+    assert not [k for k in everything if k[0] == "sglang_oom_exporter_last_read_timestamp_seconds"]
     # Both files are SGLang by the user's word (named paths), the missing one too: NoLogs' scoping sees them.
     assert metrics["sglang_oom_exporter_sglang_sources"] == 2.0
     # The corrupt state was counted at start, before any scrape: StateErrors' series is born at 1.

@@ -238,3 +238,36 @@ def test_the_documented_overrides_example_renders_as_it_says(tmp_path):
     assert " * 60 > 5\nor\n" in rules["SGLangKVCacheRetractionsHigh"]["expr"]
     assert (rules["SGLangPrefillOOM"]["for"], rules["SGLangPrefillOOM"]["keep_firing_for"]) == ("1m", "30m")
     assert rules["SGLangOOMExporterNoLogs"]["labels"] == {"severity": "info"}
+
+
+def _records(catalog: Any) -> dict[str, str]:
+    text = render_all(catalog)[RULES_PATH]
+    return {r["record"]: r["expr"] for g in yaml.safe_load(text)["groups"] for r in g["rules"] if "record" in r}
+
+
+def test_no_logs_image_patterns_are_overridden_escaped_and_checked(tmp_path):
+    """NoLogs' server and excluded images: set by name like its numbers, written into PromQL escaped (a
+    backslash doubled), and a pattern RE2 cannot read is named with its file and line."""
+    good, bad = tmp_path / "images.yaml", tmp_path / "bad-images.yaml"
+    good.write_text(
+        "alerts:\n  SGLangOOMExporterNoLogs:\n"
+        "    server_images: '(?i).*(sglang|llm-serve).*'\n    excluded_images: 'registry\\.corp/tools/.*'\n"
+    )
+    expr = _records(load_with_overrides(str(good)))["node:sglang_oom_sglang_server_containers:count"]
+    assert 'kube_pod_container_info{image=~"(?i).*(sglang|llm-serve).*", image!~"registry\\\\.corp/tools/.*"}' in expr
+    default = _records(CATALOG)["node:sglang_oom_sglang_server_containers:count"]
+    assert (
+        'image=~"(?i).*sglang.*", image!~"(?i).*sglang[-_]?(oom[-_]?exporter|router|(model[-_]?)?gateway).*"' in default
+    )
+    if shutil.which("promtool"):
+        rules = tmp_path / "rules.yaml"
+        rules.write_text(render_all(load_with_overrides(str(good)))[RULES_PATH])
+        check = subprocess.run(["promtool", "check", "rules", str(rules)], capture_output=True, text=True, check=False)
+        assert check.returncode == 0, check.stdout + check.stderr
+    bad.write_text("alerts:\n  SGLangOOMExporterNoLogs:\n    server_images: '(?=sglang).*'\n    excluded_images: ''\n")
+    with pytest.raises(CatalogError) as err:
+        load_with_overrides(str(bad))
+    assert err.value.problems == [
+        f"{bad}:3: alerts.SGLangOOMExporterNoLogs.server_images: '(?=sglang).*' is not an RE2 regex of container images",
+        f"{bad}:3: alerts.SGLangOOMExporterNoLogs.excluded_images: '' is not an RE2 regex of container images",
+    ]

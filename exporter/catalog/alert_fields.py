@@ -18,13 +18,16 @@ class Reporter(Protocol):
 
 # Prometheus durations as the alert fields use them: 30s, 5m, 1h, 1h30m.
 _PROM_DURATION = re.compile(r"^(?:\d+(?:ms|s|m|h|d|w|y))+$")
+# Image patterns (RE2, written into a PromQL string): constructs RE2 lacks, which Python's re would accept.
+_IMAGE_KEYS = ("server_images", "excluded_images")
+_NOT_RE2 = re.compile(r"\(\?(?:[=!]|<[=!])|\\[1-9]|\(\?P=")
 _DURATION_SECONDS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800, "y": 31536000}
 # alert_pack entries: the keys each must have (all of them, nothing else) besides severity.
 _PACK_ALERTS = {
     "crash_loop": ("count", "window", "for", "keep_firing_for"),
     "kv_near_full": ("threshold", "for"),
     "exporter_down": ("for",),
-    "exporter_no_logs": ("window", "for"),
+    "exporter_no_logs": ("window", "for", "server_images", "excluded_images"),
     "target_down": ("for",),
     "state_errors": ("window", "for"),
 }
@@ -132,12 +135,26 @@ class AlertFields:
             value = spec.get(key)
             if key in spec and (isinstance(value, bool) or not isinstance(value, int | float) or value <= 0):
                 self.v.err(spec, f"{where}.{key}", "must be a positive number")
+        for key in _IMAGE_KEYS:
+            if key in spec and not _image_pattern(spec[key]):
+                self.v.err(spec, f"{where}.{key}", f"{spec[key]!r} is not an RE2 regex of container images")
         if "threshold" in spec and isinstance(spec["threshold"], int | float) and spec["threshold"] > 1:
             self.v.err(spec, f"{where}.threshold", "is a ratio: at most 1")
         durations = {k: str(spec[k]) for k in ("for", "window") if _PROM_DURATION.match(str(spec.get(k, "")))}
         if len(durations) == 2 and _seconds(durations["for"]) >= _seconds(durations["window"]):
             # One event keeps an increase() or rate() true for about one window: `for` must fit inside it.
             self.v.err(spec, f"{where}.for", f"must be shorter than the window ({durations['window']})")
+
+
+def _image_pattern(value: Any) -> bool:
+    """A non-empty regex both Python and RE2 read (no lookaround, no backreference)."""
+    if not isinstance(value, str) or not value.strip() or _NOT_RE2.search(value):
+        return False
+    try:
+        re.compile(value)
+    except re.error:
+        return False
+    return True
 
 
 def _strip_lines(value: Any) -> Any:

@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from ..config import parse_duration
 from .alertspec import (
     EXPORTER_DOWN,
     EXPORTER_GROUP,
@@ -19,8 +20,6 @@ from .alertspec import (
 )
 from .promql import Scope, exact_increase, indent
 
-# kube-state-metrics' container images that run SGLang (RE2, matched against the whole `image` label).
-SGLANG_IMAGE = "(?i).*sglang.*"
 # The exporter's own pod, as the chart's monitors relabel the operator's target labels (templates/_helpers.tpl).
 EXPORTER_POD_LABELS = ("exporter_namespace", "exporter_pod")
 EXPORTER_POD_TEXT = (
@@ -46,81 +45,133 @@ def exporter_down_alert(pack: Mapping[str, Any], scope: Scope) -> AlertSpec:
     return pack_alert(pack, "exporter_down", EXPORTER_DOWN, expr, summary, description)
 
 
-def _sglang_nodes(scope: Scope) -> str:
-    """node -> 1 where kube-state-metrics shows a container with an SGLang image on it."""
+# The NoLogs records (level:metric:operations). The kube-state-metrics joins: SGLang server containers per
+# node, and the node of each exporter pod; then, per exporter, what it should read and does not.
+SERVER_CONTAINERS = "node:sglang_oom_sglang_server_containers:count"
+EXPORTER_NODES = "exporter_pod:kube_pod_info:relabel"
+UNREAD = "instance:sglang_oom_unread_sglang:count"
+UNREAD_JOB = "job:sglang_oom_unread_sglang:count"
+WAITING = "instance:sglang_oom_exporter_sources_waiting:min_over_time{window}"
+SILENCE = "instance:sglang_oom_busy_sglang_silence:seconds"
+# Evidence that the SGLang logs are written at info level (batch lines every few seconds while busy), so that
+# their silence means a broken read: new lines at this many evaluations within this range. A server run at
+# --log-level warning writes no batch lines and rarely reaches it, so its quiet busy hours never warn.
+INFO_EVIDENCE = ("1d", 60)
+
+
+def _promql_string(text: str) -> str:
+    """text as a double-quoted PromQL string (backslash and quote escaped, as Go's strconv reads them)."""
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def _server_containers(pack: Mapping[str, Any], scope: Scope) -> str:
+    """node -> the number of SGLang server containers on it (kube-state-metrics): images that match
+    server_images and not excluded_images, and never the exporter's own container (the chart's monitors
+    keep it as exporter_namespace/exporter_pod/exporter_container; in sidecar mode its pod is SGLang's)."""
+    block = pack["exporter_no_logs"]
+    include, exclude = _promql_string(str(block["server_images"])), _promql_string(str(block["excluded_images"]))
+    containers = f"kube_pod_container_info{{image=~{include}, image!~{exclude}}}"
+    own = f"group {scope.by(*EXPORTER_POD_LABELS, 'exporter_container')} ({scope.sel('up')})"
+    for label in ("namespace", "pod", "container"):
+        own = f'label_replace({own}, "{label}", "$1", "exporter_{label}", "(.+)")'
     return (
-        f'max {scope.by("node")} (\n  kube_pod_container_info{{image=~"{SGLANG_IMAGE}"}}\n'
+        f"count {scope.by('node')} (\n  (\n"
+        f"    max {scope.by('namespace', 'pod', 'container')} ({containers})\n"
+        f"    unless {scope.on('namespace', 'pod', 'container')}\n    {own}\n  )\n"
         f"  * {scope.on('namespace', 'pod')} group_left (node)\n"
-        f'  max {scope.by("namespace", "pod", "node")} (kube_pod_info{{node!=""}})\n)'
+        f'  max {scope.by("namespace", "pod", "node")} (kube_pod_info{{node!=""}})\n)\n'
     )
 
 
 def _exporter_nodes(scope: Scope) -> str:
-    """(exporter_namespace, exporter_pod) -> node: the node each exporter pod runs on (kube-state-metrics)."""
+    """(exporter_namespace, exporter_pod) -> node: the node each pod runs on, under the exporter's labels."""
     relabelled = 'label_replace(kube_pod_info{node!=""}, "exporter_namespace", "$1", "namespace", "(.+)")'
     relabelled = f'label_replace({relabelled}, "exporter_pod", "$1", "pod", "(.+)")'
-    return f"max {scope.by('exporter_namespace', 'exporter_pod', 'node')} (\n  {relabelled}\n)"
+    return f"max {scope.by(*EXPORTER_POD_LABELS, 'node')} (\n  {relabelled}\n)\n"
+
+
+def _unread(scope: Scope) -> str:
+    """Per exporter that follows no SGLang source: the SGLang server containers on its node (labelled with
+    the node), else the SGLang endpoints it scrapes that answer."""
+    exporter = scope.by("job", "instance", *EXPORTER_POD_LABELS)
+    none = f"max {exporter} ({scope.sel('sglang_oom_exporter_sglang_sources')}) == 0"
+    return (
+        f"group {exporter} ({none})\n"
+        f"* {scope.on(*EXPORTER_POD_LABELS)} group_left (node) {EXPORTER_NODES}\n"
+        f"* {scope.on('node')} group_left () {SERVER_CONTAINERS}\n"
+        f"or {scope.on('job', 'instance')}\n"
+        f"count {exporter} ({scope.sel('sglang_oom_target_up')} == 1)\n"
+        f"and {scope.on('job', 'instance')} ({none})\n"
+    )
+
+
+def _unread_job(scope: Scope) -> str:
+    """Per job: the SGLang server containers of the cluster while no exporter of the job follows any SGLang
+    source (it runs on none of their nodes)."""
+    sources = scope.sel("sglang_oom_exporter_sglang_sources")
+    return (
+        f"(sum {scope.by('job')} ({sources}) == 0)\n"
+        f"+ {scope.on()} group_left ()\nsum {scope.by()} ({SERVER_CONTAINERS})\n"
+    )
+
+
+def _waiting(scope: Scope, window: str) -> str:
+    """Per exporter: the fewest named files missing at once over the window, once it has a window of history."""
+    waiting = scope.sel("sglang_oom_exporter_sources_waiting")
+    exporter = scope.by("job", "instance", *EXPORTER_POD_LABELS)
+    return (
+        f"max {exporter} (min_over_time({waiting}[{window}]))\n"
+        f"and {scope.on('job', 'instance')}\nmax {scope.by('job', 'instance')} ({waiting} offset {window})\n"
+    )
+
+
+def _silence(scope: Scope, window: str) -> str:
+    """Per exporter: seconds since its SGLang logs were last read, where its SGLang ran requests within the
+    window and those logs are known to be written at info level (INFO_EVIDENCE)."""
+    last = scope.sel("sglang_oom_exporter_last_read_timestamp_seconds")
+    running = scope.sel("sglang_oom_target_running_requests")
+    exporter, on = scope.by("job", "instance", *EXPORTER_POD_LABELS), scope.on("job", "instance")
+    evidence, count = INFO_EVIDENCE
+    return (
+        f"time() - max {exporter} ({last})\n"
+        f"and {on}\nmax {scope.by('job', 'instance')} (max_over_time({running}[{window}])) > 0\n"
+        f"and {on}\nmax {scope.by('job', 'instance')} (changes({last}[{evidence}])) >= {count}\n"
+    )
+
+
+def no_logs_records(pack: Mapping[str, Any], scope: Scope) -> list[RecordSpec]:
+    """NoLogs' recording rules, in evaluation order (each reads only those before it)."""
+    window = str(pack["exporter_no_logs"]["window"])
+    return [
+        RecordSpec(SERVER_CONTAINERS, EXPORTER_GROUP, _server_containers(pack, scope)),
+        RecordSpec(EXPORTER_NODES, EXPORTER_GROUP, _exporter_nodes(scope)),
+        RecordSpec(UNREAD, EXPORTER_GROUP, _unread(scope)),
+        RecordSpec(UNREAD_JOB, EXPORTER_GROUP, _unread_job(scope)),
+        RecordSpec(WAITING.format(window=window), EXPORTER_GROUP, _waiting(scope, window)),
+        RecordSpec(SILENCE, EXPORTER_GROUP, _silence(scope, window)),
+    ]
 
 
 def no_logs_alert(pack: Mapping[str, Any], scope: Scope) -> AlertSpec:
-    """SGLangOOMExporterNoLogs: SGLang is expected where an exporter reads none of its logs.
+    """SGLangOOMExporterNoLogs: SGLang runs where an exporter reads none of its logs (no_logs_records).
 
-    Only where SGLang is known to run (a node without SGLang is normal, not an alert): an SGLang endpoint the
-    exporter scrapes answers while it follows no SGLang source; kube-state-metrics shows an SGLang container on
-    the node of an exporter that follows no SGLang source, or SGLang containers while no exporter of the job
-    follows any; a log file the user named is missing for a whole window; or the SGLang sources it follows gave
-    no line for a whole window.
+    Never for what is not an SGLang server (this exporter, a router or gateway), a node or cluster without
+    one, or an idle server: SGLang logs nothing without requests, so silence counts only while it runs some.
     """
     window = str(pack["exporter_no_logs"]["window"])
-    sglang = scope.sel("sglang_oom_exporter_sglang_sources")
-    up = scope.sel("sglang_oom_target_up")
-    lines = scope.sel("sglang_oom_exporter_lines_read_total")
-    waiting = scope.sel("sglang_oom_exporter_sources_waiting")
-    by_exporter, on_exporter = scope.by("job", "instance"), scope.on("job", "instance")
-    node_unread = (
-        f"(\n  max {scope.by('job', 'instance', *EXPORTER_POD_LABELS)} ({sglang} == 0)\n"
-        f"  * {scope.on(*EXPORTER_POD_LABELS)} group_left (node)\n" + indent(_exporter_nodes(scope)) + "\n"
-        f"  and {scope.on('node')}\n" + indent(_sglang_nodes(scope)) + "\n)"
-    )
+    instance = f"or {scope.on('job', 'instance')}"
     expr = (
-        # 1. SGLang answers at an endpoint this exporter scrapes, and it follows none of its logs. Every branch
-        # needs sglang_sources reported (`== 0`, not its absence): an exporter without the gauge is no evidence.
-        f"(\n  max {by_exporter} ({up} == 1)\n"
-        f"  and {on_exporter}\n  max {by_exporter} ({sglang}) == 0\n)\n"
-        # 2. An SGLang container on the node of an exporter that follows no SGLang log (a wrong hostPath).
-        f"or\n{node_unread}\n"
-        # 3. SGLang containers in the cluster, and no exporter of the job follows any SGLang log (unless 2 says
-        # on which node already).
-        f"or\n(\n  sum {scope.by('job')} ({sglang}) == 0\n  and {scope.on()}\n"
-        f'  count {scope.by()} (kube_pod_container_info{{image=~"{SGLANG_IMAGE}"}}) > 0\n'
-        f"  unless {scope.on('job')}\n{indent(node_unread)}\n)\n"
-        # 4. A named file that has not appeared for a whole window (SGLang never started there, or a wrong
-        # path), even while the other files are read. Waiting at start is normal, so only once it lasted a window.
-        "or\n(\n"
-        f"  max {by_exporter} (min_over_time({waiting}[{window}])) > 0\n"
-        f"  and {on_exporter}\n  max {by_exporter} ({waiting} offset {window})\n)\n"
-        # 5. It follows SGLang sources but read nothing for a whole window, once it has had them that long.
-        "or\n(\n"
-        f"  sum {by_exporter} (increase({lines}[{window}])) == 0\n"
-        f"  and {on_exporter}\n  max {by_exporter} ({lines} offset {window})\n"
-        f"  and {on_exporter}\n  max {by_exporter} ({sglang} > 0)\n)\n"
+        f"{UNREAD}\n{instance} {WAITING.format(window=window)} > 0\n"
+        f"{instance} {SILENCE} > {int(parse_duration(window))}\nor {scope.on('job')} {UNREAD_JOB}\n"
     )
     description = (
-        "{{ if $labels.node }}kube-state-metrics shows an SGLang container on node {{ $labels.node }}, but the "
-        "SGLang OOM exporter there ({{ $labels.exporter_namespace }}/{{ $labels.exporter_pod }} at "
-        "{{ $labels.instance }}) follows none of its logs: a wrong hostPath, container filter or runtime log "
-        "directory, or unreadable files."
-        "{{ else if $labels.instance }}The SGLang OOM exporter at {{ $labels.instance }} reads no SGLang log "
-        "where SGLang is expected: an SGLang endpoint it scrapes answers while it follows no SGLang log, a log "
-        f"file it was given has been missing for {window}, or its SGLang logs gave no line in {window}. A wrong "
-        "path or glob, hostPath or filter, unreadable files, or an SGLang server that never started or logs "
-        "elsewhere."
-        "{{ else }}kube-state-metrics shows SGLang containers, but no SGLang OOM exporter matching "
-        f"{scope.job_selector} follows any SGLang log: it runs on none of their nodes (check its nodeSelector "
-        "and affinity) "
-        "or reads the wrong directory.{{ end }}"
-        " Its /healthz names the files it waits for; see also sglang_oom_exporter_sglang_sources, "
-        "sglang_oom_exporter_sources_waiting and sglang_oom_exporter_read_errors_total."
+        "{{ if $labels.instance }}The SGLang OOM exporter at {{ $labels.instance }}"
+        + EXPORTER_POD_TEXT
+        + "{{ if $labels.node }} follows no log of the SGLang server on node {{ $labels.node }}"
+        "{{ else }} reads no SGLang log: an SGLang endpoint it scrapes answers while it follows none, a named "
+        f"file is missing for {window}, or SGLang ran requests while its logs gave no line for {window}"
+        "{{ end }}{{ else }}SGLang servers run, but no SGLang OOM exporter follows their logs{{ end }}. "
+        "Check paths, hostPath, filters, placement and its /healthz."
     )
     summary = "SGLang runs where the OOM exporter reads none of its logs, so its OOMs go unseen."
     return pack_alert(pack, "exporter_no_logs", NO_LOGS, expr, summary, description, window=window)
@@ -153,7 +204,7 @@ def guard_records(pack: Mapping[str, Any], scope: Scope) -> list[RecordSpec]:
         + indent(exact_increase(series, window))
         + "\n)\n"
     )
-    return [RecordSpec(state_errors_record(pack), EXPORTER_GROUP, errors)]
+    return [RecordSpec(state_errors_record(pack), EXPORTER_GROUP, errors), *no_logs_records(pack, scope)]
 
 
 def state_errors_alert(pack: Mapping[str, Any], scope: Scope) -> AlertSpec:

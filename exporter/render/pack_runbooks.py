@@ -47,18 +47,31 @@ _PACK_TEXT: dict[str, dict[str, str]] = {
         "selects (kube-prometheus-stack wants `release: <its release>`), and the Service's port.",
     },
     "exporter_no_logs": {
-        "meaning": "SGLang runs where the exporter reads none of its logs: an SGLang endpoint the exporter scrapes "
-        "answers while it follows no SGLang log source; kube-state-metrics shows a container with an SGLang "
-        "image on the node of an exporter that follows no SGLang source (the alert names the node and the "
-        "exporter pod), or SGLang containers while no exporter of the job follows any; a log file the exporter "
-        "was given has been missing for a whole window; or the SGLang sources it follows gave no line for a "
-        "whole window. OOMs cannot be counted from logs it does not read.\n\nA node without SGLang (a CPU node, "
-        "a GPU node running only training jobs) is normal and never alerts. The kube-state-metrics branches need "
-        "`kube_pod_info` and `kube_pod_container_info` (kube-prometheus-stack ships kube-state-metrics) and the "
-        "chart's monitors, which keep the exporter's own pod as `exporter_namespace`/`exporter_pod`; an SGLang "
-        "image is one whose name contains `sglang`. A configured file that does not exist yet is normal while "
-        "SGLang starts (`/healthz` says so), so that alone waits a full window before the alert starts its "
-        "`for`: with the defaults it warns 75 minutes after the file was first missed, never during a rollout.",
+        "meaning": "An SGLang server runs where the exporter reads none of its logs, so its OOMs cannot be "
+        "counted. It fires on: an SGLang server container (kube-state-metrics) on the node of an exporter that "
+        "follows no SGLang source, a wrong hostPath or log root (the alert names the node and the exporter pod); "
+        "an SGLang endpoint the exporter scrapes answering (`sglang_oom_target_up == 1`) while it follows no "
+        "SGLang source; a log file it was given missing for a whole window; SGLang running requests "
+        "(`sglang_oom_target_running_requests`) while its followed logs gave no line for a whole window; or "
+        "SGLang servers in the cluster while no exporter of the job follows any (none runs on their nodes).\n\n"
+        "It never fires on the exporter's own pods, SGLang router or gateway pods, a fresh cluster without an "
+        "SGLang server, a node without one, or an idle server: SGLang logs nothing without requests, so silence "
+        "counts only while it runs some. A server image is one whose `image` matches the catalog's "
+        "`alert_pack.exporter_no_logs.server_images` (by default any name with `sglang`) and not its "
+        "`excluded_images` (by default the exporter, `sglang-router`, `sglang-model-gateway`); the exporter's "
+        "own container is also left out by the `exporter_namespace`/`exporter_pod`/`exporter_container` labels "
+        "the chart's monitors give its `up`. The recording rules before the alert hold each finding: "
+        "`node:sglang_oom_sglang_server_containers:count`, `exporter_pod:kube_pod_info:relabel`, "
+        "`instance:sglang_oom_unread_sglang:count`, `job:sglang_oom_unread_sglang:count`, "
+        "`instance:sglang_oom_exporter_sources_waiting:min_over_time1h` and "
+        "`instance:sglang_oom_busy_sglang_silence:seconds`.\n\n"
+        "At `--log-level info` a busy SGLang server writes `Decode batch` and `Prefill batch` lines every few "
+        "seconds; at `--log-level warning` those INFO lines vanish, so a busy server logs almost nothing. The "
+        "silence finding therefore needs evidence that the log is written at info level (new lines at 60 or "
+        "more evaluations within a day) and stays quiet for a server run at warning level; such a server's "
+        "broken log path is then seen only by the other findings. A configured file that does not exist yet "
+        "is normal while SGLang starts (`/healthz` says so), so it waits a full window before the alert starts "
+        "its `for`: with the defaults it warns 75 minutes after the file was first missed.",
         "impact": "No user impact by itself; OOMs on the unread servers never alert.",
         "mitigation": "Fix the paths: the glob or file names in its config, `--kubernetes-logs` pointing at the "
         "node's pod-log directory (usually /var/log/pods, mounted read-only; `daemonset.logsHostPath` and "
@@ -66,8 +79,10 @@ _PACK_TEXT: dict[str, dict[str, str]] = {
         "When no exporter runs on the SGLang nodes, check the chart's placement (`gpuNodes`, `nodeSelector`, "
         "`affinity`, `tolerations`) against the nodes' labels and taints. A file it waits for (named in "
         "`/healthz`) belongs to an SGLang server that never started or logs elsewhere: start it, fix its path, "
-        "or remove it from the config (SIGHUP reloads it). An SGLang server that was idle for the whole window "
-        "logs nothing; that is normal, and the alert resolves with the next request.",
+        "or remove it from the config (SIGHUP reloads it). If an image that is not an SGLang server warns (a "
+        "custom router or proxy), or a server image is not seen (a name without `sglang`), set the patterns "
+        "(RE2, matched against the whole image) with `render --overrides`: `alerts: {SGLangOOMExporterNoLogs: "
+        "{server_images: '...', excluded_images: '...'}}`.",
     },
     "target_down": {
         "meaning": "The exporter cannot scrape the SGLang endpoint (`--sglang-url`) it reads KV usage and server "
@@ -107,12 +122,14 @@ _PACK_SERIES = {
     ],
     "exporter_down": ["up", "sglang_oom_exporter_build_info"],
     "exporter_no_logs": [
+        "instance:sglang_oom_unread_sglang:count",
         "sglang_oom_exporter_sglang_sources",
         "sglang_oom_exporter_files_watched",
         "sglang_oom_exporter_sources_waiting",
         "sglang_oom_exporter_lines_read_total",
         "sglang_oom_exporter_read_errors_total",
         "sglang_oom_exporter_last_read_timestamp_seconds",
+        "sglang_oom_target_running_requests",
     ],
     "target_down": ["sglang_oom_target_up", "sglang_oom_target_scrape_errors_total"],
     "state_errors": ["sglang_oom_exporter_state_errors_total", "sglang_oom_exporter_state_saves_total"],
