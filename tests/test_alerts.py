@@ -101,7 +101,7 @@ def test_recording_rules_follow_the_naming_convention_and_come_before_what_reads
             read = set(re.findall(r"\b([a-z_]+:[a-z0-9_]+:[a-z0-9_]+)\b", rule["expr"]))
             assert read <= set(seen), (rule.get("record") or rule["alert"], read - set(seen))
             if "record" in rule:
-                assert re.fullmatch(r"[a-z_]+:sglang_oom_[a-z0-9_]+:[a-z0-9_]+", rule["record"]), rule["record"]
+                assert re.fullmatch(r"[a-z_]+:[a-z0-9_]+:[a-z0-9_]+", rule["record"]), rule["record"]
                 assert set(rule) == {"record", "expr"}, rule["record"]
                 seen.append(rule["record"])
 
@@ -284,7 +284,7 @@ _NO_LOGS = "SGLangOOMExporterNoLogs"
 _EXCLUDED = ', image!~"(?i).*sglang[-_]?(oom[-_]?exporter|router|(model[-_]?)?gateway).*"'
 _OWN_CONTAINER = re.compile(r"\n    unless on \(cluster, namespace, pod, container\)\n.*\n", re.M)
 _BUSY = 'and on (cluster, job, instance)\nmax by (cluster, job, instance) (max_over_time(sglang_oom_target_running_requests{job="sglang-oom-exporter"}[1h])) > 0\n'
-_INFO = 'and on (cluster, job, instance)\nmax by (cluster, job, instance) (changes(sglang_oom_exporter_last_read_timestamp_seconds{job="sglang-oom-exporter"}[1d])) >= 60\n'
+_INFO = 'and on (cluster, job, instance)\nmax by (cluster, job, instance) (changes(instance:sglang_oom_exporter_last_read_timestamp_seconds:max[1d])) >= 60\n'
 
 
 def _without_line(expr: str, marker: str) -> str:

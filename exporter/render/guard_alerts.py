@@ -52,6 +52,7 @@ EXPORTER_NODES = "exporter_pod:kube_pod_info:relabel"
 UNREAD = "instance:sglang_oom_unread_sglang:count"
 UNREAD_JOB = "job:sglang_oom_unread_sglang:count"
 WAITING = "instance:sglang_oom_exporter_sources_waiting:min_over_time{window}"
+LAST_READ = "instance:sglang_oom_exporter_last_read_timestamp_seconds:max"
 SILENCE = "instance:sglang_oom_busy_sglang_silence:seconds"
 # Evidence that the SGLang logs are written at info level (batch lines every few seconds while busy), so that
 # their silence means a broken read: new lines at this many evaluations within this range. A server run at
@@ -125,17 +126,23 @@ def _waiting(scope: Scope, window: str) -> str:
     )
 
 
+def _last_read(scope: Scope) -> str:
+    """Per exporter: when it last read a line of any source. Recorded, so that the day-long look back of
+    _silence reads one series per exporter, not one per followed file (thousands on a busy node)."""
+    last = scope.sel("sglang_oom_exporter_last_read_timestamp_seconds")
+    return f"max {scope.by('job', 'instance', *EXPORTER_POD_LABELS)} ({last})\n"
+
+
 def _silence(scope: Scope, window: str) -> str:
     """Per exporter: seconds since its SGLang logs were last read, where its SGLang ran requests within the
     window and those logs are known to be written at info level (INFO_EVIDENCE)."""
-    last = scope.sel("sglang_oom_exporter_last_read_timestamp_seconds")
     running = scope.sel("sglang_oom_target_running_requests")
-    exporter, on = scope.by("job", "instance", *EXPORTER_POD_LABELS), scope.on("job", "instance")
+    on = scope.on("job", "instance")
     evidence, count = INFO_EVIDENCE
     return (
-        f"time() - max {exporter} ({last})\n"
+        f"time() - {LAST_READ}\n"
         f"and {on}\nmax {scope.by('job', 'instance')} (max_over_time({running}[{window}])) > 0\n"
-        f"and {on}\nmax {scope.by('job', 'instance')} (changes({last}[{evidence}])) >= {count}\n"
+        f"and {on}\nmax {scope.by('job', 'instance')} (changes({LAST_READ}[{evidence}])) >= {count}\n"
     )
 
 
@@ -148,6 +155,7 @@ def no_logs_records(pack: Mapping[str, Any], scope: Scope) -> list[RecordSpec]:
         RecordSpec(UNREAD, EXPORTER_GROUP, _unread(scope)),
         RecordSpec(UNREAD_JOB, EXPORTER_GROUP, _unread_job(scope)),
         RecordSpec(WAITING.format(window=window), EXPORTER_GROUP, _waiting(scope, window)),
+        RecordSpec(LAST_READ, EXPORTER_GROUP, _last_read(scope)),
         RecordSpec(SILENCE, EXPORTER_GROUP, _silence(scope, window)),
     ]
 
