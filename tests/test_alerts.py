@@ -333,10 +333,10 @@ def _without_line(expr: str, marker: str) -> str:
          {"an SGLang server idle overnight after 90 busy minutes is silent"}),
         # Without the info-level evidence, a busy server run at --log-level warning warns.
         ("instance:sglang_oom_busy_sglang_silence:seconds", lambda e: e.replace(_INFO, ""),
-         {"a busy SGLang server at log level warning is silent"}),
+         {"a busy SGLang server at log level warning is silent", "a busy server silent for over a day no longer warns"}),
         # Without the silence branch, a busy server whose lines stop goes unseen.
         (_NO_LOGS, lambda e: _without_line(e, "busy_sglang_silence"),
-         {"a busy SGLang server whose lines stop warns 75 minutes after its last line"}),
+         {"a busy SGLang server whose lines stop warns 76 minutes after its last line"}),
         # Without the kube-state-metrics node part, a wrong hostPath on the SGLang node is unseen.
         ("instance:sglang_oom_unread_sglang:count",
          lambda e: e[e.index("or on (cluster, job, instance)\n") + len("or on (cluster, job, instance)\n"):],
