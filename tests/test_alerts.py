@@ -284,7 +284,7 @@ _NO_LOGS = "SGLangOOMExporterNoLogs"
 _EXCLUDED = ', image!~"(?i).*sglang[-_]?(oom[-_]?exporter|router|(model[-_]?)?gateway).*"'
 _OWN_CONTAINER = re.compile(r"\n    unless on \(cluster, namespace, pod, container\)\n.*\n", re.M)
 _BUSY = 'and on (cluster, job, instance)\nmax by (cluster, job, instance) (max_over_time(sglang_oom_target_running_requests{job="sglang-oom-exporter"}[1h])) > 0\n'
-_INFO = 'and on (cluster, job, instance)\nmax by (cluster, job, instance) (changes(instance:sglang_oom_exporter_last_read_timestamp_seconds:max[1d])) >= 60\n'
+_INFO = "and on (cluster, job, instance)\nmax by (cluster, job, instance) (changes(instance:sglang_oom_exporter_last_read_timestamp_seconds:max[1d])) >= 60\n"
 
 
 def _without_line(expr: str, marker: str) -> str:

@@ -130,7 +130,7 @@ def test_the_check_fails_on_a_new_survivor_and_on_a_stale_entry(tmp_path):
 @pytest.mark.slow
 @pytest.mark.needs_promtool
 @needs_promtool
-# About 135 s alone on a 2-core machine (`time python tools/mutate_alerts.py`: 190 mutants run, the recording
+# About 220 s alone on a 2-core machine (`time python tools/mutate_alerts.py`: 183 mutants run, the recording
 # rules' under their readers' tests); in the suite it shares the CPUs with the xdist workers.
 @pytest.mark.timeout(900)
 def test_the_mutation_check_of_the_pack_passes(tmp_path: Path):
@@ -143,7 +143,9 @@ def test_the_mutation_check_of_the_pack_passes(tmp_path: Path):
     assert statuses["survived"] == statuses["invalid"] == statuses["unjudged"] == 0, summary
     assert statuses["equivalent"] == len(load_equivalents())
     # Every alert of the pack was mutated, and every family member counted through the structural test.
-    assert {o.mutant.alert for o in report.outcomes} == set(_rules())
+    # (a record with no mutation point, a plain `max by`, has no mutant)
+    assert {o.mutant.alert for o in report.outcomes} == {n for n, r in _rules().items() if mutants(r, KINDS)}
+    assert {s.name for s in SPECS} <= {o.mutant.alert for o in report.outcomes}
     members = len([s for s in SPECS if s.role == "fatal"]) - 1
     assert statuses["killed-by-structure"] == 6 * members
 
