@@ -52,6 +52,7 @@ from tests.support.promstack import (
     alerting,
     alertmanager_config,
     require_binaries,
+    rfc3339_seconds,
 )
 from tests.support.sglang_data import INFO
 
@@ -121,7 +122,7 @@ def _run(prom, am, hook, server_log, other_log, tmp_path) -> None:
     retractions = 'sum(sglang_oom_events_total{kind="retract"})'
     wait_until(lambda: prom.query_value(retractions) == 2, timeout=15, what="both retractions in Prometheus")
     seen_at = time.time()
-    wait_until(lambda: all(g["lastEvaluation"] and _ts(g["lastEvaluation"]) > seen_at + 2 for g in prom.rule_groups()),
+    wait_until(lambda: all(g["lastEvaluation"] and rfc3339_seconds(g["lastEvaluation"]) > seen_at + 2 for g in prom.rule_groups()),
                timeout=10, what="two rule evaluations after the retractions")  # fmt: skip
     assert prom.alerts() == []
     assert hook.snapshot() == []
@@ -168,11 +169,3 @@ def _am_alert(am: Alertmanager, name: str, source: str) -> dict | None:
     found = [a for a in am.alerts() if a["labels"]["alertname"] == name and a["labels"].get("source") == source]
     assert len(found) <= 1, found
     return found[0] if found else None
-
-
-def _ts(rfc3339: str) -> float:
-    """Prometheus' RFC 3339 timestamps (nanoseconds, Z) as epoch seconds."""
-    from datetime import datetime
-
-    head, _, frac = rfc3339.rstrip("Z").partition(".")
-    return datetime.fromisoformat(head + "+00:00").timestamp() + float(f"0.{frac or 0}")

@@ -31,6 +31,7 @@ from tests.support.promstack import (
     WebhookReceiver,
     alerting,
     require_binaries,
+    rfc3339_seconds,
 )
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
@@ -104,7 +105,7 @@ def test_one_crash_looping_pod_is_one_page_another_pod_and_a_group_are_one_each(
                    and "prefill 2" in _am_text(am, "SGLangOOMCrashLoop", "sglang-0"),
                    timeout=30, what="the second prefill in Alertmanager")  # fmt: skip
         seen_at = time.time()
-        wait_until(lambda: all(g["lastEvaluation"] and _ts(g["lastEvaluation"]) > seen_at + 3 for g in prom.rule_groups()),
+        wait_until(lambda: all(g["lastEvaluation"] and rfc3339_seconds(g["lastEvaluation"]) > seen_at + 3 for g in prom.rule_groups()),
                    timeout=15, what="three rule evaluations after it")  # fmt: skip
         incidents = _incidents(hook)
         texts = {name: _am_text(am, name, "sglang-0") for name in _firing(crash_looping()[-1])}  # type: ignore[index]
@@ -154,11 +155,3 @@ def _am_text(am: Alertmanager, alertname: str, pod: str, **labels: str) -> str:
     ]  # fmt: skip
     assert len(found) <= 1, found
     return found[0] if found else ""
-
-
-def _ts(rfc3339: str) -> float:
-    """Prometheus' RFC 3339 timestamps (nanoseconds, Z) as epoch seconds."""
-    from datetime import datetime
-
-    head, _, frac = rfc3339.rstrip("Z").partition(".")
-    return datetime.fromisoformat(head + "+00:00").timestamp() + float(f"0.{frac or 0}")

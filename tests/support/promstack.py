@@ -64,6 +64,14 @@ def require_binaries(*names: str) -> None:
         pytest.skip(f"{', '.join(missing)} not on PATH (Debian packages prometheus, prometheus-alertmanager; .ci/run)")
 
 
+def rfc3339_seconds(rfc3339: str) -> float:
+    """Prometheus' RFC 3339 timestamps (nanoseconds, Z) as epoch seconds."""
+    from datetime import datetime
+
+    head, _, frac = rfc3339.rstrip("Z").partition(".")
+    return datetime.fromisoformat(head + "+00:00").timestamp() + float(f"0.{frac or 0}")
+
+
 def http_get_json(url: str, *, timeout: float = 5.0) -> Any:
     """GET a JSON document (HTTP errors raise)."""
     with urllib.request.urlopen(url, timeout=timeout) as r:  # noqa: S310 - loopback URLs built by this module
