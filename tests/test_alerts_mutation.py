@@ -112,19 +112,24 @@ def test_every_listed_equivalent_names_a_mutant_of_the_current_rules_with_a_reas
 
 @pytest.mark.needs_promtool
 @needs_promtool
-@pytest.mark.timeout(60)
+# One alert with one test file: 9 mutants, about 2 s alone (a recording rule's 24 mutants under its 9 readers'
+# files took 17 s alone and over a minute beside the whole-pack check in the suite).
+@pytest.mark.timeout(120)
 def test_the_check_fails_on_a_new_survivor_and_on_a_stale_entry(tmp_path):
+    alert = "SGLangDecodeRequestsAborted"
     listed = yaml.safe_load(mutate_alerts.EQUIVALENTS.read_text(encoding="utf-8"))
-    exact = [e for e in listed["equivalents"] if e["alert"] == EXACT_5M]
-    assert [e["operator"] for e in exact] == ["drop", "range"]
-    stale = {**exact[0], "change": "> → <"}
-    (tmp_path / "equivalents.yaml").write_text(yaml.safe_dump({"equivalents": [exact[0], stale]}, allow_unicode=True))
-    report = mutate_alerts.check([EXACT_5M], equivalents_path=tmp_path / "equivalents.yaml")
+    own = [e for e in listed["equivalents"] if e["alert"] == alert]
+    assert [(e["operator"], e["change"]) for e in own] == [("comparison", "> → >=")]
+    # The real equivalent left out (so it is new), and an entry for a mutant that does not survive (so it is stale).
+    stale = {**own[0], "change": "> → <"}
+    (tmp_path / "equivalents.yaml").write_text(yaml.safe_dump({"equivalents": [stale]}, allow_unicode=True))
+    report = mutate_alerts.check([alert], equivalents_path=tmp_path / "equivalents.yaml")
     assert report.problems == [
-        f"new survivor: {EXACT_5M} | range | min_over_time(sglang_oom_fatal_events_total[5m]) | [5m] → [15m]",
-        f"stale entry in equivalents.yaml (no such surviving mutant): {EXACT_5M} | drop | {exact[0]['site']} | > → <",
+        f"new survivor: {alert} | comparison | {own[0]['site']} | > → >=",
+        f"stale entry in equivalents.yaml (no such surviving mutant): {alert} | comparison | {own[0]['site']} | > → <",
+        "only 88.9 % of the valid mutants killed (at least 90 %)",
     ]
-    assert Counter(o.status for o in report.outcomes) == {"killed": 22, "equivalent": 1, "survived": 1}
+    assert Counter(o.status for o in report.outcomes) == {"killed": 8, "survived": 1}
 
 
 @pytest.mark.slow
