@@ -4,7 +4,7 @@ Usage::
 
     python bench/bench_foreign.py [--foreign 100] [--mb-per-s 10] [--sglang 3] [--window 30] [--check-target]
 
-Since issue 18 the exporter follows every container of the node (not only those whose name looks like
+The exporter follows every container of the node (not only those whose name looks like
 SGLang) and counts events only in sources that showed SGLang (docs/recognition.md). This measures what that
 costs on a node shaped like a shared GPU node: a /var/log/pods tree (ROOT/<ns>_<pod>_<uid>/<container>/0.log,
 CRI format) with --foreign containers (training workers, web apps, sidecars: Python logging, access lines,

@@ -9,7 +9,8 @@ path in a temp dir (or on `*.log` with --glob), then --flips times: writes a new
 OOM block, holds it for half a period, removes it and makes a directory at the path (--no-dir: leaves it
 missing), holds that for half a period, removes the directory. --rate is flips a second. It then waits up to
 10 s for the count and 3 s more, and prints the OOMs written and counted, how many inodes the files had (ext4
-reuses a freed one: what lost events before issue 24's fix), and the nonzero resets and read errors.
+reuses a freed one: what lost events before a generation was told by more than its inode), and the nonzero
+resets and read errors.
 """
 
 from __future__ import annotations

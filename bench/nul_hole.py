@@ -8,7 +8,7 @@ A writer without O_APPEND keeps writing at its own offset after a copytruncate, 
 up to that offset, then its next line. The script starts ours on one log in a temp dir (`serve --listen
 127.0.0.1:P --state-dir S FILE`), waits for /metrics, truncates the file and writes one decode OOM at offset
 --hole-mib MiB (a sparse hole: no disk is written), and polls /metrics every 50 ms until the decode counter is 1.
-It prints the seconds from the write to that scrape (issue 24: 100.6 s for 1 GiB before NUL runs were skipped
+It prints the seconds from the write to that scrape (before the fix: 100.6 s for 1 GiB before NUL runs were skipped
 run by run, 3.1 s after). Exit status 1 when the count does not reach 1 within --timeout seconds.
 """
 

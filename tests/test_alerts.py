@@ -582,7 +582,7 @@ def test_the_example_inhibits_a_sources_warnings_while_its_oom_pages():
     assert names(near_full["target_matchers"][0]) == {"SGLangKVCacheNearFull"}
     assert near_full["target_matchers"][1:] == ['pod=~".+"']
     assert near_full["equal"] == ["cluster", "namespace", "pod"]
-    # A near-full warning by source (config targets) is quieted by its own source's page only (issue 18).
+    # A near-full warning by source (config targets) is quieted by its own source's page only.
     assert names(near_full_source["source_matchers"][0]) == pages
     assert names(near_full_source["target_matchers"][0]) == {"SGLangKVCacheNearFull"}
     assert near_full_source["target_matchers"][1:] == ['pod=""', 'source=~".+"']

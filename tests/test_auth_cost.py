@@ -1,4 +1,4 @@
-"""Issue 24, defect 3: wrong basic-auth passwords cost bounded CPU, and a check costs the same for any user name.
+"""Wrong basic-auth passwords cost bounded CPU, and a check costs the same for any user name.
 
 Timing is checked structurally, not with a clock: bcrypt's two entry points are wrapped to record each
 computation and the cost (log2 rounds) of the hash it ran at, and how many ran at once.

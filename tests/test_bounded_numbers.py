@@ -1,4 +1,4 @@
-"""Issue 24, defect 6: a number too big for any field (400 digits) keeps its event, and `scan` reports a failing
+"""A number too big for any field (400 digits) keeps its event, and `scan` reports a failing
 input per file instead of dying with a traceback.
 """
 

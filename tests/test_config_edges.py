@@ -99,7 +99,7 @@ def test_a_reload_that_removes_a_path_stops_following_it_and_a_re_add_resumes_ex
     assert app.reload(App_config(app, paths=(str(a),)), CATALOG) == "applied"
     run_app(app, clock)
     assert app.sources.paths() == [str(a)]
-    assert app.counts.total() == 1  # b's series stays for the retention (issue 24), as a deleted file's does
+    assert app.counts.total() == 1  # b's series stays for the retention, as a deleted file's does
     append(b, BLOCK.format(s=2))  # written while b is not followed
     run_app(app, clock)
     assert app.counts.total() == 1

@@ -8,7 +8,7 @@ range), must return exactly the expected series and values; the same queries bef
 and a source that does not exist empties them.
 
 It runs twice: with series without a cluster label (one Prometheus: the cluster variable's All, ".*", matches
-the absent label), and with two clusters (issue 20): the same daemon scraped as cluster="us-east" and, by a
+the absent label), and with two clusters: the same daemon scraped as cluster="us-east" and, by a
 second job, as cluster="eu-west", as a Thanos or Mimir sees two clusters with identical namespaces and pods.
 There the checks run with us-east selected, and with All the tiles show each cluster apart, never the sum.
 """

@@ -453,7 +453,7 @@ def test_all_off_renders_no_monitoring_objects():
     assert not MONITORING_KINDS & {d["kind"] for d in docs}
 
 
-# The operator's target labels of the exporter's own pod, kept under names of their own (issue 18): an OOM page
+# The operator's target labels of the exporter's own pod, kept under names of their own: an OOM page
 # names the SGLang pod or source, never the exporter's pod (tests/test_operator_labels.py runs it).
 KEEP_EXPORTER_IDENTITY = [
     {"sourceLabels": ["namespace"], "targetLabel": "exporter_namespace"},

@@ -1,4 +1,4 @@
-"""The chart's jobSelector, clusterLabel and prometheusRule.renderedRules (issue 20, item 2): the PrometheusRule
+"""The chart's jobSelector, clusterLabel and prometheusRule.renderedRules: the PrometheusRule
 and the dashboards it ships equal what `render` gives with the same keys in an overrides file, and a rules file
 rendered with other thresholds ships as it is.
 """

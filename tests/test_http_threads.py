@@ -1,4 +1,4 @@
-"""Issue 24, defect 2: a connection whose handler thread cannot start (a memory or pids limit) gives its slot back.
+"""A connection whose handler thread cannot start (a memory or pids limit) gives its slot back.
 
 The failure is injected in-process: threading.Thread.start raises for the HTTP edge's connection threads, as
 CPython does when the kernel refuses a thread ("can't start new thread").

@@ -1,4 +1,4 @@
-"""The example Alertmanager config's inhibitions keep clusters apart (issue 20): a real Alertmanager running
+"""The example Alertmanager config's inhibitions keep clusters apart: a real Alertmanager running
 alerts/alertmanager.example.yml gets, through its API, an OOM page for llm/sglang-0 in cluster us-east and a
 retraction warning and a KV near-full warning for llm/sglang-0 in each of us-east and eu-west. The us-east
 warnings are inhibited by the page; the eu-west ones, the same namespace and pod in another cluster, stay

@@ -351,7 +351,7 @@ def test_serve_in_node_mode_gives_pod_events_their_sglang_context(tmp_path, tls,
                 what="one discovered target",
                 timeout=15.0,
             )
-            # The target series name the pod they serve (issue 18), so KV near-full pages name it too.
+            # The target series name the pod they serve, so KV near-full pages name it too.
             pod_labels = {"target": sglang.url, "namespace": "llm", "pod": "llama-0"}
             wait_until(
                 lambda: metric("sglang_oom_target_up", **pod_labels) == 1.0, what="the pod's SGLang up", timeout=15.0

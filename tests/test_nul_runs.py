@@ -1,4 +1,4 @@
-"""Issue 24, defect 7: the NUL run of a copytruncate hole is skipped in bulk, not byte by byte.
+"""The NUL run of a copytruncate hole is skipped in bulk, not byte by byte.
 
 A writer without O_APPEND leaves a hole of NULs up to its offset after a copytruncate; a 1 GiB hole read at
 18 MB/s delayed the OOM behind it by a minute. Measured in CPU seconds of this process (not wall time, which

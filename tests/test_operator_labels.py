@@ -1,4 +1,4 @@
-"""A page names the workload (issue 18): behind the chart's ServiceMonitor or PodMonitor, with the Prometheus
+"""A page names the workload: behind the chart's ServiceMonitor or PodMonitor, with the Prometheus
 Operator's target labels and honorLabels, every OOM page and every SGLang-side series names the SGLang pod or
 source, never the exporter's pod, and the exporter's own identity stays under exporter_* labels.
 

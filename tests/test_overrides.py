@@ -1,4 +1,4 @@
-"""Configuration without forking (issue 20, item 2): `render --overrides FILE` merges job_selector, cluster_label
+"""Configuration without forking: `render --overrides FILE` merges job_selector, cluster_label
 and per-alert numbers onto the built-in catalog, checks them with file:line errors, and the rules it renders
 behave as configured under promtool. Also: moving rendered text to another cluster label (what the chart's
 clusterLabel does, promql.relabel_cluster) gives exactly what a render with that label gives.

@@ -1,4 +1,4 @@
-"""SGLang by what it writes (issue 18): the real `serve` process on a real /var/log/pods tree (CRI files).
+"""SGLang by what it writes: the real `serve` process on a real /var/log/pods tree (CRI files).
 
 Every container of the node is followed; a generic CUDA OOM counts only with SGLang evidence, a source that never
 shows SGLang has no series, and the identification survives a rotation, the container's next run and a daemon

@@ -1,4 +1,4 @@
-"""Issue 24, defect 7 (the smaller ones): a state file nested 100,000 levels deep; `--check-config` on a non-UTF-8
+"""A state file nested 100,000 levels deep; `--check-config` on a non-UTF-8
 file and on an empty config; Kubernetes filter regexes that could backtrack catastrophically on a pod name.
 """
 

@@ -1,4 +1,4 @@
-"""Issue 24, defect 4: a first start killed in its first moments is known to the next start.
+"""A first start killed in its first moments is known to the next start.
 
 A first start reads existing files from their end. If it dies before it saves where it started, the next start
 is a first start again and loses what was written in between. The save is now the first thing a start does,

@@ -1,4 +1,4 @@
-"""Issue 24, defect 1: a path a reload drops and a later reload names again keeps what it counted.
+"""A path a reload drops and a later reload names again keeps what it counted.
 
 The daemon's parts driven with the fake clock (tests/test_app.py's helpers); a reload is App.reload with a
 config that names the file or does not. The counter is read from the exported page, as a scrape reads it.

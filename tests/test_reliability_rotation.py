@@ -66,7 +66,7 @@ def test_a_reload_removed_path_keeps_its_position_across_a_restart(tmp_path):
     app.sources.close()
     append(log, BLOCK.format(s=4))  # written while it was not followed
     app = restarted_app(tmp_path)  # the original config names it again
-    # The reload kept a.log's counter (issue 24: within the retention it goes on); resumed where it stopped, only
+    # The reload kept a.log's counter (within the retention it goes on); resumed where it stopped, only
     # the OOM written since is counted on top. Without its saved position it would be read from 0: 3.
     assert app.counts.total("decode") == 2
 

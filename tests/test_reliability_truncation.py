@@ -1,4 +1,4 @@
-"""Issue 24, defect 5: an in-place truncation while the daemon is down is told even when the new content begins
+"""An in-place truncation while the daemon is down is told even when the new content begins
 with the old one's first bytes (a start-up banner longer than the head fingerprint).
 
 The daemon's parts with the fake clock (tests/test_app.py); "SIGKILL" is closing the files without a save.

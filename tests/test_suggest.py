@@ -23,7 +23,7 @@ CASES = [
     ("prefill-below-floor", _event("prefill", requested_tokens=8192, available_tokens=300),
      {"chunked_prefill_size": 8192, "max_running_requests": 128}, {},
      [("--chunked-prefill-size", 8192, 4096), ("--max-running-requests", 128, None)]),
-    # Issue 18: 100 free tokens are too few to size a chunk from; the runbook's 4096, not 16384 -> 512.
+    # 100 free tokens are too few to size a chunk from; the runbook's 4096, not 16384 -> 512.
     ("prefill-100-available", _event("prefill", requested_tokens=16384, available_tokens=100),
      {"chunked_prefill_size": 16384}, {},
      [("--chunked-prefill-size", 16384, 4096), ("--max-running-requests", None, None)]),
@@ -55,7 +55,7 @@ CASES = [
     ("pool-smaller-than-context", _event("prefill", requested_tokens=70000, available_tokens=61000),
      {"chunked_prefill_size": 8192, "max_total_num_tokens": 61440, "context_length": 131072}, {},
      [("--chunked-prefill-size", 8192, 4096), ("--context-length", 131072, 61440)]),
-    # Issue 18: one retraction (no count of many) suggests nothing; never a made-up current value.
+    # One retraction (no count of many) suggests nothing; never a made-up current value.
     ("retract-one", _event("retract"), {}, {}, []),
     ("retract-one-known-current", _event("retract"), {"schedule_conservativeness": 1.0}, {"retracted_requests_total": 2},
      []),
@@ -128,7 +128,7 @@ def test_unknown_phase_gives_both_fixes_with_their_condition():
 
 
 def test_scan_of_one_benign_retraction_without_server_args_suggests_nothing(tmp_path):
-    # Issue 18: `--schedule-conservativeness 1.3` and "0.3 above the current 1" while nothing was known.
+    # Measured: `--schedule-conservativeness 1.3` and "0.3 above the current 1" while nothing was known.
     import json
     import subprocess
     import sys

@@ -1,4 +1,4 @@
-"""The sglang_oom_target_* series name the SGLang workload an endpoint serves (issue 18): the pod found by node
+"""The sglang_oom_target_* series name the SGLang workload an endpoint serves: the pod found by node
 discovery, or the source a config target names; never a label the exporter cannot know."""
 
 from __future__ import annotations

@@ -175,4 +175,4 @@ def test_basic_auth_caches_both_outcomes(monkeypatch):
     for _ in range(3):
         assert auth.check(header("alice", b"s3cret"))
         assert not auth.check(header("alice", b"wrong"))
-    assert calls == [b"s3cret", b"wrong"]  # a stale password costs one check, not one per scrape (issue 24)
+    assert calls == [b"s3cret", b"wrong"]  # a stale password costs one check, not one per scrape

@@ -90,7 +90,7 @@ class LogSource:
             generation = f"{item.dev}:{item.ino}:{self.epoch}"
             if generation == self.ended:
                 # Another file on the inode of the one that ended (ext4 reuses a freed inode at once): with the
-                # old key, the deduper took its events at the old one's offsets for repeats (issue 24, defect 7).
+                # old key, the deduper took its events at the old one's offsets for repeats.
                 self.epoch += 1
                 generation = f"{item.dev}:{item.ino}:{self.epoch}"
             if generation != self.generation:

@@ -35,7 +35,7 @@ log = logging.getLogger(__name__)
 BUSY_WAIT_SECONDS = 0.2  # loop tick while events wait for their traceback
 DISCOVER_MIN_GAP = 1.0  # a busy log wakes us all the time: a requested discovery runs at most this often
 # A file created (or moved in) asks for one sooner: a glob's new match may live less than DISCOVER_MIN_GAP, and a
-# writer whose period divides it fell in step with the deferred discovery (issue 24, defect 7: a glob match
+# writer whose period divides it fell in step with the deferred discovery (measured: a glob match
 # flipping with a directory once a second was counted 0 times in 10). Creations are rare next to appends.
 DISCOVER_CREATED_GAP = 0.1
 # A scrape hands the GIL back and forth a dozen times (accept, thread start, recv, send); behind a loop busy with
