@@ -117,24 +117,99 @@ The runbook base every link of the rules and dashboards starts with: runbookBase
 {{- define "sglang-oom-exporter.runbookBase" -}}
 {{- .Values.runbookBaseUrl | default (include "sglang-oom-exporter.renderedRunbookBase" .) | trimSuffix "/" -}}
 {{- end -}}
+{{/*
+The GPU-node default placement's node selector terms (ORed: a node that matches any one of them is a GPU node),
+as {"terms": [...]}: one term per gpuNodes.nodeLabels entry (label In [value]), then each named entry of
+gpuNodes.nodeSelectorTerms (its matchExpressions, ANDed), each in name order; an entry set to null is dropped.
+*/}}
+{{- define "sglang-oom-exporter.gpuNodeTerms" -}}
+{{- $gpu := .Values.gpuNodes | default dict }}
+{{- $labels := $gpu.nodeLabels }}
+{{- if not (kindIs "map" $labels) }}
+{{- $labels = dict "nvidia.com/gpu.present" "true" "feature.node.kubernetes.io/amd-gpu" "true" }}
+{{- end }}
+{{- $terms := list }}
+{{- range $key, $value := $labels }}
+{{- if not (kindIs "invalid" $value) }}
+{{- $terms = append $terms (dict "matchExpressions" (list (dict "key" $key "operator" "In" "values" (list (toString $value))))) }}
+{{- end }}
+{{- end }}
+{{- range $name, $expressions := ($gpu.nodeSelectorTerms | default dict) }}
+{{- if $expressions }}
+{{- $terms = append $terms (dict "matchExpressions" $expressions) }}
+{{- end }}
+{{- end }}
+{{- toYaml (dict "terms" $terms) }}
+{{- end }}
+
+{{/* "true" when the GPU-node default placement applies: daemonset mode, gpuNodes.enabled, no nodeAffinity of your own. */}}
+{{- define "sglang-oom-exporter.gpuPlacement" -}}
+{{- $gpu := .Values.gpuNodes | default dict }}
+{{- $on := true }}
+{{- if kindIs "bool" $gpu.enabled }}{{ $on = $gpu.enabled }}{{ end }}
+{{- if and (eq .Values.mode "daemonset") $on (not (hasKey (.Values.affinity | default dict) "nodeAffinity")) }}true{{ end }}
+{{- end }}
+
+{{/*
 The pod's affinity: .Values.affinity, plus in daemonset mode the GPU-node default placement (gpuNodes): a
-required node affinity on any one of gpuNodes.nodeLabels, unless gpuNodes.enabled is false or the affinity
+required node affinity on any one of the gpuNodeTerms, unless gpuNodes.enabled is false or the affinity
 already has a nodeAffinity of its own. SGLang runs on GPU nodes; an exporter on a CPU node has nothing to read.
 */}}
 {{- define "sglang-oom-exporter.affinity" -}}
 {{- $affinity := deepCopy (.Values.affinity | default dict) }}
-{{- $gpu := .Values.gpuNodes | default dict }}
-{{- $on := true }}
-{{- if kindIs "bool" $gpu.enabled }}{{ $on = $gpu.enabled }}{{ end }}
-{{- if and (eq .Values.mode "daemonset") $on (not (hasKey $affinity "nodeAffinity")) }}
-{{- $labels := $gpu.nodeLabels | default (dict "nvidia.com/gpu.present" "true" "feature.node.kubernetes.io/amd-gpu" "true") }}
-{{- $terms := list }}
-{{- range $key, $value := $labels }}
-{{- $terms = append $terms (dict "matchExpressions" (list (dict "key" $key "operator" "In" "values" (list (toString $value))))) }}
+{{- if include "sglang-oom-exporter.gpuPlacement" . }}
+{{- $terms := (include "sglang-oom-exporter.gpuNodeTerms" . | fromYaml).terms | default list }}
+{{- if not $terms }}
+{{- fail "gpuNodes: every node label and node selector term is null, so the DaemonSet would run on no node. Set gpuNodes.enabled=false to run on every node the tolerations allow, or keep one term." }}
 {{- end }}
 {{- $_ := set $affinity "nodeAffinity" (dict "requiredDuringSchedulingIgnoredDuringExecution" (dict "nodeSelectorTerms" $terms)) }}
 {{- end }}
 {{- if $affinity }}{{ toYaml $affinity }}{{ end }}
+{{- end }}
+
+{{/*
+How many nodes the GPU placement (and nodeSelector) admits, by the same rules as the scheduler's node affinity
+(terms ORed, expressions ANDed; In, NotIn, Exists, DoesNotExist, Gt, Lt): "<matching>/<all>", or "" when the
+cluster did not answer (helm template, --dry-run=client: lookup returns nothing). Taints are not counted: the
+tolerations cover the GPU taints.
+*/}}
+{{- define "sglang-oom-exporter.gpuNodeCount" -}}
+{{- $nodes := (lookup "v1" "Node" "" "").items | default list }}
+{{- if $nodes }}
+{{- $terms := (include "sglang-oom-exporter.gpuNodeTerms" . | fromYaml).terms | default list }}
+{{- $selector := .Values.nodeSelector | default dict }}
+{{- $count := 0 }}
+{{- range $node := $nodes }}
+{{- $labels := $node.metadata.labels | default dict }}
+{{- $selected := true }}
+{{- range $k, $v := $selector }}
+{{- if or (not (hasKey $labels $k)) (ne (toString (get $labels $k)) (toString $v)) }}{{ $selected = false }}{{ end }}
+{{- end }}
+{{- $anyTerm := false }}
+{{- range $term := $terms }}
+{{- $all := gt (len ($term.matchExpressions | default list)) 0 }}
+{{- range $e := $term.matchExpressions | default list }}
+{{- $has := hasKey $labels $e.key }}
+{{- $value := toString (get $labels $e.key) }}
+{{- $values := list }}
+{{- range $x := $e.values | default list }}{{ $values = append $values (toString $x) }}{{ end }}
+{{- $ok := false }}
+{{- if eq $e.operator "In" }}{{ $ok = and $has (has $value $values) }}
+{{- else if eq $e.operator "NotIn" }}{{ $ok = or (not $has) (not (has $value $values)) }}
+{{- else if eq $e.operator "Exists" }}{{ $ok = $has }}
+{{- else if eq $e.operator "DoesNotExist" }}{{ $ok = not $has }}
+{{- else if and $has (regexMatch "^-?[0-9]+$" $value) (eq (len $values) 1) (regexMatch "^-?[0-9]+$" (first $values)) }}
+{{- if eq $e.operator "Gt" }}{{ $ok = gt (atoi $value) (atoi (first $values)) }}{{ end }}
+{{- if eq $e.operator "Lt" }}{{ $ok = lt (atoi $value) (atoi (first $values)) }}{{ end }}
+{{- end }}
+{{- if not $ok }}{{ $all = false }}{{ end }}
+{{- end }}
+{{- if $all }}{{ $anyTerm = true }}{{ end }}
+{{- end }}
+{{- if and $selected (or $anyTerm (not $terms)) }}{{ $count = add1 $count }}{{ end }}
+{{- end }}
+{{- printf "%d/%d" $count (len $nodes) }}
+{{- end }}
 {{- end }}
 
 {{/*
