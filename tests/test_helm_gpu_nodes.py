@@ -263,3 +263,12 @@ def test_docs_name_every_default_gpu_label():
     for cloud in ("GKE", "EKS", "AKS"):
         assert cloud in readme
         assert cloud in kubernetes
+
+
+def test_the_old_placement_is_one_value_away():
+    # The chart README's "Upgrades" says so: nodeSelectorTerms null leaves the two nodeLabels terms.
+    terms = default_terms({"gpuNodes": {"nodeSelectorTerms": None}})
+    assert [t["matchExpressions"][0]["key"] for t in terms] == [
+        "feature.node.kubernetes.io/amd-gpu",
+        "nvidia.com/gpu.present",
+    ]

@@ -112,10 +112,30 @@ The runbook base that render wrote into the copied rules and dashboards (files/r
 {{- end -}}
 
 {{/*
-The runbook base every link of the rules and dashboards starts with: runbookBaseUrl, else render's.
+The runbook base the user set: runbookBaseUrl, else the key it moved from (prometheusRule.runbookBaseUrl, read
+until the next minor release, with a NOTES.txt warning); "" when neither is set.
+*/}}
+{{- define "sglang-oom-exporter.userRunbookBase" -}}
+{{- .Values.runbookBaseUrl | default ((.Values.prometheusRule | default dict).runbookBaseUrl | default "") -}}
+{{- end -}}
+
+{{/*
+The runbook base every link of the rules and dashboards starts with: the user's (above), else render's.
 */}}
 {{- define "sglang-oom-exporter.runbookBase" -}}
-{{- .Values.runbookBaseUrl | default (include "sglang-oom-exporter.renderedRunbookBase" .) | trimSuffix "/" -}}
+{{- include "sglang-oom-exporter.userRunbookBase" . | default (include "sglang-oom-exporter.renderedRunbookBase" .) | trimSuffix "/" -}}
+{{- end -}}
+
+{{/*
+Values that moved, as a YAML list of {old, new, value}: each old key this release still reads and that is set.
+NOTES.txt warns about each; the chart README's "Upgrades" lists them all.
+*/}}
+{{- define "sglang-oom-exporter.movedValues" -}}
+{{- $moved := list }}
+{{- with (.Values.prometheusRule | default dict).runbookBaseUrl }}
+{{- $moved = append $moved (dict "old" "prometheusRule.runbookBaseUrl" "new" "runbookBaseUrl" "value" .) }}
+{{- end }}
+{{- toYaml (dict "moved" $moved) }}
 {{- end -}}
 {{/*
 The GPU-node default placement's node selector terms (ORed: a node that matches any one of them is a GPU node),
