@@ -60,10 +60,10 @@ def test_helm_lint_strict_per_ci_values_file(ci):
     assert "1 chart(s) linted, 0 chart(s) failed" in proc.stdout
 
 
-def test_the_ci_files_are_the_documented_five():
+def test_the_ci_files_are_the_documented_six():
     assert CI_FILES == [
-        "all-off-values.yaml", "all-on-values.yaml", "deployment-values.yaml", "reuse-values-values.yaml",
-        "sidecar-values.yaml",
+        "all-off-values.yaml", "all-on-values.yaml", "deployment-values.yaml", "options-values.yaml",
+        "reuse-values-values.yaml", "sidecar-values.yaml",
     ]  # fmt: skip
 
 
@@ -229,7 +229,7 @@ def test_monitoring_objects_match_the_crd_schemas(ci):
             crd_validate(doc)
             checked += 1
     expected = {"all-on-values.yaml": 2, "all-off-values.yaml": 0, "sidecar-values.yaml": 2,
-                "deployment-values.yaml": 1, "reuse-values-values.yaml": 2}  # fmt: skip
+                "deployment-values.yaml": 1, "reuse-values-values.yaml": 2, "options-values.yaml": 1}  # fmt: skip
     assert checked == expected[ci]
 
 

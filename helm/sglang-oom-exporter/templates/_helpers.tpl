@@ -6,13 +6,15 @@ Names and labels. app.kubernetes.io/name is fixed: both monitors copy it into th
 sglang-oom-exporter
 {{- end }}
 
+{{/* Object names: fullnameOverride, else <release>-<nameOverride or sglang-oom-exporter> (the release name alone when it holds that). */}}
 {{- define "sglang-oom-exporter.fullname" -}}
+{{- $name := .Values.nameOverride | default "sglang-oom-exporter" }}
 {{- if .Values.fullnameOverride }}
 {{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" }}
-{{- else if contains "sglang-oom-exporter" .Release.Name }}
+{{- else if contains $name .Release.Name }}
 {{- .Release.Name | trunc 63 | trimSuffix "-" }}
 {{- else }}
-{{- printf "%s-sglang-oom-exporter" .Release.Name | trunc 63 | trimSuffix "-" }}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" }}
 {{- end }}
 {{- end }}
 
@@ -278,3 +280,33 @@ Call with (dict "text" $text "root" $).
 {{- end -}}
 {{- $text -}}
 {{- end -}}
+
+{{/* The web config (TLS, basic auth): {"on": bool, "tls": bool, "basicAuth": bool, "path": the file in the pod}. */}}
+{{- define "sglang-oom-exporter.webConfig" -}}
+{{- $w := .Values.webConfig | default dict }}
+{{- $on := not (empty $w.secretName) }}
+{{- toYaml (dict "on" $on "tls" (and $on (eq $w.tls true)) "basicAuth" (and $on (eq $w.basicAuth true))
+  "path" (printf "%s/%s" "/etc/sglang-oom-exporter-web" ($w.key | default "web-config.yml"))) }}
+{{- end }}
+
+{{/* A monitor's endpoint options beyond the chart's own: scheme, tlsConfig, basicAuth, metricRelabelings. */}}
+{{- define "sglang-oom-exporter.monitorEndpointOptions" -}}
+{{- $m := .monitor }}
+{{- $web := include "sglang-oom-exporter.webConfig" .root | fromYaml }}
+{{- $scheme := $m.scheme | default (ternary "https" "" $web.tls) }}
+{{- with $scheme }}
+scheme: {{ . }}
+{{- end }}
+{{- with $m.tlsConfig }}
+tlsConfig:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with $m.basicAuth }}
+basicAuth:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with $m.metricRelabelings }}
+metricRelabelings:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- end }}
