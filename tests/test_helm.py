@@ -32,7 +32,7 @@ from tests.support.helm import (
     RULES_FILE,
     by_kind,
     helm,
-    helm_with_values,
+    install_notes,
     needs_dashboards,
     needs_rules,
     one,
@@ -60,10 +60,10 @@ def test_helm_lint_strict_per_ci_values_file(ci):
     assert "1 chart(s) linted, 0 chart(s) failed" in proc.stdout
 
 
-def test_the_ci_files_are_the_documented_five():
+def test_the_ci_files_are_the_documented_six():
     assert CI_FILES == [
-        "all-off-values.yaml", "all-on-values.yaml", "deployment-values.yaml", "reuse-values-values.yaml",
-        "sidecar-values.yaml",
+        "all-off-values.yaml", "all-on-values.yaml", "deployment-values.yaml", "options-values.yaml",
+        "reuse-values-values.yaml", "sidecar-values.yaml",
     ]  # fmt: skip
 
 
@@ -229,7 +229,7 @@ def test_monitoring_objects_match_the_crd_schemas(ci):
             crd_validate(doc)
             checked += 1
     expected = {"all-on-values.yaml": 2, "all-off-values.yaml": 0, "sidecar-values.yaml": 2,
-                "deployment-values.yaml": 1, "reuse-values-values.yaml": 2}  # fmt: skip
+                "deployment-values.yaml": 1, "reuse-values-values.yaml": 2, "options-values.yaml": 1}  # fmt: skip
     assert checked == expected[ci]
 
 
@@ -316,14 +316,14 @@ def test_probes_and_resources():
 
 
 def test_gpu_node_placement_is_the_daemonset_default_and_easy_to_turn_off():
-    terms = [
+    # The terms themselves, per cloud: tests/test_helm_gpu_nodes.py.
+    spec = workload(template())["spec"]["template"]["spec"]
+    terms = spec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+    assert terms[:2] == [
         {"matchExpressions": [{"key": "feature.node.kubernetes.io/amd-gpu", "operator": "In", "values": ["true"]}]},
         {"matchExpressions": [{"key": "nvidia.com/gpu.present", "operator": "In", "values": ["true"]}]},
     ]
-    spec = workload(template())["spec"]["template"]["spec"]
-    assert spec["affinity"] == {
-        "nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": terms}}
-    }
+    assert len(terms) == 10
     off = workload(template(values={"gpuNodes": {"enabled": False}}))["spec"]["template"]["spec"]
     assert "affinity" not in off
     # A label of your own (helm merges maps: a default label set to null is dropped); and an affinity of your
@@ -331,7 +331,7 @@ def test_gpu_node_placement_is_the_daemonset_default_and_easy_to_turn_off():
     labels = {"accelerator": "h100", "feature.node.kubernetes.io/amd-gpu": None}
     mine = workload(template(values={"gpuNodes": {"nodeLabels": labels}}))["spec"]["template"]["spec"]
     got = mine["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
-    assert got == [{"matchExpressions": [{"key": "accelerator", "operator": "In", "values": ["h100"]}]}, terms[1]]
+    assert got == [{"matchExpressions": [{"key": "accelerator", "operator": "In", "values": ["h100"]}]}, *terms[1:]]
     own = {
         "nodeAffinity": {
             "preferredDuringSchedulingIgnoredDuringExecution": [
@@ -351,7 +351,7 @@ def test_gpu_node_placement_is_the_daemonset_default_and_easy_to_turn_off():
     assert "nodeAffinity" not in dep.get("affinity", {})
     # --reuse-values from a release without gpuNodes: the default placement.
     assert workload(template("reuse-values-values.yaml"))["spec"]["template"]["spec"]["affinity"]["nodeAffinity"]
-    assert "Placement: GPU nodes only (a node labelled one of feature.node.kubernetes.io/amd-gpu, " in _notes()
+    assert "Placement: GPU nodes only: a node with one of the labels of gpuNodes" in _notes()
     assert "Placement" not in _notes(values={"gpuNodes": {"enabled": False}})
     readme = (CHART / "README.md").read_text()
     assert "**Placement: GPU nodes by default.**" in readme
@@ -674,11 +674,7 @@ def test_schema_rejects_bad_values(values, where):
 # ---------------------------------------------------------------------------------------------- NOTES.txt
 
 
-def _notes(*ci: str, values: dict | None = None) -> str:
-    """NOTES.txt as `helm install --dry-run=client` prints it (no cluster needed)."""
-    proc = helm_with_values([helm(), "install", "t", str(CHART), "-n", "monitoring", "--dry-run=client"], ci, values)
-    assert proc.returncode == 0, proc.stderr
-    return proc.stdout.split("NOTES:\n", 1)[1]
+_notes = install_notes
 
 
 def test_notes_show_the_check_and_warn_without_release():

@@ -35,12 +35,14 @@ def helm() -> str:
     return found
 
 
-def run_tool(*argv: str) -> subprocess.CompletedProcess[str]:
+def run_tool(*argv: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     """A tool's run (text output, a minute at most); the caller checks its returncode."""
-    return subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False)
+    return subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False, env=env)
 
 
-def helm_with_values(argv: list[str], ci: tuple[str, ...], values: dict | None) -> subprocess.CompletedProcess[str]:
+def helm_with_values(
+    argv: list[str], ci: tuple[str, ...], values: dict | None, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
     """Run helm with the ci files, then the extra values (a dict, passed as one more values file)."""
     for name in ci:
         argv += ["-f", str(CHART / "ci" / name)]
@@ -49,7 +51,7 @@ def helm_with_values(argv: list[str], ci: tuple[str, ...], values: dict | None) 
             path = Path(tmp) / "values.yaml"
             path.write_text(yaml.safe_dump(values))
             argv += ["-f", str(path)]
-        return run_tool(*argv)
+        return run_tool(*argv, env=env)
 
 
 @functools.cache
@@ -116,3 +118,10 @@ def needs_dashboards():
     """Skip unless the chart's dashboards are rendered."""
     if not list((CHART / "files" / "dashboards").glob("*.json")):
         pytest.skip("the chart's dashboards are not rendered yet (run sglang-oom-exporter render)")
+
+
+def install_notes(*ci: str, values: dict | None = None) -> str:
+    """NOTES.txt as `helm install --dry-run=client` prints it (no cluster needed)."""
+    proc = helm_with_values([helm(), "install", "t", str(CHART), "-n", "monitoring", "--dry-run=client"], ci, values)
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout.split("NOTES:\n", 1)[1]

@@ -6,13 +6,15 @@ Names and labels. app.kubernetes.io/name is fixed: both monitors copy it into th
 sglang-oom-exporter
 {{- end }}
 
+{{/* Object names: fullnameOverride, else <release>-<nameOverride or sglang-oom-exporter> (the release name alone when it holds that). */}}
 {{- define "sglang-oom-exporter.fullname" -}}
+{{- $name := .Values.nameOverride | default "sglang-oom-exporter" }}
 {{- if .Values.fullnameOverride }}
 {{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" }}
-{{- else if contains "sglang-oom-exporter" .Release.Name }}
+{{- else if contains $name .Release.Name }}
 {{- .Release.Name | trunc 63 | trimSuffix "-" }}
 {{- else }}
-{{- printf "%s-sglang-oom-exporter" .Release.Name | trunc 63 | trimSuffix "-" }}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" }}
 {{- end }}
 {{- end }}
 
@@ -112,29 +114,124 @@ The runbook base that render wrote into the copied rules and dashboards (files/r
 {{- end -}}
 
 {{/*
-The runbook base every link of the rules and dashboards starts with: runbookBaseUrl, else render's.
+The runbook base the user set: runbookBaseUrl, else the key it moved from (prometheusRule.runbookBaseUrl, read
+until the next minor release, with a NOTES.txt warning); "" when neither is set.
+*/}}
+{{- define "sglang-oom-exporter.userRunbookBase" -}}
+{{- .Values.runbookBaseUrl | default ((.Values.prometheusRule | default dict).runbookBaseUrl | default "") -}}
+{{- end -}}
+
+{{/*
+The runbook base every link of the rules and dashboards starts with: the user's (above), else render's.
 */}}
 {{- define "sglang-oom-exporter.runbookBase" -}}
-{{- .Values.runbookBaseUrl | default (include "sglang-oom-exporter.renderedRunbookBase" .) | trimSuffix "/" -}}
+{{- include "sglang-oom-exporter.userRunbookBase" . | default (include "sglang-oom-exporter.renderedRunbookBase" .) | trimSuffix "/" -}}
 {{- end -}}
+
+{{/*
+Values that moved, as a YAML list of {old, new, value}: each old key this release still reads and that is set.
+NOTES.txt warns about each; the chart README's "Upgrades" lists them all.
+*/}}
+{{- define "sglang-oom-exporter.movedValues" -}}
+{{- $moved := list }}
+{{- with (.Values.prometheusRule | default dict).runbookBaseUrl }}
+{{- $moved = append $moved (dict "old" "prometheusRule.runbookBaseUrl" "new" "runbookBaseUrl" "value" .) }}
+{{- end }}
+{{- toYaml (dict "moved" $moved) }}
+{{- end -}}
+{{/*
+The GPU-node default placement's node selector terms (ORed: a node that matches any one of them is a GPU node),
+as {"terms": [...]}: one term per gpuNodes.nodeLabels entry (label In [value]), then each named entry of
+gpuNodes.nodeSelectorTerms (its matchExpressions, ANDed), each in name order; an entry set to null is dropped.
+*/}}
+{{- define "sglang-oom-exporter.gpuNodeTerms" -}}
+{{- $gpu := .Values.gpuNodes | default dict }}
+{{- $labels := $gpu.nodeLabels }}
+{{- if not (kindIs "map" $labels) }}
+{{- $labels = dict "nvidia.com/gpu.present" "true" "feature.node.kubernetes.io/amd-gpu" "true" }}
+{{- end }}
+{{- $terms := list }}
+{{- range $key, $value := $labels }}
+{{- if not (kindIs "invalid" $value) }}
+{{- $terms = append $terms (dict "matchExpressions" (list (dict "key" $key "operator" "In" "values" (list (toString $value))))) }}
+{{- end }}
+{{- end }}
+{{- range $name, $expressions := ($gpu.nodeSelectorTerms | default dict) }}
+{{- if $expressions }}
+{{- $terms = append $terms (dict "matchExpressions" $expressions) }}
+{{- end }}
+{{- end }}
+{{- toYaml (dict "terms" $terms) }}
+{{- end }}
+
+{{/* "true" when the GPU-node default placement applies: daemonset mode, gpuNodes.enabled, no nodeAffinity of your own. */}}
+{{- define "sglang-oom-exporter.gpuPlacement" -}}
+{{- $gpu := .Values.gpuNodes | default dict }}
+{{- $on := true }}
+{{- if kindIs "bool" $gpu.enabled }}{{ $on = $gpu.enabled }}{{ end }}
+{{- if and (eq .Values.mode "daemonset") $on (not (hasKey (.Values.affinity | default dict) "nodeAffinity")) }}true{{ end }}
+{{- end }}
+
+{{/*
 The pod's affinity: .Values.affinity, plus in daemonset mode the GPU-node default placement (gpuNodes): a
-required node affinity on any one of gpuNodes.nodeLabels, unless gpuNodes.enabled is false or the affinity
+required node affinity on any one of the gpuNodeTerms, unless gpuNodes.enabled is false or the affinity
 already has a nodeAffinity of its own. SGLang runs on GPU nodes; an exporter on a CPU node has nothing to read.
 */}}
 {{- define "sglang-oom-exporter.affinity" -}}
 {{- $affinity := deepCopy (.Values.affinity | default dict) }}
-{{- $gpu := .Values.gpuNodes | default dict }}
-{{- $on := true }}
-{{- if kindIs "bool" $gpu.enabled }}{{ $on = $gpu.enabled }}{{ end }}
-{{- if and (eq .Values.mode "daemonset") $on (not (hasKey $affinity "nodeAffinity")) }}
-{{- $labels := $gpu.nodeLabels | default (dict "nvidia.com/gpu.present" "true" "feature.node.kubernetes.io/amd-gpu" "true") }}
-{{- $terms := list }}
-{{- range $key, $value := $labels }}
-{{- $terms = append $terms (dict "matchExpressions" (list (dict "key" $key "operator" "In" "values" (list (toString $value))))) }}
+{{- if include "sglang-oom-exporter.gpuPlacement" . }}
+{{- $terms := (include "sglang-oom-exporter.gpuNodeTerms" . | fromYaml).terms | default list }}
+{{- if not $terms }}
+{{- fail "gpuNodes: every node label and node selector term is null, so the DaemonSet would run on no node. Set gpuNodes.enabled=false to run on every node the tolerations allow, or keep one term." }}
 {{- end }}
 {{- $_ := set $affinity "nodeAffinity" (dict "requiredDuringSchedulingIgnoredDuringExecution" (dict "nodeSelectorTerms" $terms)) }}
 {{- end }}
 {{- if $affinity }}{{ toYaml $affinity }}{{ end }}
+{{- end }}
+
+{{/*
+How many nodes the GPU placement (and nodeSelector) admits, by the same rules as the scheduler's node affinity
+(terms ORed, expressions ANDed; In, NotIn, Exists, DoesNotExist, Gt, Lt): "<matching>/<all>", or "" when the
+cluster did not answer (helm template, --dry-run=client: lookup returns nothing). Taints are not counted: the
+tolerations cover the GPU taints.
+*/}}
+{{- define "sglang-oom-exporter.gpuNodeCount" -}}
+{{- $nodes := (lookup "v1" "Node" "" "").items | default list }}
+{{- if $nodes }}
+{{- $terms := (include "sglang-oom-exporter.gpuNodeTerms" . | fromYaml).terms | default list }}
+{{- $selector := .Values.nodeSelector | default dict }}
+{{- $count := 0 }}
+{{- range $node := $nodes }}
+{{- $labels := $node.metadata.labels | default dict }}
+{{- $selected := true }}
+{{- range $k, $v := $selector }}
+{{- if or (not (hasKey $labels $k)) (ne (toString (get $labels $k)) (toString $v)) }}{{ $selected = false }}{{ end }}
+{{- end }}
+{{- $anyTerm := false }}
+{{- range $term := $terms }}
+{{- $all := gt (len ($term.matchExpressions | default list)) 0 }}
+{{- range $e := $term.matchExpressions | default list }}
+{{- $has := hasKey $labels $e.key }}
+{{- $value := toString (get $labels $e.key) }}
+{{- $values := list }}
+{{- range $x := $e.values | default list }}{{ $values = append $values (toString $x) }}{{ end }}
+{{- $ok := false }}
+{{- if eq $e.operator "In" }}{{ $ok = and $has (has $value $values) }}
+{{- else if eq $e.operator "NotIn" }}{{ $ok = or (not $has) (not (has $value $values)) }}
+{{- else if eq $e.operator "Exists" }}{{ $ok = $has }}
+{{- else if eq $e.operator "DoesNotExist" }}{{ $ok = not $has }}
+{{- else if and $has (regexMatch "^-?[0-9]+$" $value) (eq (len $values) 1) (regexMatch "^-?[0-9]+$" (first $values)) }}
+{{- if eq $e.operator "Gt" }}{{ $ok = gt (atoi $value) (atoi (first $values)) }}{{ end }}
+{{- if eq $e.operator "Lt" }}{{ $ok = lt (atoi $value) (atoi (first $values)) }}{{ end }}
+{{- end }}
+{{- if not $ok }}{{ $all = false }}{{ end }}
+{{- end }}
+{{- if $all }}{{ $anyTerm = true }}{{ end }}
+{{- end }}
+{{- if and $selected (or $anyTerm (not $terms)) }}{{ $count = add1 $count }}{{ end }}
+{{- end }}
+{{- printf "%d/%d" $count (len $nodes) }}
+{{- end }}
 {{- end }}
 
 {{/*
@@ -183,3 +280,33 @@ Call with (dict "text" $text "root" $).
 {{- end -}}
 {{- $text -}}
 {{- end -}}
+
+{{/* The web config (TLS, basic auth): {"on": bool, "tls": bool, "basicAuth": bool, "path": the file in the pod}. */}}
+{{- define "sglang-oom-exporter.webConfig" -}}
+{{- $w := .Values.webConfig | default dict }}
+{{- $on := not (empty $w.secretName) }}
+{{- toYaml (dict "on" $on "tls" (and $on (eq $w.tls true)) "basicAuth" (and $on (eq $w.basicAuth true))
+  "path" (printf "%s/%s" "/etc/sglang-oom-exporter-web" ($w.key | default "web-config.yml"))) }}
+{{- end }}
+
+{{/* A monitor's endpoint options beyond the chart's own: scheme, tlsConfig, basicAuth, metricRelabelings. */}}
+{{- define "sglang-oom-exporter.monitorEndpointOptions" -}}
+{{- $m := .monitor }}
+{{- $web := include "sglang-oom-exporter.webConfig" .root | fromYaml }}
+{{- $scheme := $m.scheme | default (ternary "https" "" $web.tls) }}
+{{- with $scheme }}
+scheme: {{ . }}
+{{- end }}
+{{- with $m.tlsConfig }}
+tlsConfig:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with $m.basicAuth }}
+basicAuth:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with $m.metricRelabelings }}
+metricRelabelings:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- end }}

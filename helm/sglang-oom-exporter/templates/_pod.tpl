@@ -4,6 +4,7 @@
 {{- $ds := .Values.daemonset | default dict }}
 {{- $dep := .Values.deployment | default dict }}
 {{- $api := include "sglang-oom-exporter.apiAccess" . }}
+{{- $web := include "sglang-oom-exporter.webConfig" . | fromYaml }}
 {{- $podSC := dict "seccompProfile" (dict "type" "RuntimeDefault") }}
 {{- if eq $mode "daemonset" }}
 {{- /* uid 0: kubelet's pod logs are root-owned and not world-readable; every capability is dropped below. */}}
@@ -54,6 +55,9 @@ spec:
       args:
         - serve
         - --config=/etc/sglang-oom-exporter/config.yaml
+        {{- if $web.on }}
+        - --web-config={{ $web.path }}
+        {{- end }}
         {{- with .Values.extraArgs }}
         {{- toYaml . | nindent 8 }}
         {{- end }}
@@ -74,6 +78,22 @@ spec:
         - name: metrics
           containerPort: {{ .Values.port | default 9877 }}
           protocol: TCP
+      {{- if $web.basicAuth }}
+      # Basic auth (webConfig.basicAuth): a kubelet probe can send no credentials unless a password is written
+      # into the pod spec, and a 401 fails it; the probes check that the port accepts connections instead.
+      readinessProbe:
+        tcpSocket:
+          port: metrics
+        periodSeconds: 10
+        timeoutSeconds: 5
+      livenessProbe:
+        tcpSocket:
+          port: metrics
+        initialDelaySeconds: 10
+        periodSeconds: 30
+        timeoutSeconds: 10
+        failureThreshold: 5
+      {{- else }}
       {{- if eq $mode "daemonset" }}
       # /healthz answers 503 on a node without SGLang pods ("no log file matches"): as a readiness probe it would
       # stall every DaemonSet rollout there. Both probes ask /metrics, which answers while the process serves;
@@ -82,6 +102,9 @@ spec:
         httpGet:
           path: /metrics
           port: metrics
+          {{- if $web.tls }}
+          scheme: HTTPS
+          {{- end }}
         periodSeconds: 10
         timeoutSeconds: 5
       {{- else }}
@@ -90,6 +113,9 @@ spec:
         httpGet:
           path: /healthz
           port: metrics
+          {{- if $web.tls }}
+          scheme: HTTPS
+          {{- end }}
         periodSeconds: 10
         timeoutSeconds: 5
       {{- end }}
@@ -97,10 +123,14 @@ spec:
         httpGet:
           path: /metrics
           port: metrics
+          {{- if $web.tls }}
+          scheme: HTTPS
+          {{- end }}
         initialDelaySeconds: 10
         periodSeconds: 30
         timeoutSeconds: 10
         failureThreshold: 5
+      {{- end }}
       resources:
         {{- toYaml (.Values.resources | default dict) | nindent 8 }}
       securityContext:
@@ -126,6 +156,14 @@ spec:
         - name: logs
           mountPath: {{ $dep.mountPath | default "/logs" }}
           readOnly: true
+        {{- end }}
+        {{- if $web.on }}
+        - name: web-config
+          mountPath: /etc/sglang-oom-exporter-web
+          readOnly: true
+        {{- end }}
+        {{- with .Values.extraVolumeMounts }}
+        {{- toYaml . | nindent 8 }}
         {{- end }}
   volumes:
     - name: config
@@ -158,6 +196,16 @@ spec:
       {{- fail "mode deployment: set deployment.volume to the volume that holds the SGLang logs" }}
       {{- end }}
       {{- toYaml $dep.volume | nindent 6 }}
+    {{- end }}
+    {{- if $web.on }}
+    # The web config (TLS, basic auth) and the files it names, from the Secret webConfig.secretName.
+    - name: web-config
+      secret:
+        secretName: {{ .Values.webConfig.secretName }}
+        defaultMode: 0440
+    {{- end }}
+    {{- with .Values.extraVolumes }}
+    {{- toYaml . | nindent 4 }}
     {{- end }}
   {{- with .Values.nodeSelector }}
   nodeSelector:
