@@ -125,7 +125,10 @@ def test_loader_rejects_a_bad_regex(tmp_path):
     [
         ({"prefill": "prefill", "decode": "decode", "spec_verify": "decode"}, "must map each of prefill, decode"),
         ({"prefill": "prefill"}, "must map each of prefill, decode"),
-        ({"prefill": "prefill", "decode": "decode", "pd_decode_prealloc": "no_such_kind"}, "phase_kinds.pd_decode_prealloc"),
+        (
+            {"prefill": "prefill", "decode": "decode", "pd_decode_prealloc": "no_such_kind"},
+            "phase_kinds.pd_decode_prealloc",
+        ),
     ],
 )
 def test_phase_kinds_map_the_kv_phases_and_may_map_only_the_pd_prealloc_group(tmp_path, phase_kinds, problem):
@@ -136,7 +139,8 @@ def test_phase_kinds_map_the_kv_phases_and_may_map_only_the_pd_prealloc_group(tm
     path.write_text(yaml.safe_dump(data, sort_keys=False))
     with pytest.raises(CatalogError) as err:
         load_catalog(str(path))
-    assert len(err.value.problems) == 1 and problem in err.value.problems[0], err.value.problems
+    assert len(err.value.problems) == 1, err.value.problems
+    assert problem in err.value.problems[0]
 
 
 def test_a_catalog_may_leave_the_pd_prealloc_group_out_of_phase_kinds(tmp_path):
