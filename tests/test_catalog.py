@@ -120,6 +120,38 @@ def test_loader_rejects_a_bad_regex(tmp_path):
         load_catalog(str(path))
 
 
+@pytest.mark.parametrize(
+    ("phase_kinds", "problem"),
+    [
+        ({"prefill": "prefill", "decode": "decode", "spec_verify": "decode"}, "must map each of prefill, decode"),
+        ({"prefill": "prefill"}, "must map each of prefill, decode"),
+        (
+            {"prefill": "prefill", "decode": "decode", "pd_decode_prealloc": "no_such_kind"},
+            "phase_kinds.pd_decode_prealloc",
+        ),
+    ],
+)
+def test_phase_kinds_map_the_kv_phases_and_may_map_only_the_pd_prealloc_group(tmp_path, phase_kinds, problem):
+    data = _shipped()
+    assert data["phase_kinds"] == {"prefill": "prefill", "decode": "decode", "pd_decode_prealloc": "pd_prealloc"}
+    data["phase_kinds"] = phase_kinds
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    with pytest.raises(CatalogError) as err:
+        load_catalog(str(path))
+    assert len(err.value.problems) == 1, err.value.problems
+    assert problem in err.value.problems[0]
+
+
+def test_a_catalog_may_leave_the_pd_prealloc_group_out_of_phase_kinds(tmp_path):
+    data = _shipped()
+    data["phase_kinds"] = {"prefill": "prefill", "decode": "decode"}
+    path = tmp_path / "ok.yaml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    assert load_catalog(str(path)).phase_kinds == {"prefill": "prefill", "decode": "decode"}
+    assert CATALOG.phase_kinds["pd_decode_prealloc"] == "pd_prealloc"
+
+
 def test_event_fields_cover_every_named_group():
     for kind in CATALOG.kinds:
         for pattern in kind.patterns:

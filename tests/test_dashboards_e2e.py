@@ -40,6 +40,23 @@ from tests.support.sglang_data import METRICS as METRICS_0_5_16
 METRICS = METRICS_0_5_16 + (
     b"# TYPE sglang:pending_prealloc_token_usage gauge\n"
     b'sglang:pending_prealloc_token_usage{dp_rank="0",engine_type="unified",tp_rank="0"} 0.0\n'
+    # SGLang main of 2026-08 (hierarchical cache on): the start-up memory split and the HiCache panel's series.
+    + b"".join(
+        b"# TYPE sglang:%s %s\n" % (name, typ)
+        + b'sglang:%s%s{engine_type="unified",tp_rank="0"} %s\n'
+        % (name, b"_total" if typ == b"counter" else b"", value)
+        for name, typ, value in (
+            (b"startup_available_gpu_memory_gb", b"gauge", b"6.5"),
+            (b"weight_memory_usage_gb", b"gauge", b"61.0"),
+            (b"graph_memory_usage_gb", b"gauge", b"1.5"),
+            (b"kv_cache_memory_usage_gb", b"gauge", b"9.0"),
+            (b"hicache_host_used_tokens", b"gauge", b"1000.0"),
+            (b"hicache_host_total_tokens", b"gauge", b"4000.0"),
+            (b"evicted_tokens", b"counter", b"10.0"),
+            (b"hicache_dropped_tokens", b"counter", b"0.0"),
+            (b"hicache_prefetch_aux_alloc_failed_tokens", b"counter", b"0.0"),
+        )
+    )
 )
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(60)]

@@ -75,14 +75,18 @@ def test_write_golden_refuses_a_kind_the_catalog_does_not_have(tmp_path):
         write_golden("case", LINE, "x", [{**EVENT, "kind": "no_such_kind"}], directory=tmp_path)
 
 
-def test_every_section_11_case_named_in_the_facts_exists_and_every_2026_case_is_named():
+def test_every_section_11_and_12_case_named_in_the_facts_exists_and_every_2026_case_is_named():
     from pathlib import Path
 
     from tests.support.golden import LOGS_DIR
 
     facts = (Path(__file__).parent.parent / "docs" / "sglang-facts.md").read_text(encoding="utf-8")
-    table = facts[facts.index("### 11.13") :]
-    named = set(re.findall(r"`([a-z0-9_]*_2026[a-z0-9_]*)`", table))
+    section_11 = facts[facts.index("### 11.13") : facts.index("## 12.")]
+    section_12 = facts[facts.index("### 12.29") :]
+    case = r"`([a-z0-9_]*_2026[a-z0-9_]*)`"
+    named_11, named_12 = set(re.findall(case, section_11)), set(re.findall(case, section_12))
     on_disk = {p.stem for p in LOGS_DIR.glob("*2026*.log")}
-    assert len(named) == 10
-    assert named == on_disk
+    assert len(named_11) == 10
+    assert len(named_12) == 20  # main of 2026-08: every text of section 12
+    assert all(name.endswith("_2026_08") for name in named_12)
+    assert named_11 | named_12 == on_disk

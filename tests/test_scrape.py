@@ -362,3 +362,14 @@ def test_parse_metrics_never_reads_the_exporters_own_page_as_sglangs():
 def test_parse_metrics_joins_several_engine_types_in_a_fixed_order():
     body = b'sglang:token_usage{engine_type="prefill"} 0.2\nsglang:token_usage{engine_type="decode"} 0.3\n'
     assert parse_metrics(body, "t", 0.0).engine_type == "decode+prefill"
+
+
+def test_the_2026_08_memory_series_read_alike_under_both_spellings():
+    colon = _body("main-2026-08-pd-decode-hicache")
+    escaped = colon.replace(b"sglang:", b"sglang_")
+    assert b"sglang:" not in escaped
+    want = parse_metrics(colon, "t", 1.0).as_dict()
+    assert parse_metrics(escaped, "t", 1.0).as_dict() == want
+    assert want["graph_memory_gb"] == 2.3
+    assert want["startup_available_gpu_memory_gb"] == 5.87
+    assert want["hicache_dropped_tokens_total"] == 2560.0

@@ -13,7 +13,7 @@ from ..errors import ProblemsError
 from .alert_fields import AlertFields
 from .kind_fields import KindFields
 from .model import Catalog, OomKind
-from .vocabulary import KV_PHASES, PHASE_FRAMES, PHASE_GROUPS, SEVERITIES
+from .vocabulary import KIND_GROUPS, KV_PHASES, PHASE_FRAMES, PHASE_GROUPS, SEVERITIES
 
 _TOP_KEYS = frozenset(
     {"version", "phase_frames", "allocator_frames", "fallback_kind", "retraction_kind", "phase_kinds", "kinds",
@@ -75,10 +75,14 @@ class Validator:
         retraction = self._role(data, "retraction_kind", ids, required=False) or None
         raw = data.get("phase_kinds")
         phase_kinds: dict[str, str] = {}
-        if not isinstance(raw, dict) or set(raw) - {"__line__"} != set(KV_PHASES):
-            self.err(data, "phase_kinds", f"must map each of {', '.join(KV_PHASES)} to a kind id")
+        keys = set(raw) - {"__line__"} if isinstance(raw, dict) else set()
+        if not isinstance(raw, dict) or not set(KV_PHASES) <= keys <= set(KV_PHASES) | set(KIND_GROUPS):
+            self.err(data, "phase_kinds", f"must map each of {', '.join(KV_PHASES)} (and may map "
+                     f"{', '.join(KIND_GROUPS)}) to a kind id")  # fmt: skip
         else:
             phase_kinds = {p: self._role(raw, p, ids, required=True, where=f"phase_kinds.{p}") for p in KV_PHASES}
+            phase_kinds |= {g: self._role(raw, g, ids, required=True, where=f"phase_kinds.{g}") for g in KIND_GROUPS
+                            if g in keys}  # fmt: skip
         if fallback and fallback in ids and self._kind_phase(data, fallback) != PHASE_FRAMES:
             self.err(data, "fallback_kind", f"kind {fallback!r} must have phase: frames (its phase is undecided)")
         return {"fallback_kind": fallback, "retraction_kind": retraction, "phase_kinds": phase_kinds}

@@ -44,6 +44,19 @@ FIELD_TYPES: dict[str, str] = {
     # Host-pool retraction backup smaller than the device pool (facts 11.5).
     "host_slots": "int",
     "device_slots": "int",
+    # 2026-08 main (facts 12): the sidecar host pool's index source, in slots (12.5); the Ascend DSv4
+    # compressed-KV pool's compression ratio (12.10); HiSparse's compressed length and device-buffer size,
+    # in tokens (12.18); host (HiCache) memory asked for and free, in GB of 1e9 bytes (12.14); the int8 mamba
+    # checkpoint pool's need and the free HBM, in GiB, and its slots (12.15).
+    "source_slots": "int",
+    "compress_ratio": "int",
+    "compressed_len": "int",
+    "alloc_size": "int",
+    "host_requested_gb": "float",
+    "host_free_gb": "float",
+    "ckpt_needed_gib": "float",
+    "hbm_free_gib": "float",
+    "ckpt_slots": "int",
 }
 FIELD_KINDS = ("int", "float", "text", "count")
 EVENT_FIELDS = frozenset(FIELD_TYPES)
@@ -58,10 +71,15 @@ PHASES = (PHASE_PREFILL, PHASE_DECODE, PHASE_FRAMES, PHASE_NONE)
 # The groups of `phase_frames`, in the order they are checked. Speculative verify says "Prefill" but is a
 # step of decode: SUBPHASES maps such a group to the phase it counts as.
 PHASE_SPEC_VERIFY = "spec_verify"
-PHASE_GROUPS = (PHASE_SPEC_VERIFY, PHASE_DECODE, PHASE_PREFILL)
+# A PD decode server's pre-allocation (an allocator's `alloc_extend_swa_tail` frame, facts 12.10): no KV phase of
+# its own; `phase_kinds` may name the kind a failure under it counts as, and its events have no phase.
+PHASE_PD_PREALLOC = "pd_decode_prealloc"
+PHASE_GROUPS = (PHASE_PD_PREALLOC, PHASE_SPEC_VERIFY, PHASE_DECODE, PHASE_PREFILL)
 SUBPHASES = {PHASE_SPEC_VERIFY: PHASE_DECODE}
 # The phases a KV failure is resolved to; `phase_kinds` in the catalog names the kind each one counts as.
 KV_PHASES = (PHASE_PREFILL, PHASE_DECODE)
+# The frame groups that are no KV phase and may still name a kind in `phase_kinds` (optional there).
+KIND_GROUPS = (PHASE_PD_PREALLOC,)
 # The phases of a KV allocation failure: one of KV_PHASES, or one the frames decide.
 KV_FAILURE_PHASES = (*KV_PHASES, PHASE_FRAMES)
 # KV pools as an event names them (`pools`, `limiting_pool`): SGLang's older texts say "Available tokens" or

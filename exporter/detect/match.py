@@ -26,6 +26,7 @@ from ..catalog import Catalog, OomKind, Pattern
 from ..catalog.vocabulary import (
     FIELD_TYPES,
     KV_FAILURE_PHASES,
+    KV_PHASES,
     PHASE_FRAMES,
     PHASE_GROUPS,
     POOL_FULL,
@@ -246,7 +247,8 @@ class Matcher:
         frames_phase = frames[0] if frames else None
         if base.resolve == PHASE_FRAMES:
             if frames_phase is not None and frames_phase in self.catalog.phase_kinds:
-                return self.catalog.phase_kinds[frames_phase], frames_phase, None
+                phase = frames_phase if frames_phase in KV_PHASES else None  # a PD pre-allocation has no KV phase
+                return self.catalog.phase_kinds[frames_phase], phase, None
             return base.kind, None, None
         return base.kind, base.resolve, None
 

@@ -168,7 +168,7 @@ class Report:
     body: str  # normalised message: equal across the ranks of one failure (cross-rank join)
     short: str  # anchor text + requested tokens: the same-rank block/traceback join; "" joins any
     message: str
-    frames_phase: str | None  # spec_verify | decode | prefill | None
+    frames_phase: str | None  # pd_decode_prealloc | spec_verify | decode | prefill | None
     inferred: bool
     numbers: dict[str, Any]
     pools: tuple[PoolState, ...]

@@ -51,6 +51,25 @@ TARGET_VALUES = {
                                      "PD decode: KV tokens promised to transfers, not yet allocated, over capacity."),
     "decode_prealloc_queue_requests": ("decode_prealloc_queue_requests", "gauge",
                                        "PD decode: requests waiting for their KV pre-allocation."),
+    # SGLang main of 2026-08 (facts 12.23-12.27); GB as SGLang reports them, per GPU.
+    "startup_available_gpu_memory_gb": ("startup_available_gpu_memory_gb", "gauge",
+                                        "GPU memory left at start-up after weights, KV pool and graphs, tightest GPU."),
+    "weight_memory_gb": ("weight_memory_gb", "gauge", "Model weights on one GPU at start-up, largest GPU."),
+    "graph_memory_gb": ("graph_memory_gb", "gauge", "Captured CUDA graphs on one GPU at start-up, largest GPU."),
+    "kv_cache_memory_gb": ("kv_cache_memory_gb", "gauge", "The KV pool on one GPU at start-up, largest GPU."),
+    "hicache_host_used_tokens": ("hicache_host_used_tokens", "gauge", "HiCache host pool: tokens in use."),
+    "hicache_host_total_tokens": ("hicache_host_total_tokens", "gauge", "HiCache host pool: capacity in tokens."),
+    "evicted_tokens_total": ("evicted_tokens", "counter", "Device KV slots freed by radix-cache eviction."),
+    "hicache_dropped_tokens_total": ("hicache_dropped_tokens", "counter",
+                                     "Device KV dropped without a host backup because host memory was short."),
+    "hicache_prefetch_alloc_failed_tokens_total": ("hicache_prefetch_alloc_failed_tokens", "counter",
+                                                   "HiCache prefetches given up: an aux host pool could not allocate."),
+    "prefill_bootstrap_queue_requests": ("prefill_bootstrap_queue_requests", "gauge",
+                                         "PD prefill: requests waiting for bootstrap."),
+    "prefill_inflight_queue_requests": ("prefill_inflight_queue_requests", "gauge",
+                                        "PD prefill: requests whose KV is in flight to the decode server."),
+    "decode_transfer_queue_requests": ("decode_transfer_queue_requests", "gauge",
+                                       "PD decode: requests whose KV is being transferred in."),
 }  # fmt: skip
 # SGLang labels the mirrored values keep, when SGLang gave them: engine_type (unified | prefill | decode) says
 # which role of a PD deployment the numbers are from. A label SGLang did not give is left out, not empty.

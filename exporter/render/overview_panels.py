@@ -137,7 +137,38 @@ def context_panels() -> list[tuple[g.Json, int, int]]:
                   ROLE + IN_CLUSTER)],
         g.field_config("reqps"),
     )  # fmt: skip
-    return [(usage, 8, 8), (tokens, 8, 8), (requests, 8, 8), (retracted, 12, 8), (aborted, 12, 8)]
+    startup = g.timeseries(
+        "GPU memory split at start-up",
+        "How the last start divided one GPU, in GB as SGLang reports them (SGLang main of 2026-08+): the memory left "
+        "over (the tightest GPU; the tuning guide wants 5-8 GB, and a startup OOM means it ran out), and the largest "
+        "GPU's weights, captured graphs and KV pool. " + _NEEDS_TARGET,
+        g.targets((_per_target("sglang_oom_target_startup_available_gpu_memory_gb"), ROLE + " left" + IN_CLUSTER),
+                  (_per_target("sglang_oom_target_weight_memory_gb"), ROLE + " weights" + IN_CLUSTER),
+                  (_per_target("sglang_oom_target_graph_memory_gb"), ROLE + " graphs" + IN_CLUSTER),
+                  (_per_target("sglang_oom_target_kv_cache_memory_gb"), ROLE + " KV pool" + IN_CLUSTER)),
+        g.field_config("gbytes", min=0),
+    )  # fmt: skip
+    host = g.timeseries(
+        "HiCache host pool and eviction",
+        "The hierarchical cache's host pool in use over its capacity (near 100%: host-pool retraction has no room "
+        "and aborts requests), and per second the device KV tokens evicted, dropped without a host backup for host "
+        "memory, and prefetches given up because a host pool could not allocate (SGLang main of 2026-08+; the "
+        "HiCache series only with --enable-hierarchical-cache). " + _NEEDS_TARGET,
+        g.targets(
+            (_per_target("(sglang_oom_target_hicache_host_used_tokens / sglang_oom_target_hicache_host_total_tokens)"),
+             ROLE + " host pool used" + IN_CLUSTER),
+            (by_cluster("sum", PER_ROLE, "rate(sglang_oom_target_evicted_tokens_total[$__rate_interval])"),
+             ROLE + " evicted/s" + IN_CLUSTER),
+            (by_cluster("sum", PER_ROLE, "rate(sglang_oom_target_hicache_dropped_tokens_total[$__rate_interval])"),
+             ROLE + " dropped/s" + IN_CLUSTER),
+            (by_cluster("sum", PER_ROLE,
+                        "rate(sglang_oom_target_hicache_prefetch_alloc_failed_tokens_total[$__rate_interval])"),
+             ROLE + " prefetch failed/s" + IN_CLUSTER),
+        ),
+        g.field_config("short", min=0),
+    )  # fmt: skip
+    return [(usage, 8, 8), (tokens, 8, 8), (requests, 8, 8), (retracted, 12, 8), (aborted, 12, 8), (startup, 12, 8),
+            (host, 12, 8)]  # fmt: skip
 
 
 def _cell(text: str) -> str:

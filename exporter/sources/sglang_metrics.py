@@ -4,7 +4,9 @@ Aggregation when one SGLang name has several series (ranks, DP groups, processes
   1. Sum over the `pid` label first. Multiprocess gauges without a mode (num_retracted_reqs) carry one
      series per process, and the pid changes with every restart.
   2. Usage and ratio gauges (token_usage, new_token_ratio): the max over the remaining series, i.e. the
-     worst rank, because the worst rank is the one that runs out.
+     worst rank, because the worst rank is the one that runs out. Per-GPU memory set at start-up likewise:
+     the largest weights, graph (its `phase` series summed first) and KV share, the smallest headroom.
+     Counters by pool (hicache_dropped_tokens_total: `pool`, `reason`) sum those labels first, then as in 3.
   3. Token and request counts (and counters): group by `dp_rank` (absent = one group), take the max
      within a group, then sum the groups. Each DP group owns its own KV pool and requests, while the TP
      (and PP, MoE-EP) ranks of one group mirror the same pool; any other label (engine_type, model_name,
@@ -64,6 +66,20 @@ class KvSnapshot:
     new_token_ratio: float | None = None
     pending_prealloc_token_usage: float | None = None
     decode_prealloc_queue_requests: float | None = None
+    # main of 2026-08 (facts 12.23-12.27): how start-up divided a GPU (GB as SGLang reports them, per GPU),
+    # the HiCache host pool, eviction, host-cache allocation failures and the PD queues.
+    startup_available_gpu_memory_gb: float | None = None
+    weight_memory_gb: float | None = None
+    graph_memory_gb: float | None = None
+    kv_cache_memory_gb: float | None = None
+    hicache_host_used_tokens: float | None = None
+    hicache_host_total_tokens: float | None = None
+    evicted_tokens_total: float | None = None
+    hicache_dropped_tokens_total: float | None = None
+    hicache_prefetch_alloc_failed_tokens_total: float | None = None
+    prefill_bootstrap_queue_requests: float | None = None
+    prefill_inflight_queue_requests: float | None = None
+    decode_transfer_queue_requests: float | None = None
     engine_type: str | None = None  # SGLang's label: unified | prefill | decode (| dynamic); several joined by "+"
 
     def as_dict(self) -> dict[str, Any]:
@@ -71,7 +87,7 @@ class KvSnapshot:
         return {f.name: v for f in fields(self) if (v := getattr(self, f.name)) is not None}
 
 
-_MAX, _COUNT = "max", "count"
+_MAX, _COUNT, _MIN, _PER_GPU, _POOLS = "max", "count", "min", "per_gpu", "pools"
 # Snapshot field -> (aggregation, SGLang sample names, first present wins).
 _SOURCES: dict[str, tuple[str, tuple[str, ...]]] = {
     "token_usage": (_MAX, ("sglang:token_usage",)),
@@ -90,6 +106,24 @@ _SOURCES: dict[str, tuple[str, tuple[str, ...]]] = {
     # and the requests waiting for a pre-allocation.
     "pending_prealloc_token_usage": (_MAX, ("sglang:pending_prealloc_token_usage",)),
     "decode_prealloc_queue_requests": (_COUNT, ("sglang:num_decode_prealloc_queue_reqs",)),
+    # Set once at start-up, one GPU each: the headroom left on the tightest GPU (the capacity line's
+    # available_gpu_mem), the largest weights, CUDA graph and KV pool share of one GPU (graph memory has one
+    # series per captured graph set, label `phase`: their sum is the GPU's).
+    "startup_available_gpu_memory_gb": (_MIN, ("sglang:startup_available_gpu_memory_gb",)),
+    "weight_memory_gb": (_MAX, ("sglang:weight_memory_usage_gb",)),
+    "graph_memory_gb": (_PER_GPU, ("sglang:graph_memory_usage_gb",)),
+    "kv_cache_memory_gb": (_MAX, ("sglang:kv_cache_memory_usage_gb",)),
+    # Hierarchical cache: the host pool's occupancy (the pool host-pool retraction backs up into), and tokens
+    # given up for host memory: device KV dropped without a backup, prefetches an aux host pool could not hold.
+    "hicache_host_used_tokens": (_COUNT, ("sglang:hicache_host_used_tokens",)),
+    "hicache_host_total_tokens": (_COUNT, ("sglang:hicache_host_total_tokens",)),
+    "evicted_tokens_total": (_COUNT, ("sglang:evicted_tokens_total",)),
+    "hicache_dropped_tokens_total": (_POOLS, ("sglang:hicache_dropped_tokens_total",)),
+    "hicache_prefetch_alloc_failed_tokens_total": (_COUNT, ("sglang:hicache_prefetch_aux_alloc_failed_tokens_total",)),
+    # PD queues: requests waiting for bootstrap or in flight on a prefill server, in transfer on a decode server.
+    "prefill_bootstrap_queue_requests": (_COUNT, ("sglang:num_prefill_bootstrap_queue_reqs",)),
+    "prefill_inflight_queue_requests": (_COUNT, ("sglang:num_prefill_inflight_queue_reqs",)),
+    "decode_transfer_queue_requests": (_COUNT, ("sglang:num_decode_transfer_queue_reqs",)),
 }
 PREFIX, ESCAPED_PREFIX = "sglang:", "sglang_"
 # Our own names share the escaped prefix: an exporter page is never read as SGLang's.
@@ -148,10 +182,15 @@ def _sglang_name(name: str) -> str | None:
 
 def _aggregate(series: _Series, rule: str) -> float:
     merged: dict[frozenset[tuple[str, str]], float] = defaultdict(float)
+    # per_gpu: a GPU's parts (one series per `phase`) add up first, then the largest GPU, like max; pools: the
+    # pools' (and reasons') series add up first, then as a count.
+    summed = {_PER_GPU: ("pid", "phase"), _POOLS: ("pid", "pool", "reason")}.get(rule, ("pid",))
     for labels, value in series:
-        merged[frozenset((k, v) for k, v in labels.items() if k != "pid")] += value
-    if rule == _MAX:
+        merged[frozenset((k, v) for k, v in labels.items() if k not in summed)] += value
+    if rule in (_MAX, _PER_GPU):
         return max(merged.values())
+    if rule == _MIN:
+        return min(merged.values())
     groups: dict[str, float] = {}
     for key, value in merged.items():
         dp = dict(key).get("dp_rank", "")
