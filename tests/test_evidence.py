@@ -62,10 +62,10 @@ def test_what_identifies_a_source_before_a_bare_cuda_oom(head, counted):
     assert probe(head) == (counted == 1)  # the signs alone (a KV-pool message identifies as an event, not a sign)
 
 
-def test_evidence_after_the_event_does_not_reach_back_and_chunking_changes_nothing():
+def test_evidence_after_the_event_qualifies_it_in_scan_and_chunking_changes_nothing():
     data = BARE + PAD + b"[2026-03-14 22:00:00] server_args=ServerArgs(x=1)\n" + PAD + bare(1)
     whole = [(e.kind, e.location) for e in scan_bytes(data)]
-    assert whole == [("cuda_oom", "t.log:85")]  # the second: 3 + 40 + 1 + 40 lines before it
+    assert whole == [("cuda_oom", "t.log:1"), ("cuda_oom", "t.log:85")]  # the second: 3 + 40 + 1 + 40 lines before it
     for chunk in (1, 3, 17, 64):
         assert [(e.kind, e.location) for e in scan_bytes(data, chunk=chunk)] == whole, chunk
 
@@ -90,8 +90,8 @@ def test_a_parallel_scan_admits_what_the_serial_scan_admits(tmp_path):
     path = tmp_path / "big.log"
     path.write_bytes(b"".join(parts))
     serial = scan_paths(CATALOG, [str(path)]).to_json()
-    assert serial["counts"]["cuda_oom"] == 6
-    assert serial["inputs"][0]["foreign_events"] == 2
+    assert serial["counts"]["cuda_oom"] == 8  # the two before the third weak line too: evidence anywhere in the file
+    assert serial["inputs"][0]["foreign_events"] == 0
     for range_size in (300, 2000):
         got = scan_paths(CATALOG, [str(path)], jobs=2, range_size=range_size, min_parallel_bytes=0).to_json()
         assert json.dumps(got) == json.dumps(serial), range_size
@@ -134,8 +134,12 @@ def test_an_old_state_file_without_the_identification_is_tolerated(tmp_path):
     app2, clock2 = make_app(tmp_path, paths=(), kubernetes=KubernetesConfig(str(tmp_path / "pods")))
     app2.keeper.load()
     run_app(app2, clock2)
+    pipeline = app2.sources.get(path).pipeline
     assert app2.counts.total("cuda_oom") == 0
-    assert app2.sources.get(path).pipeline.stats().foreign_events == 1
+    assert (pipeline.holding(), pipeline.stats().foreign_events) == (1, 0)  # held: evidence may still follow
+    run_app(app2, clock2, app2.config.evidence_wait)
+    assert app2.counts.total("cuda_oom") == 0
+    assert (pipeline.holding(), pipeline.stats().foreign_events) == (0, 1)
     assert app2.sources.facts().bad_positions == 0
     assert app2.keeper.errors == 0
 
