@@ -262,3 +262,19 @@ def test_scan_counts_a_cuda_oom_with_evidence_after_it_once_serially_and_cut_int
     for range_size in (97, 211, 389, 1201, 2000, 4001):
         got = scan_paths(CATALOG, [sglang, foreign], jobs=2, range_size=range_size, min_parallel_bytes=0).to_json()
         assert json.dumps(got) == json.dumps(serial), (range_size, oom)
+
+
+def test_serve_counts_a_held_cuda_oom_when_the_container_s_next_run_shows_sglang(tmp_path):
+    # A crash-looping pod: run 0 ends in a bare CUDA OOM (its head shows nothing), run 1 starts with the banner.
+    path = _pods(tmp_path, b"")
+    app, clock = make_app(tmp_path, paths=(), kubernetes=KubernetesConfig(str(tmp_path / "pods")))
+    run_app(app, clock)
+    with open(path, "ab") as fh:
+        fh.write(PAD + BARE)
+    run_app(app, clock)
+    assert (app.counts.total("cuda_oom"), app.sources.get(path).pipeline.holding()) == (0, 1)
+    with open(os.path.join(os.path.dirname(path), "1.log"), "wb") as fh:
+        fh.write(BANNER)
+    run_app(app, clock, 2 * app.config.discover_interval)  # found at the next discovery, read from 0
+    assert app.counts.total("cuda_oom") == 1
+    assert app.sources.get(path).pipeline.stats().foreign_events == 0
