@@ -17,7 +17,8 @@ with its default filters, mtail `--logs 'ROOT/*/*/*.log'` with bench/oom.mtail. 
 a writer appends --mb-per-s MB/s spread over the foreign files (one 10 KB piece per file every 0.1 s at the
 defaults) and the SGLang lines, for --window seconds, with no scrape in between. CPU is utime + stime from
 /proc/<pid>/stat of each daemon from the window's start until ours has caught up after it (no lag, no pending
-event), plus --settle seconds for mtail. Then both pages are fetched once: the series count is the number of
+event), plus --settle seconds for mtail; ours' foreign CUDA OOMs, held for SGLang evidence after them, are
+waited for after that. Then both pages are fetched once: the series count is the number of
 sample lines. Ours must have counted exactly the SGLang OOMs written, no cuda_oom, and one foreign event per
 foreign CUDA OOM written (exit 1 otherwise); --check-target exits 1 when mtail CPU / ours CPU < --cpu-ratio (5).
 """
@@ -257,7 +258,6 @@ def main(argv: list[str] | None = None) -> int:
             return (
                 lag == 0
                 and bl.metric(m, "sglang_oom_exporter_pending_events") == 0
-                and bl.metric(m, "sglang_oom_exporter_foreign_events_total") == torch_ooms
                 and (bl.metric(m, "sglang_oom_events_total", kind="prefill") or 0) >= ooms
             )
 
@@ -267,6 +267,13 @@ def main(argv: list[str] | None = None) -> int:
         time.sleep(args.settle)
         mtail_cpu = bl.cpu_seconds(mtail.pid) - cpu0["mtail"]
         mtail_wall = time.perf_counter() - w0
+
+        # A foreign CUDA OOM is held for SGLang evidence after it (up to 1,000 lines or --evidence-wait, 1m): the
+        # last ones written are decided after the reading is done, so they are waited for after the CPU is taken.
+        def decided() -> bool:
+            return bl.metric(ours_page(ours_port), "sglang_oom_exporter_foreign_events_total") == torch_ooms
+
+        bl.wait_for(decided, 180.0, interval=1.0, what="ours to decide every foreign CUDA OOM")
         m = ours_page(ours_port)
         got = {
             "prefill": bl.metric(m, "sglang_oom_events_total", kind="prefill"),

@@ -9,10 +9,12 @@ import os
 import pytest
 
 from sglang_oom_exporter.config import KubernetesConfig
-from sglang_oom_exporter.detect.evidence import Evidence, EvidenceScanner, probe
+from sglang_oom_exporter.detect.evidence import HOLD_LINES, Evidence, EvidenceScanner, probe
+from sglang_oom_exporter.detect.model import OomEvent
+from sglang_oom_exporter.detect.pipeline import Pipeline
 from sglang_oom_exporter.scan import scan_paths
 from tests.support.app import make_app, run_app
-from tests.support.helpers import CATALOG, scan_bytes
+from tests.support.helpers import CATALOG, MATCHER, scan_bytes
 
 BARE = b"RuntimeError: CUDA error: out of memory\nCUDA kernel errors might be asynchronously reported\n\n"
 WEAK = b"[2026-03-14 22:00:0%d TP0] Load weight begin. avail mem=78.1 GB\n"
@@ -62,10 +64,10 @@ def test_what_identifies_a_source_before_a_bare_cuda_oom(head, counted):
     assert probe(head) == (counted == 1)  # the signs alone (a KV-pool message identifies as an event, not a sign)
 
 
-def test_evidence_after_the_event_does_not_reach_back_and_chunking_changes_nothing():
+def test_evidence_after_the_event_qualifies_it_in_scan_and_chunking_changes_nothing():
     data = BARE + PAD + b"[2026-03-14 22:00:00] server_args=ServerArgs(x=1)\n" + PAD + bare(1)
     whole = [(e.kind, e.location) for e in scan_bytes(data)]
-    assert whole == [("cuda_oom", "t.log:85")]  # the second: 3 + 40 + 1 + 40 lines before it
+    assert whole == [("cuda_oom", "t.log:1"), ("cuda_oom", "t.log:85")]  # the second: 3 + 40 + 1 + 40 lines before it
     for chunk in (1, 3, 17, 64):
         assert [(e.kind, e.location) for e in scan_bytes(data, chunk=chunk)] == whole, chunk
 
@@ -90,8 +92,8 @@ def test_a_parallel_scan_admits_what_the_serial_scan_admits(tmp_path):
     path = tmp_path / "big.log"
     path.write_bytes(b"".join(parts))
     serial = scan_paths(CATALOG, [str(path)]).to_json()
-    assert serial["counts"]["cuda_oom"] == 6
-    assert serial["inputs"][0]["foreign_events"] == 2
+    assert serial["counts"]["cuda_oom"] == 8  # the two before the third weak line too: evidence anywhere in the file
+    assert serial["inputs"][0]["foreign_events"] == 0
     for range_size in (300, 2000):
         got = scan_paths(CATALOG, [str(path)], jobs=2, range_size=range_size, min_parallel_bytes=0).to_json()
         assert json.dumps(got) == json.dumps(serial), range_size
@@ -134,8 +136,12 @@ def test_an_old_state_file_without_the_identification_is_tolerated(tmp_path):
     app2, clock2 = make_app(tmp_path, paths=(), kubernetes=KubernetesConfig(str(tmp_path / "pods")))
     app2.keeper.load()
     run_app(app2, clock2)
+    pipeline = app2.sources.get(path).pipeline
     assert app2.counts.total("cuda_oom") == 0
-    assert app2.sources.get(path).pipeline.stats().foreign_events == 1
+    assert (pipeline.holding(), pipeline.stats().foreign_events) == (1, 0)  # held: evidence may still follow
+    run_app(app2, clock2, app2.config.evidence_wait)
+    assert app2.counts.total("cuda_oom") == 0
+    assert (pipeline.holding(), pipeline.stats().foreign_events) == (0, 1)
     assert app2.sources.facts().bad_positions == 0
     assert app2.keeper.errors == 0
 
@@ -156,3 +162,119 @@ def test_both_finders_stop_at_the_same_first_line():
             hit = f.first(buf, lo, len(buf))
             lines.add(-1 if hit < 0 else buf.count(b"\n", 0, hit))
         assert len(lines) == 1, (buf, lo)
+
+
+# Evidence that comes after the OOM: a crash pasted from `kubectl logs --previous`, a file scanned from mid-run.
+BANNER = b"[2026-03-14 22:00:00] server_args=ServerArgs(model_path='m')\n"
+LINES = b"".join(b"INFO: GET /health 200 %d\n" % i for i in range(HOLD_LINES))  # lines that show nothing
+
+
+def _serve_pipeline(events: list[object], wait: float = 60.0) -> Pipeline:
+    """A pipeline as serve builds it: the hold bounded by HOLD_LINES and the evidence wait."""
+    return Pipeline(CATALOG, MATCHER, source="s", location="p", sink=events.append,
+                    hold_lines=HOLD_LINES, hold_seconds=wait)  # fmt: skip
+
+
+def _serve_events(data: bytes, chunk: int) -> tuple[list[str], int, int]:
+    """(event locations, foreign events, reports still held) of `data` fed to serve's pipeline in `chunk`s at
+    one instant (a backlog), then ticked past the rank window."""
+    events: list[OomEvent] = []
+    pipe = _serve_pipeline(events)  # type: ignore[arg-type]
+    for i in range(0, len(data), chunk):
+        pipe.feed(data[i : i + chunk], 0.0)
+    pipe.tick(1.0)
+    return [f"{e.kind}@{e.location}" for e in events], pipe.stats().foreign_events, pipe.holding()
+
+
+@pytest.mark.parametrize("chunk", [1, 7, 64, 4096, 1 << 20])
+def test_serve_counts_a_cuda_oom_once_when_evidence_follows_within_its_lines_whatever_the_chunking(chunk):
+    # BARE is lines 1-3; evidence on line 1 + HOLD_LINES is within the bound, one line later it is not.
+    within = BARE + LINES[: LINES.index(b"INFO: GET /health 200 997\n")] + BANNER
+    assert within.count(b"\n") == 1 + HOLD_LINES
+    assert _serve_events(within, chunk) == (["cuda_oom@p:1"], 0, 0)
+    beyond = BARE + LINES[: LINES.index(b"INFO: GET /health 200 998\n")] + BANNER
+    assert _serve_events(beyond, chunk) == ([], 1, 0)
+    # Past the bound with no evidence at all: decided (foreign) by position, not by the clock.
+    assert _serve_events(BARE + LINES, chunk) == ([], 1, 0)
+    # Within the bound and nothing yet: still held.
+    assert _serve_events(BARE + PAD, chunk) == ([], 0, 1)
+
+
+def test_serve_holds_a_cuda_oom_for_the_evidence_wait_and_no_longer():
+    events: list[OomEvent] = []
+    pipe = _serve_pipeline(events, wait=60.0)  # type: ignore[arg-type]
+    pipe.feed(b"Loading model\n" + BARE, 100.0)
+    assert pipe.resume_point() == (14, 2)  # a restart re-reads the held report
+    pipe.tick(159.9)
+    assert (pipe.holding(), pipe.stats().foreign_events) == (1, 0)
+    pipe.feed(BANNER, 159.95)
+    pipe.tick(160.5)
+    assert [(e.kind, e.location) for e in events] == [("cuda_oom", "p:2")]
+    assert (pipe.holding(), pipe.stats().foreign_events) == (0, 0)
+    assert pipe.resume_point() == (14 + len(BARE) + len(BANNER), 6)
+
+    late: list[OomEvent] = []
+    pipe = _serve_pipeline(late, wait=60.0)  # type: ignore[arg-type]
+    pipe.feed(b"Loading model\n" + BARE, 100.0)
+    pipe.tick(160.0)
+    assert (pipe.holding(), pipe.stats().foreign_events) == (0, 1)  # a foreign torch OOM
+    pipe.feed(BANNER, 161.0)
+    pipe.tick(170.0)
+    assert late == []
+
+
+@pytest.mark.parametrize(
+    "echo",
+    [
+        b"Body: Str([2026-03-14 22:00:00] server_args=ServerArgs(model_path='m'))\n",
+        b'{"message":"[2026-03-14 22:00:00] Decode batch. #running-req: 3, #token: 900, token usage: 0.01"}\n',
+        b'{"level":"info","line":"[2026-03-14 22:00:00] Prefill out of memory. Try to lower your batch size."}\n',
+    ],
+)
+def test_an_echo_of_sglang_after_a_cuda_oom_is_no_evidence_in_scan_or_serve(echo, tmp_path):
+    data = BARE + PAD + echo + PAD
+    path = tmp_path / "train.log"
+    path.write_bytes(data)
+    got = scan_paths(CATALOG, [str(path)]).to_json()
+    assert (got["counts"]["cuda_oom"], got["inputs"][0]["events"]) == (0, 0)
+    foreign = 2 if b"Prefill" in echo else 1  # the echoed block is a foreign event of its own
+    assert got["inputs"][0]["foreign_events"] == foreign
+    assert _serve_events(data, 1 << 20) == ([], foreign - 1, 1)  # still waiting: an echo decides nothing
+
+
+def _one_oom_file(tmp_path, name: str, evidence: bytes) -> str:
+    """A log of 14 KB: health checks, a bare CUDA OOM near the middle, `evidence` a few lines later, more checks."""
+    checks = b"".join(b"INFO: GET /health 200 %d\n" % i for i in range(300))
+    path = tmp_path / name
+    path.write_bytes(checks + BARE + b"Loading weights\n" + evidence + checks + checks)
+    return str(path)
+
+
+@pytest.mark.timeout(120)
+def test_scan_counts_a_cuda_oom_with_evidence_after_it_once_serially_and_cut_into_ranges_near_it(tmp_path):
+    sglang = _one_oom_file(tmp_path, "sglang.log", BANNER)
+    foreign = _one_oom_file(tmp_path, "train.log", b"Epoch 3 step 1200 loss=1.234\n")
+    serial = scan_paths(CATALOG, [sglang, foreign]).to_json()
+    assert [(e["kind"], e["source"]) for e in serial["events"]] == [("cuda_oom", f"{sglang}:301")]
+    assert [(i["events"], i["foreign_events"]) for i in serial["inputs"]] == [(1, 0), (0, 1)]
+    oom = open(sglang, "rb").read().index(BARE)
+    # Range sizes whose cuts fall just before, inside and just after the OOM, and between it and the banner.
+    for range_size in (97, 211, 389, 1201, 2000, 4001):
+        got = scan_paths(CATALOG, [sglang, foreign], jobs=2, range_size=range_size, min_parallel_bytes=0).to_json()
+        assert json.dumps(got) == json.dumps(serial), (range_size, oom)
+
+
+def test_serve_counts_a_held_cuda_oom_when_the_container_s_next_run_shows_sglang(tmp_path):
+    # A crash-looping pod: run 0 ends in a bare CUDA OOM (its head shows nothing), run 1 starts with the banner.
+    path = _pods(tmp_path, b"")
+    app, clock = make_app(tmp_path, paths=(), kubernetes=KubernetesConfig(str(tmp_path / "pods")))
+    run_app(app, clock)
+    with open(path, "ab") as fh:
+        fh.write(PAD + BARE)
+    run_app(app, clock)
+    assert (app.counts.total("cuda_oom"), app.sources.get(path).pipeline.holding()) == (0, 1)
+    with open(os.path.join(os.path.dirname(path), "1.log"), "wb") as fh:
+        fh.write(BANNER)
+    run_app(app, clock, 2 * app.config.discover_interval)  # found at the next discovery, read from 0
+    assert app.counts.total("cuda_oom") == 1
+    assert app.sources.get(path).pipeline.stats().foreign_events == 0

@@ -7,6 +7,7 @@ restart. The same cases through `scan`.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -63,7 +64,8 @@ def test_a_pytorch_cuda_oom_in_a_foreign_container_counts_nothing_and_costs_no_s
     root = tmp_path / "pods"
     ray = pod_dir(root, "training", "ray-job-0", "ray-worker")
     sglang = pod_dir(root, "llm", "sglang-0", "sglang")
-    d = daemon_factory("--kubernetes-logs", str(root))
+    # The CUDA OOM waits this long for SGLang evidence after it (none comes), then it is a foreign event.
+    d = daemon_factory("--kubernetes-logs", str(root), "--evidence-wait", "1s")
     # Files that appear after the first look are read from their start.
     (ray / "0.log").write_text(cri(TORCH_OOM))
     wait_until(
@@ -123,8 +125,6 @@ def test_sglang_under_any_container_name_survives_rotation_next_run_and_restart(
 
 
 def scan_json(*paths: str) -> dict[str, object]:
-    import json
-
     proc = subprocess.run([sys.executable, "-m", "sglang_oom_exporter", "scan", "--format", "json", *paths],
                           capture_output=True, text=True, timeout=60, check=True)  # fmt: skip
     return dict(json.loads(proc.stdout))
@@ -138,13 +138,20 @@ def test_scan_counts_a_cuda_oom_only_with_sglang_evidence(tmp_path):
     framed = tmp_path / "framed.log"
     framed.write_text(FRAMED_CUDA_OOM)
     late = tmp_path / "late.log"
-    late.write_text(BARE_CUDA_OOM + BANNER)  # evidence after the event: it does not reach back
+    late.write_text(cri("Loading model\n" + BARE_CUDA_OOM + BANNER))  # evidence a few lines after the event
     got = scan_json(str(torch_log), str(sglang_log), str(framed), str(late))
     assert [(e["kind"], e["source"]) for e in got["events"]] == [  # type: ignore[union-attr]
         ("cuda_oom", f"{sglang_log}:2"),
         ("cuda_oom", f"{framed}:1"),
+        ("cuda_oom", f"{late}:2"),
     ]
-    assert [i["foreign_events"] for i in got["inputs"]] == [1, 0, 0, 1]  # type: ignore[union-attr, index]
+    assert [i["foreign_events"] for i in got["inputs"]] == [1, 0, 0, 0]  # type: ignore[union-attr, index]
+    # The same excerpt piped in (`kubectl logs --previous … | scan -`), and the training log: once, and none.
+    for text, events, foreign in ((late.read_text(), 1, 0), (torch_log.read_text(), 0, 1)):
+        piped = subprocess.run([sys.executable, "-m", "sglang_oom_exporter", "scan", "--format", "json", "-"],
+                               input=text, capture_output=True, text=True, timeout=60, check=True)  # fmt: skip
+        doc = json.loads(piped.stdout)
+        assert (doc["counts"]["cuda_oom"], doc["inputs"][0]["foreign_events"]) == (events, foreign)
 
 
 def otel_echo(text: str) -> str:
@@ -183,3 +190,68 @@ def test_a_log_forwarder_echoing_sglang_s_lines_counts_no_event_and_is_not_sglan
         ("prefill", f"{sglang / '0.log'}:5")
     ]
     assert [i["foreign_events"] for i in got["inputs"]] == [3, 0]  # type: ignore[union-attr, index]
+
+
+def saved_offset(d: Daemon, path: os.PathLike[str]) -> int | None:
+    """The offset the daemon's state file says a restart reads `path` from (None: not saved yet)."""
+    try:
+        with open(os.path.join(d.state_dir, "state.json")) as fh:
+            entry = json.load(fh)["data"]["files"].get(str(path))
+    except (OSError, ValueError, KeyError):
+        return None  # not written yet (or being replaced: the rename is atomic, a reader may come between)
+    return None if entry is None else int(entry["position"]["offset"])
+
+
+def held_and_saved(d: Daemon, path: os.PathLike[str], offset: int) -> None:
+    """Wait until the daemon read the CUDA OOM at `offset`, holds it and saved the state there: the position a
+    restart re-reads from stays at the OOM (past it, a restart would lose it; before it, nothing was read)."""
+    wait_until(lambda: saved_offset(d, path) == offset, what="the held CUDA OOM's position saved", timeout=15.0)
+    assert d.total("cuda_oom") == 0
+    assert gauge(d, "sglang_oom_exporter_foreign_events_total") == 0
+
+
+def test_serve_counts_a_cuda_oom_whose_banner_follows_once_across_a_restart_between_them(tmp_path, daemon_factory):
+    """The CUDA OOM, then the daemon restarts, then SGLang's banner a few lines later: counted once, as SGLang's."""
+    root = tmp_path / "pods"
+    model = pod_dir(root, "team-b", "rag-0", "model")
+    log = model / "0.log"
+    args = ("--kubernetes-logs", str(root), "--evidence-wait", "10m")  # the wait must not end within the test
+    d = daemon_factory(*args)
+    head = cri("Loading model\n")
+    log.write_text(head + cri(BARE_CUDA_OOM))
+    held_and_saved(d, log, len(head))
+    assert d.stop() == 0
+    assert saved_offset(d, log) == len(head)  # the final save keeps the held OOM to re-read
+    append(log, cri(BANNER))
+    d2 = daemon_factory(*args)
+    settle(d2, 1, kind="cuda_oom")
+    assert d2.count("cuda_oom", namespace="team-b", pod="rag-0", container="model") == 1
+    assert gauge(d2, "sglang_oom_exporter_foreign_events_total") == 0
+    assert gauge(d2, "sglang_oom_exporter_sglang_sources") == 1
+
+
+def test_serve_counts_a_cuda_oom_whose_banner_follows_once_when_killed_before_the_next_save(tmp_path, daemon_factory):
+    """Counted on the banner, then SIGKILL before a save holds the count: the restart re-reads the OOM and its
+    banner and counts it once; a later restart, from a save that holds the count, counts nothing more."""
+    root = tmp_path / "pods"
+    model = pod_dir(root, "team-b", "rag-0", "model")
+    log = model / "0.log"
+    args = ("--kubernetes-logs", str(root), "--evidence-wait", "10m")
+    d = daemon_factory(*args)
+    head = cri("Loading model\n")
+    log.write_text(head + cri(BARE_CUDA_OOM))
+    held_and_saved(d, log, len(head))
+    state = tmp_path / "state" / "state.json"
+    before_banner = state.read_bytes()
+    append(log, cri(BANNER))
+    settle(d, 1, kind="cuda_oom")
+    assert d.stop(signal.SIGKILL) == -signal.SIGKILL
+    # The disk as a SIGKILL before the next save leaves it (the daemon saves soon after a count: put it back).
+    state.write_bytes(before_banner)
+    d2 = daemon_factory(*args)
+    settle(d2, 1, kind="cuda_oom")
+    assert gauge(d2, "sglang_oom_exporter_foreign_events_total") == 0
+    assert d2.stop() == 0
+    d3 = daemon_factory(*args)
+    settle(d3, 1, kind="cuda_oom")
+    assert d3.count("cuda_oom", namespace="team-b", pod="rag-0", container="model") == 1

@@ -31,6 +31,7 @@ EXPECTED = {
     "discover_interval": (5.0, "SGLANG_OOM_EXPORTER_DISCOVER_INTERVAL", None),
     "state_interval": (5.0, "SGLANG_OOM_EXPORTER_STATE_INTERVAL", None),
     "traceback_wait": (2.5, "SGLANG_OOM_EXPORTER_TRACEBACK_WAIT", "--traceback-wait"),
+    "evidence_wait": (60.0, "SGLANG_OOM_EXPORTER_EVIDENCE_WAIT", "--evidence-wait"),
     "source_retention": (3600.0, "SGLANG_OOM_EXPORTER_SOURCE_RETENTION", "--source-retention"),
     "recent_events": (200, None, None),
     "web_config": (None, "SGLANG_OOM_EXPORTER_WEB_CONFIG", "--web-config"),
@@ -42,8 +43,8 @@ EXPECTED = {
 # The bounds a duration is refused outside of, as --check-config words them.
 BOUNDS = {
     "poll_interval": ("1ms", "1h"), "sweep_interval": ("1ms", "1d"), "discover_interval": ("1ms", "1d"),
-    "state_interval": ("1ms", "1d"), "traceback_wait": ("1ms", "1h"), "source_retention": ("1s", "365d"),
-    "scrape_interval": ("1ms", "1d"), "scrape_timeout": ("1ms", "1h"),
+    "state_interval": ("1ms", "1d"), "traceback_wait": ("1ms", "1h"), "evidence_wait": ("1ms", "1h"),
+    "source_retention": ("1s", "365d"), "scrape_interval": ("1ms", "1d"), "scrape_timeout": ("1ms", "1h"),
 }  # fmt: skip
 # (a value to give, the value the Config then holds) per kind, none of them a default.
 GIVEN = {"duration": ("3s", 3.0), "bool": ("true", True), "int": ("7", 7), "choice": ("DEBUG", "debug"),
@@ -68,7 +69,8 @@ def test_the_table_holds_what_the_docs_promise():
     assert {s.name: (s.shown_default, s.bounds.split(" to ")) for s in SCALARS if s.kind == "duration"} == {
         "poll_interval": ("1s", ["1ms", "1h"]), "sweep_interval": ("10s", ["1ms", "1d"]),
         "discover_interval": ("5s", ["1ms", "1d"]), "state_interval": ("5s", ["1ms", "1d"]),
-        "traceback_wait": ("2.5s", ["1ms", "1h"]), "source_retention": ("1h", ["1s", "365d"]),
+        "traceback_wait": ("2.5s", ["1ms", "1h"]), "evidence_wait": ("1m", ["1ms", "1h"]),
+        "source_retention": ("1h", ["1s", "365d"]),
         "scrape_interval": ("15s", ["1ms", "1d"]), "scrape_timeout": ("5s", ["1ms", "1h"]),
     }  # fmt: skip
     assert [s.name for s in SETTINGS if not s.scalar] == ["paths", "sources", "kubernetes", "config", "prefix_regex",
@@ -164,7 +166,7 @@ def test_serve_help_states_every_default(capsys, monkeypatch):
     # One block per option: its line, and the next when argparse puts a long option's help below it.
     blocks = {b.split()[0]: " ".join(b.split()) for b in re.split(r"\n(?=  -)", text.split("options:")[1]) if b.strip()}
     flagged = [s for s in SETTINGS if s.flag_name]
-    assert len(flagged) == 17
+    assert len(flagged) == 18
     for setting in flagged:
         block = blocks[str(setting.flag_name)]
         assert block.endswith(f"{setting.help} (default: {setting.shown_default})"), block
@@ -177,7 +179,7 @@ def test_serve_help_states_every_default(capsys, monkeypatch):
 def test_the_reference_page_has_a_row_per_setting_and_is_committed():
     text = page()
     rows = [line for line in text.splitlines() if line.startswith("| ") and not line.startswith("| file key")]
-    assert len(rows) == len(SETTINGS) == 22
+    assert len(rows) == len(SETTINGS) == 23
     assert (
         "| `poll_interval` | `--poll-interval` | `SGLANG_OOM_EXPORTER_POLL_INTERVAL` | `1s` | 1ms to 1h | applied | "
         "Loop tick, and the polling interval with --force-polling. |"

@@ -62,6 +62,7 @@ class Config:
     discover_interval: float = default("discover_interval")
     state_interval: float = default("state_interval")
     traceback_wait: float = default("traceback_wait")
+    evidence_wait: float = default("evidence_wait")
     source_retention: float = default("source_retention")
     recent_events: int = default("recent_events")
     catalog: str | None = default("catalog")

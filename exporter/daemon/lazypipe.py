@@ -72,6 +72,10 @@ class LazyPipeline:
         """Events waiting; none before the first byte."""
         return self._pipeline.pending() if self._pipeline is not None else 0
 
+    def holding(self) -> int:
+        """Reports waiting for SGLang evidence; none before the first byte."""
+        return self._pipeline.holding() if self._pipeline is not None else 0
+
     def close_open(self, now: float = 0.0) -> None:
         """Close open records; none before the first byte."""
         if self._pipeline is not None:

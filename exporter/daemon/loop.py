@@ -141,7 +141,9 @@ class Loop:
                 look = urgent or source.directory in changed or path in self._deferred
                 if look and not urgent and not source.evidence.sglang:
                     look = self._foreign_look(path, now)
-                ticked = source.close_at is not None or source.pipeline.pending()
+                # A report held for SGLang evidence is ticked (its bound ends by time too), but makes no source
+                # busy: most are a foreign container's, and busy shortens the loop's wait and defers saves.
+                ticked = source.close_at is not None or source.pipeline.pending() or source.pipeline.holding()
                 if not (look or ticked):
                     continue  # nothing to read, close or publish; nothing pending either
                 if self._guarded(source, now, look):
@@ -174,7 +176,7 @@ class Loop:
         try:
             if look and source.path != STDIN:
                 return source.poll(now)
-            if source.close_at is not None or source.pipeline.pending():
+            if source.close_at is not None or source.pipeline.pending() or source.pipeline.holding():
                 source.tick(now)
         except Exception:  # one broken source must not stop the others or the loop
             self.sources.count_error()

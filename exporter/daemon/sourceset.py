@@ -21,7 +21,7 @@ from typing import Any
 
 from ..catalog import Catalog
 from ..config import Config
-from ..detect.evidence import Evidence, probe
+from ..detect.evidence import HOLD_LINES, Evidence, probe
 from ..detect.match import Matcher
 from ..detect.model import OomEvent
 from ..detect.pipeline import Pipeline
@@ -238,7 +238,7 @@ class SourceSet:
         """Count now what files whose generation ended (a reset, and no new bytes yet) still wait for."""
         with self._lock:
             for s in self._by_path.values():
-                if s.tailer is not None and s.generation is None and s.pipeline.pending():
+                if s.tailer is not None and s.generation is None and (s.pipeline.pending() or s.pipeline.holding()):
                     s.pipeline.finish()
 
     def generations(self) -> int:
@@ -380,6 +380,7 @@ class SourceSet:
             Pipeline, self.catalog, self._matcher, source=label_map.get("source") or "/".join(labels),
             location=path, sink=record, extra_prefixes=self.config.prefix_regex,
             wait_seconds=self.config.traceback_wait, evidence=evidence,
+            hold_lines=HOLD_LINES, hold_seconds=self.config.evidence_wait,
         )  # fmt: skip
         pipeline = make() if path == STDIN else LazyPipeline(make)
         source = LogSource(path, labels, label_map, pipeline, None, directory=directory, evidence=evidence)

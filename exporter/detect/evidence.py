@@ -16,9 +16,12 @@ prefix, or, without one, SGLang's words start it (prefix.starts_own; a frame for
 echoes SGLang's lines inside its own records (`Body: Str([...] Decode batch, #running-req: ...)`, a JSON field) does
 not become SGLang by them.
 A kind the catalog marks `requires_sglang_evidence` (torch's and flashinfer's CUDA OOM: any PyTorch program
-writes them) counts only when its own traceback has a `sglang/srt/` frame, or when the source was SGLang at or
-before the event's first line. Positions, not arrival times, decide: a file read in one piece or byte by byte,
-serially or cut into ranges by a parallel scan, admits the same events.
+writes them) counts only when its own traceback has a `sglang/srt/` frame, when the source was SGLang at or
+before the event's first line, or when evidence follows it (Held): in `scan`, anywhere later in the same input;
+in `serve`, within HOLD_LINES lines of its first line and `evidence_wait` of reading it. Held reports count once,
+in log order, when the evidence comes; past the bound (or at the end of the input or generation) they are a
+foreign event. Lines, not arrival times, decide in `scan` and for a backlog: a file read in one piece or byte by
+byte, serially or cut into ranges by a parallel scan, admits the same events.
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ import regex
 
 from .decode import unwrap
 from .finder import make_finder
-from .model import Record
+from .model import Record, Report
 from .prefix import RAY_TAG, PrefixParser, starts_own
 
 STRONG = ("server_args=ServerArgs(", "sglang/srt/", "#running-req: ", "max_total_num_tokens=")
@@ -46,6 +49,13 @@ MAX_LINE = 256 * 1024  # the reader's bound: a longer line is judged on its firs
 BEFORE_ALL = (-1, -1)  # the position of evidence that precedes every byte (inherited, restored, probed)
 
 Position = tuple[int, int]  # (generation sequence number, byte offset in that generation)
+# `serve`'s line bound for evidence after an evidence-needing report (Held). A constant, as the deduper's line
+# bounds are: it describes how soon SGLang shows itself in its own log after a crash (its next usage line,
+# traceback frame or banner), and makes the rule positional (a backlog read at once decides as a live file).
+# The time bound is the `evidence_wait` setting (config/settings.py), like `traceback_wait`: it ends the wait of
+# a container that went quiet after a foreign OOM, and depends on the operator's system (a crash-looping SGLang's
+# next run, whose `n+1.log` marks the container, prints its banner after the restart back-off).
+HOLD_LINES = 1000
 
 
 class Evidence:
@@ -82,6 +92,69 @@ class Evidence:
         if any(OWN_FRAME in path for path, _ in record.frames):
             return True
         return self.at is not None and self.at <= at
+
+
+class Held:
+    """Reports of an evidence-needing kind read before their source showed SGLang, waiting for evidence after them.
+
+    lines/seconds bound the wait (None: unbounded, `scan`'s rule). Each report keeps its position and when it was
+    held; a restart re-reads from the oldest (resume_point), so a held report is neither lost nor counted twice.
+    """
+
+    __slots__ = ("_items", "lines", "seconds")
+
+    def __init__(self, lines: int | None = None, seconds: float | None = None) -> None:
+        self.lines = lines
+        self.seconds = seconds
+        self._items: list[tuple[Report, Position, float]] = []
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def add(self, report: Report, at: Position, now: float) -> None:
+        """Hold this report (read at `now`) until evidence comes or its bound passes."""
+        self._items.append((report, at, now))
+
+    def resume_point(self) -> tuple[int, int] | None:
+        """(offset, lineno) of the oldest held report's first line: a restart must re-read from there."""
+        return min(((r.record.offset, r.record.lineno) for r, _, _ in self._items), default=None)
+
+    def reaches(self, report: Report, gen: int, evidence_line: tuple[int, int] | None) -> bool:
+        """Whether evidence first seen on this (generation, line) is within the bound after the report."""
+        if self.lines is None:
+            return True
+        if evidence_line is None:
+            return False
+        return evidence_line[0] == gen and evidence_line[1] <= report.record.lineno + self.lines
+
+    def settle(
+        self,
+        evidence: Evidence,
+        evidence_line: tuple[int, int] | None,
+        next_lineno: int,
+        now: float,
+        *,
+        final: bool,
+    ) -> list[tuple[Report, bool]]:
+        """The held reports decided now, in log order, each with whether it counts: all of them once evidence
+        exists or when final; else those whose bound passed (the reader is past it, or its time is over)."""
+        decided: list[tuple[Report, bool]] = []
+        kept: list[tuple[Report, Position, float]] = []
+        for item in self._items:
+            report, at, since = item
+            if evidence.at is not None:
+                counts = evidence.admits(report.record, at) or self.reaches(report, at[0], evidence_line)
+                decided.append((report, counts))
+            elif (
+                final
+                or (self.lines is not None and next_lineno - 1 > report.record.lineno + self.lines)
+                or (self.seconds is not None and now - since >= self.seconds)
+            ):
+                decided.append((report, False))
+            else:
+                kept.append(item)
+        self._items = kept
+        return decided
 
 
 class EvidenceScanner:

@@ -13,7 +13,7 @@ from ..catalog import Catalog
 from ..detect.assemble import DETAIL_LITERALS, TRACEBACK_OPENERS, Assembler
 from ..detect.decode import CRI_PARTIAL_LITERALS, CRI_SPANS, Decoder
 from ..detect.dedupe import Deduper
-from ..detect.evidence import Evidence, EvidenceScanner
+from ..detect.evidence import Evidence, EvidenceScanner, Held
 from ..detect.match import Matcher
 from ..detect.model import Gap, OomEvent, RawLine, Record, Report
 from ..detect.prefix import PrefixParser
@@ -63,9 +63,14 @@ class Pipeline:
         evidence: Evidence | None = None,
         gate: bool = True,
         deduper: Deduper | None = None,
+        hold_lines: int | None = None,
+        hold_seconds: float | None = None,
     ) -> None:
         """deduper, when given, receives the reports instead of the pipeline's own Deduper (a parallel scan's
-        worker collects them undeduplicated for its parent); the pipeline then counts no events itself."""
+        worker collects them undeduplicated for its parent); the pipeline then counts no events itself.
+
+        hold_lines and hold_seconds bound how long a report that needs SGLang evidence and has none yet waits
+        for it (detect/evidence.py, Held): None, no bound (`scan`: evidence anywhere in the input qualifies)."""
         anchors = matcher.anchors if matcher.catalog is catalog else catalog.anchors()
         self._reader = LineReader(
             (*anchors, *FRAME_LITERALS, *CRI_PARTIAL_LITERALS),
@@ -85,8 +90,11 @@ class Pipeline:
         self._scanner = EvidenceScanner(self.evidence, finder, prefixes)
         self._needs_evidence = catalog.evidence_kinds()
         self._gate = gate
+        # Reports of an evidence-needing kind seen before any evidence: counted if it comes within the bounds.
+        self._held = Held(hold_lines, hold_seconds)
         self._gen = 0  # generation sequence number: with a byte offset, the position evidence is compared at
         self._foreign = 0
+        self._evidence_line: tuple[int, int] | None = None  # (generation, line) of the first evidence this pipeline saw
         self._events = 0
         self._records = 0
         self._reports = 0
@@ -107,7 +115,11 @@ class Pipeline:
         self._now = now
         scanner = self._scanner
         if not scanner.done:
-            scanner.feed(data, self._reader.position)
+            reader = self._reader
+            start, lineno = reader.position, reader.next_lineno
+            scanner.feed(data, start)
+            if scanner.done:  # the first evidence is in these bytes (or was marked from outside meanwhile)
+                self._identified_in(data, start, lineno)
         self._lines(self._reader.feed(data))
 
     def is_quiet(self) -> bool:
@@ -122,8 +134,10 @@ class Pipeline:
     def start_generation(self, generation: str, offset: int = 0, lineno: int = 1) -> None:
         """The bytes that follow start a file generation (first open, rotation, truncation, a restart
         resuming at offset): finish what the previous one left, then count from offset and lineno."""
+        self._finish_scanner()
         self._lines(self._reader.reset(offset, lineno))
         self._records_from(self._assembler.close_all())
+        self._settle_held(final=True)  # a held report waits for evidence in its own generation only
         self._decoder.reset()
         self._deduper.flush(None)
         self._deduper.start(generation)
@@ -133,7 +147,9 @@ class Pipeline:
     def resume_point(self) -> tuple[int, int]:
         """(offset, lineno) from which a restart must re-read to rebuild everything still in flight."""
         points = [self._reader.resume_point()]
-        for part in (self._decoder.resume_point(), self._assembler.resume_point(), self._deduper.resume_point()):
+        parts = (self._decoder.resume_point(), self._assembler.resume_point(), self._deduper.resume_point(),
+                 self._held.resume_point())  # fmt: skip
+        for part in parts:
             if part is not None:
                 points.append(part)
         return min(points)
@@ -141,6 +157,10 @@ class Pipeline:
     def pending(self) -> int:
         """Events waiting for a traceback or for other ranks."""
         return self._deduper.pending()
+
+    def holding(self) -> int:
+        """Reports waiting for SGLang evidence (not events yet: most are another program's and never count)."""
+        return len(self._held)
 
     def export_state(self) -> dict[str, object]:
         """The deduper's memory of emitted events, for the state file."""
@@ -158,6 +178,9 @@ class Pipeline:
     def tick(self, now: float) -> None:
         """Emit the events that are decidable now (rank window closed, wait over, or left far behind), and
         forget what a restart can no longer re-read."""
+        self._now = now
+        if self._held:
+            self._settle_held(final=False)
         self._deduper.flush(now, self._reader.next_lineno, self._assembler.tracing())
         self._deduper.forget_before(self.resume_point()[0])
 
@@ -168,9 +191,10 @@ class Pipeline:
 
     def finish(self) -> None:
         """End of input: everything pending becomes an event now."""
-        self._scanner.finish()
+        self._finish_scanner()
         self._lines(self._reader.finish())
         self._records_from(self._assembler.close_all())
+        self._settle_held(final=True)
         self._deduper.flush(None)
 
     def stats(self) -> PipelineStats:
@@ -211,13 +235,55 @@ class Pipeline:
                 self._deduper.add(report, self._now)
 
     def _admit(self, report: Report) -> bool:
-        """SGLang's own text identifies the source; an evidence-needing kind counts only with evidence before it."""
+        """SGLang's own text identifies the source; an evidence-needing kind counts with evidence before it, or
+        with evidence after it within the hold's bounds (it is held until then)."""
         at = (self._gen, report.record.offset)
         if report.kind not in self._needs_evidence:
+            if self.evidence.at is None:
+                self._evidence_line = (self._gen, report.record.lineno)
             self.evidence.mark(at)
+            if self._held:
+                self._settle_held(final=False)  # what waited for evidence comes first, in log order
             return True
         if self.evidence.admits(report.record, at):
             return True
+        if self.evidence.at is None:
+            self._held.add(report, at, self._now)
+            return False
+        if self._held.reaches(report, self._gen, self._evidence_line):
+            return True  # the evidence came after it, within the bound (read in the same bytes)
+        self._withhold()
+        return False
+
+    def _withhold(self) -> None:
         self._foreign += 1
         self.evidence.withheld += 1
-        return False
+
+    def _settle_held(self, *, final: bool) -> None:
+        """Count the held reports that evidence qualifies, withhold those past their bound (all of them when
+        final: the end of the input or of the generation), keep the rest waiting."""
+        lineno = self._reader.next_lineno
+        for report, admitted in self._held.settle(self.evidence, self._evidence_line, lineno, self._now, final=final):
+            if admitted:
+                self._deduper.add(report, self._now)
+            else:
+                self._withhold()
+
+    def _identified_in(self, data: bytes, start: int, lineno: int) -> None:
+        """The source was identified while these bytes (at `start`, line `lineno` there) were scanned: note the
+        line of the first evidence, then count what waited for it."""
+        at = self.evidence.at
+        if at is not None and at[0] == self._gen and at[1] >= 0:
+            off = at[1] - start
+            self._evidence_line = (self._gen, lineno + (data.count(b"\n", 0, off) if off > 0 else 0))
+        if self._held:
+            self._settle_held(final=False)
+
+    def _finish_scanner(self) -> None:
+        """The generation's last line (no newline) is judged as a line; its line number is the reader's next."""
+        scanner = self._scanner
+        if scanner.done:
+            return
+        scanner.finish()
+        if scanner.done:
+            self._identified_in(b"", self._reader.position, self._reader.next_lineno)

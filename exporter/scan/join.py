@@ -24,7 +24,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, fields, replace
 
 from ..detect.dedupe import Deduper
-from ..detect.evidence import WEAK_LINES, Evidence
+from ..detect.evidence import WEAK_LINES, Evidence, Held
 from ..detect.match import Matcher
 from ..detect.model import OomEvent, Report
 from ..detect.pipeline import Pipeline, PipelineStats
@@ -228,6 +228,7 @@ class Joiner:
         self._evidence = Evidence()
         self._needs_evidence = matcher.catalog.evidence_kinds()
         self._weak: list[int] = []
+        self._held = Held()  # scan's rule: evidence anywhere later in the file counts them (no bound)
         self._foreign = 0
         self._waiting: dict[int, Segment] = {}
         self._next = 0  # where the next segment of the chain must start
@@ -242,9 +243,9 @@ class Joiner:
             base = self._base - seg.lines_at_start
             self._take_evidence(seg)
             for r in seg.reports:
-                if not self._admit(r):
-                    continue
-                self._deduper.add(replace(r, record=replace(r.record, lineno=r.record.lineno + base)) if base else r)
+                shifted = replace(r, record=replace(r.record, lineno=r.record.lineno + base)) if base else r
+                if self._admit(shifted):
+                    self._deduper.add(shifted)
             self.stats = _plus(self.stats, seg.stats)
             self._next = seg.end
             self._base = base + seg.lines_at_end
@@ -255,22 +256,35 @@ class Joiner:
         self._weak = sorted(set(self._weak) | set(seg.weak_lines))[:WEAK_LINES]
         if len(self._weak) == WEAK_LINES:
             self._evidence.mark((0, self._weak[-1]))
+        self._release()  # evidence in this segment: what waited for it comes before the segment's reports
 
     def _admit(self, report: Report) -> bool:
-        """Pipeline._admit over the joined file (its offsets are file offsets: one generation)."""
+        """Pipeline._admit over the joined file (its offsets are file offsets: one generation), with scan's
+        unbounded hold: an evidence-needing report without evidence yet waits for evidence anywhere later."""
         at = (0, report.record.offset)
         if report.kind not in self._needs_evidence:
             self._evidence.mark(at)
+            self._release()
             return True
-        if self._evidence.admits(report.record, at):
+        if self._evidence.admits(report.record, at) or self._evidence.identified:
             return True
-        self._foreign += 1
+        self._held.add(report, at, 0.0)
         return False
+
+    def _release(self, *, final: bool = False) -> None:
+        if not self._held or not (final or self._evidence.identified):
+            return
+        for report, counts in self._held.settle(self._evidence, None, 0, 0.0, final=final):
+            if counts:
+                self._deduper.add(report)
+            else:
+                self._foreign += 1
 
     def finish(self) -> tuple[list[OomEvent], PipelineStats]:
         """The file's events in line order, and its stats, once every segment was added."""
         if self._next < self._size:
             raise RuntimeError(f"{self._name}: no segment starts at the join {self._next}")
+        self._release(final=True)  # no evidence in the whole file: foreign
         self._deduper.flush(None)
         self.events.sort(key=lambda e: int(e.location.rsplit(":", 1)[1]))
         self.stats.events = len(self.events)
