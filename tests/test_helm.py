@@ -42,6 +42,7 @@ from tests.support.helm import (
     workload,
 )
 from tests.support.helpers import YAML_LOADER, once_per_run
+from tests.support.sidecar import snippet_pod
 
 SCHEMAS = ROOT / "tests" / "schemas"
 DEFAULTS_FILE = CHART / "files" / "render-defaults.yaml"
@@ -701,9 +702,7 @@ def test_notes_show_the_check_and_warn_without_release():
 
 
 def test_chart_readme_sidecar_snippet_is_a_valid_exporter_command(tmp_path):
-    text = (CHART / "README.md").read_text()
-    snippet = text.split("<!-- sidecar-snippet -->", 2)[1].split("```yaml\n", 1)[1].split("```", 1)[0]
-    pod = yaml.safe_load(snippet)
+    pod = snippet_pod()
     containers = {c["name"]: c for c in pod["spec"]["containers"]}
     exporter = containers["oom-exporter"]
     assert exporter["securityContext"]["readOnlyRootFilesystem"] is True
@@ -731,8 +730,7 @@ def test_sidecar_snippet_has_no_probe_that_could_make_the_sglang_pod_unready():
     # A pod is Ready only when all its containers are: an exporter probe failing on an exporter-side problem
     # (/healthz is 503 while the state dir cannot be written) would take SGLang out of its Service.
     text = (CHART / "README.md").read_text()
-    snippet = text.split("<!-- sidecar-snippet -->", 2)[1].split("```yaml\n", 1)[1].split("```", 1)[0]
-    containers = {c["name"]: c for c in yaml.safe_load(snippet)["spec"]["containers"]}
+    containers = {c["name"]: c for c in snippet_pod()["spec"]["containers"]}
     probes = {"readinessProbe", "livenessProbe", "startupProbe"}
     assert sorted(probes & set(containers["oom-exporter"])) == []
     assert "**The exporter can never make SGLang unready.**" in text
