@@ -6,9 +6,12 @@ kernel's view of the process: uid, capabilities, no_new_privs, seccomp, read-onl
 across a pod restart (the pod deleted and played again, with an OOM written while it was down).
 
 Sidecar: the chart README's sidecar snippet, beside a stand-in SGLang container (tests/support/fake_sglang.py run in the
-same image behind the snippet's own `| tee` into the shared emptyDir) that serves SGLang's /metrics and
-/get_server_info; an OOM it logs reaches the exporter's /events, /metrics and page with the concrete flag
-suggestion, the same one `scan --server-args` gives for that log.
+same image in place of launch_server, behind the snippet's own script: FIFO, rotating log writer, SIGTERM trap)
+that serves SGLang's /metrics and /get_server_info; an OOM it logs reaches the exporter's /events, /metrics and
+page with the concrete flag suggestion, the same one `scan --server-args` gives for that log. With a 64 KiB cap,
+ten caps of output keep the shared volume at four files within the cap and every OOM counted once; a pod
+deletion as the kubelet does it (the exporter's preStop hook, SIGTERM to SGLang) takes seconds, not the 30 s
+grace period, and the OOM SGLang prints on SIGTERM is counted.
 
 What is changed before playing, and why (podman 4.3, Debian 12's, and this sandbox):
   - host networking (`--network host`); the exporter listens on 127.0.0.1 at a free port (the chart's
@@ -18,7 +21,10 @@ What is changed before playing, and why (podman 4.3, Debian 12's, and this sandb
     networking"); it runs no readiness probe at all, and liveness probes only from systemd timers, which this
     machine lacks. The test requests each probe's path itself instead;
   - annotation values over 63 characters (the chart's checksum/config) are dropped: podman 4.3 applies the
-    label-value limit to annotations ("value length exceeds Kubernetetes max 63"); Kubernetes does not.
+    label-value limit to annotations ("value length exceeds Kubernetetes max 63"); Kubernetes does not;
+  - the sidecar pod's volumes get names of their own: podman 4.3 makes an emptyDir a named volume that every
+    pod naming it shares; it runs no lifecycle hooks either, so the test runs the exporter's preStop command
+    with `podman exec` as the kubelet would, before that container's SIGTERM.
 """
 
 from __future__ import annotations
