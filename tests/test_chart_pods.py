@@ -6,9 +6,12 @@ kernel's view of the process: uid, capabilities, no_new_privs, seccomp, read-onl
 across a pod restart (the pod deleted and played again, with an OOM written while it was down).
 
 Sidecar: the chart README's sidecar snippet, beside a stand-in SGLang container (tests/support/fake_sglang.py run in the
-same image behind the snippet's own `| tee` into the shared emptyDir) that serves SGLang's /metrics and
-/get_server_info; an OOM it logs reaches the exporter's /events, /metrics and page with the concrete flag
-suggestion, the same one `scan --server-args` gives for that log.
+same image in place of launch_server, behind the snippet's own script: FIFO, rotating log writer, SIGTERM trap)
+that serves SGLang's /metrics and /get_server_info; an OOM it logs reaches the exporter's /events, /metrics and
+page with the concrete flag suggestion, the same one `scan --server-args` gives for that log. With a 64 KiB cap,
+ten caps of output keep the shared volume at four files within the cap and every OOM counted once; a pod
+deletion as the kubelet does it (the exporter's preStop hook, SIGTERM to SGLang) takes seconds, not the 30 s
+grace period, and the OOM SGLang prints on SIGTERM is counted.
 
 What is changed before playing, and why (podman 4.3, Debian 12's, and this sandbox):
   - host networking (`--network host`); the exporter listens on 127.0.0.1 at a free port (the chart's
@@ -18,16 +21,19 @@ What is changed before playing, and why (podman 4.3, Debian 12's, and this sandb
     networking"); it runs no readiness probe at all, and liveness probes only from systemd timers, which this
     machine lacks. The test requests each probe's path itself instead;
   - annotation values over 63 characters (the chart's checksum/config) are dropped: podman 4.3 applies the
-    label-value limit to annotations ("value length exceeds Kubernetetes max 63"); Kubernetes does not.
+    label-value limit to annotations ("value length exceeds Kubernetetes max 63"); Kubernetes does not;
+  - the sidecar pod's volumes get names of their own: podman 4.3 makes an emptyDir a named volume that every
+    pod naming it shares; it runs no lifecycle hooks either, so the test runs the exporter's preStop command
+    with `podman exec` as the kubelet would, before that container's SIGTERM.
 """
 
 from __future__ import annotations
 
 import json
-import re
 import shutil
 import subprocess
 import sys
+import time
 import urllib.request
 from pathlib import Path
 
@@ -42,6 +48,8 @@ from tests.support.image import Served
 from tests.support.logs import append, cri, oom_block
 from tests.support.podman import mount_options, proc_status
 from tests.support.sglang_data import INFO
+from tests.support.sidecar import container as named_container
+from tests.support.sidecar import snippet_pod, with_stand_in
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
@@ -187,56 +195,72 @@ def test_daemonset_pod_counts_an_oom_keeps_it_across_a_restart_and_runs_as_rende
 # ----------------------------------------------------------------------------------------------------- sidecar
 
 
-def sidecar_snippet() -> dict:
-    """The pod of the chart README's sidecar snippet."""
-    text = (CHART / "README.md").read_text()
-    snippet = text.split("<!-- sidecar-snippet -->", 2)[1].split("```yaml\n", 1)[1].split("```", 1)[0]
-    return yaml.safe_load(snippet)
+class SidecarPod:
+    """The chart README's sidecar snippet made playable: the stand-in SGLang (tests/support/fake_sglang.py, with
+    these extra arguments) in place of launch_server behind the snippet's own script, both images the one built
+    here, free ports, and podman 4.3's limits worked around (module docstring)."""
+
+    def __init__(self, image: str, tmp_path: Path, *stand_in_args: str, env: dict[str, str] | None = None) -> None:
+        pod = snippet_pod()
+        exporter, sglang = named_container(pod, "oom-exporter"), named_container(pod, "sglang")
+        fake_dir = tmp_path / "fake-sglang"
+        fake_dir.mkdir()
+        shutil.copy(HERE / "support" / "fake_sglang.py", fake_dir)
+        shutil.copy(HERE / "data" / "scrape" / "v0.5.16-dp2.prom", fake_dir / "metrics.prom")
+        (fake_dir / "info.json").write_text(json.dumps(INFO))
+        self.sglang_port, self.port = free_port(), free_port()
+        while self.port == self.sglang_port:
+            self.port = free_port()
+        self.name = f"llm-{self.port}"
+        pod["metadata"]["name"] = self.name
+        stand_in = " ".join([
+            f"python3 -u /opt/fake-sglang/fake_sglang.py --port {self.sglang_port}",
+            "--metrics /opt/fake-sglang/metrics.prom --info /opt/fake-sglang/info.json --info-path /get_server_info",
+            *stand_in_args,
+        ])  # fmt: skip
+        sglang["args"] = [with_stand_in(sglang["args"][0], stand_in)]
+        sglang["image"] = image
+        sglang["securityContext"] = {"runAsUser": 0}  # SGLang's images run as root
+        sglang["volumeMounts"].append({"name": "fake-sglang", "mountPath": "/opt/fake-sglang", "readOnly": True})
+        for item in sglang["env"]:
+            item["value"] = (env or {}).get(item["name"], item["value"])
+        # podman 4.3 makes an emptyDir a named volume shared by every pod that names it: one of this pod's own.
+        for volume in pod["spec"]["volumes"]:
+            for c in pod["spec"]["containers"]:
+                for mount in c["volumeMounts"]:
+                    if mount["name"] == volume["name"]:
+                        mount["name"] = f"{volume['name']}-{self.port}"
+            volume["name"] = f"{volume['name']}-{self.port}"
+        pod["spec"]["volumes"].append({"name": "fake-sglang",
+                                       "hostPath": {"path": str(fake_dir), "type": "Directory"}})  # fmt: skip
+        exporter["image"] = image
+        url = "--sglang-url=http://127.0.0.1:30000"
+        assert url in exporter["args"]
+        exporter["args"] = [
+            a.replace(url, f"--sglang-url=http://127.0.0.1:{self.sglang_port}") for a in exporter["args"]
+        ]
+        exporter["args"] += [f"--listen=127.0.0.1:{self.port}", "--scrape-interval=1s"]
+        for port in exporter["ports"]:
+            port["containerPort"] = self.port
+        self.pod, self.probes = playable(pod)
+        assert all(p == self.port for _, p in self.probes), self.probes
+        self.exporter = named_container(self.pod, "oom-exporter")
+        self.target = f"http://127.0.0.1:{self.sglang_port}"
 
 
 def test_sidecar_snippet_beside_a_stand_in_sglang_pages_the_flag_suggestion(podman, image, tmp_path):
-    pod = sidecar_snippet()
+    pod = snippet_pod()
     # The chart's sidecar mode selects this pod and its port by the names the snippet uses.
     docs = helm_template(tmp_path, {}, "sidecar-values.yaml")
     (service,) = [d for d in docs if d["kind"] == "Service"]
     assert service["spec"]["selector"].items() <= pod["metadata"]["labels"].items()
-    containers = {c["name"]: c for c in pod["spec"]["containers"]}
-    exporter, sglang = containers["oom-exporter"], containers["sglang"]
+    exporter = named_container(pod, "oom-exporter")
     assert service["spec"]["ports"][0]["targetPort"] in {p["name"] for p in exporter["ports"]}
     assert exporter["image"] == PUBLISHED
 
-    fake_dir = tmp_path / "fake-sglang"
-    fake_dir.mkdir()
-    shutil.copy(HERE / "support" / "fake_sglang.py", fake_dir)
-    shutil.copy(HERE / "data" / "scrape" / "v0.5.16-dp2.prom", fake_dir / "metrics.prom")
-    (fake_dir / "info.json").write_text(json.dumps(INFO))
-    sglang_port, port = free_port(), free_port()
-    while port == sglang_port:
-        port = free_port()
-    name = f"llm-{port}"
-    pod["metadata"]["name"] = name
-    # The stand-in SGLang in place of launch_server, behind the snippet's own pipe into the shared log file.
-    (script,) = sglang["args"]
-    stand_in = (f"python3 /opt/fake-sglang/fake_sglang.py --port {sglang_port} --metrics /opt/fake-sglang/metrics.prom "
-                "--info /opt/fake-sglang/info.json --info-path /get_server_info ")  # fmt: skip
-    script, replaced = re.subn(r"python3 -m sglang\.launch_server .*?(?=2>&1 \| tee )", stand_in, script)
-    assert replaced == 1, sglang["args"]
-    sglang["args"] = [script]
-    sglang["image"] = image
-    sglang["securityContext"] = {"runAsUser": 0}  # SGLang's images run as root
-    sglang["volumeMounts"].append({"name": "fake-sglang", "mountPath": "/opt/fake-sglang", "readOnly": True})
-    pod["spec"]["volumes"].append({"name": "fake-sglang", "hostPath": {"path": str(fake_dir), "type": "Directory"}})
-    exporter["image"] = image
-    url = "--sglang-url=http://127.0.0.1:30000"
-    assert url in exporter["args"]
-    exporter["args"] = [a.replace(url, f"--sglang-url=http://127.0.0.1:{sglang_port}") for a in exporter["args"]]
-    exporter["args"] += [f"--listen=127.0.0.1:{port}", "--scrape-interval=1s"]
-    exporter_named = {p["name"]: port for p in exporter["ports"]}
-    for p in exporter["ports"]:
-        p["containerPort"] = port
-    pod, probes = playable(pod)
-    assert all(p == port for _, p in probes), exporter_named
-    exporter = next(c for c in pod["spec"]["containers"] if c["name"] == "oom-exporter")
+    sidecar = SidecarPod(image, tmp_path)
+    pod, name, port, sglang_port, probes = sidecar.pod, sidecar.name, sidecar.port, sidecar.sglang_port, sidecar.probes
+    exporter = sidecar.exporter
 
     served = Served(port, podman, f"{name}-oom-exporter")
     target = f"http://127.0.0.1:{sglang_port}"
@@ -258,7 +282,7 @@ def test_sidecar_snippet_beside_a_stand_in_sglang_pages_the_flag_suggestion(podm
             (event,) = json.loads(r.read())["events"]
         assert event["context"]["target"] == target
         # The same suggestion as scan gives for the log the stand-in wrote, with the same server args.
-        logged = podman("logs", f"{name}-sglang").stdout  # the tee keeps `kubectl logs` working
+        logged = podman("logs", f"{name}-sglang").stdout  # the log writer keeps `kubectl logs` working
         lines = logged.splitlines(keepends=True)
         block = "".join(lines[next(i for i, line in enumerate(lines) if "Prefill out of memory" in line) :])
         scanned = _scan(tmp_path, block)
@@ -274,10 +298,71 @@ def test_sidecar_snippet_beside_a_stand_in_sglang_pages_the_flag_suggestion(podm
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=5) as r:
             page = r.read().decode()
         assert f"<code>{first['flag']}</code> {first['current']} &rarr; {first['suggested']}" in page
-        # The exporter stops on SIGTERM and saves its state. (The snippet's SGLang container would wait out the
-        # grace period: bash, its PID 1, ignores SIGTERM while it waits for its `| tee` pipeline.)
+        # The exporter stops on SIGTERM and saves its state.
         podman("stop", "--time=30", f"{name}-oom-exporter", timeout=120)
         assert podman("inspect", "--format={{.State.ExitCode}}", f"{name}-oom-exporter").stdout.strip() == "0"
+    finally:
+        podman("pod", "rm", "--force", "--time=0", name, check=False, timeout=120)
+
+
+def _log_sizes(podman, sglang: str) -> dict[str, int]:
+    """Each file on the shared log volume and its size, seen from the SGLang container."""
+    out = podman("exec", sglang, "bash", "-c", "cd /var/log/sglang && stat -c '%n %s' *").stdout
+    return {name: int(size) for name, size in (line.rsplit(" ", 1) for line in out.splitlines())}
+
+
+def test_sidecar_snippet_bounds_its_log_stops_in_seconds_and_counts_every_oom(podman, image, tmp_path):
+    # The snippet as it is, with a 64 KiB cap instead of 64 MiB so that a few seconds of output rotate it many times.
+    cap, floods = 64 * 1024, 10
+    sidecar = SidecarPod(image, tmp_path, f"--flood-bytes={cap}", "--flood-rate=262144", "--oom-on-term",
+                         env={"LOG_MAX_BYTES": str(cap)})  # fmt: skip
+    name = sidecar.name
+    sglang, exporter = f"{name}-sglang", f"{name}-oom-exporter"
+    pre_stop = sidecar.exporter["lifecycle"]["preStop"]["exec"]["command"]
+    served = Served(sidecar.port, podman, exporter)
+    try:
+        play(podman, tmp_path, [sidecar.pod])
+        wait_until(served.started, timeout=60, what="the sidecar")
+        # Sustained output, 10 times the cap at 256 KiB/s (a generation lives about 250 ms), an OOM after each
+        # cap's worth: the volume never holds more than the live file and 3 generations of at most the cap each.
+        for _ in range(floods):
+            with urllib.request.urlopen(f"http://127.0.0.1:{sidecar.sglang_port}/fake/flood", timeout=60) as r:
+                assert r.read() == b"ok\n"
+            sizes = _log_sizes(podman, sglang)
+            assert max(sizes.values()) <= cap, sizes
+            assert set(sizes) <= {"sglang.log", "sglang.log.1", "sglang.log.2", "sglang.log.3"}, sizes
+        assert sorted(sizes) == ["sglang.log", "sglang.log.1", "sglang.log.2", "sglang.log.3"]
+        assert sum(sizes.values()) <= 4 * cap
+        written = len(podman("logs", sglang).stdout.encode())  # every line also went to the container's stdout
+        assert written > floods * cap
+        # The OOMs in the generations rotated away count too, each exactly once.
+        settle(served, floods)
+
+        # Pod deletion as the kubelet does it: each container's preStop hook, then its SIGTERM. SGLang has no
+        # hook and gets SIGTERM at once; the exporter's hook (podman 4.3 runs no hooks: it is run here as the
+        # kubelet would) waits for SGLang's last line.
+        started = time.monotonic()
+        hook = subprocess.Popen(["podman", "exec", exporter, *pre_stop], env=podman.env, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)  # fmt: skip
+        podman("stop", "--time=30", sglang, timeout=120)
+        sglang_seconds = time.monotonic() - started
+        _, hook_err = hook.communicate(timeout=60)
+        hook_seconds = time.monotonic() - started
+        assert (hook.returncode, hook_err) == (0, "")
+        # The OOM the stand-in printed on SIGTERM, after the last flood: counted before the exporter is stopped.
+        settle(served, floods + 1)
+        podman("stop", "--time=30", exporter, timeout=120)
+        total_seconds = time.monotonic() - started
+        codes = {c: podman("inspect", "--format={{.State.ExitCode}}", c).stdout.strip() for c in (sglang, exporter)}
+        assert codes == {sglang: "0", exporter: "0"}
+        print(f"\nstop: SGLang {sglang_seconds:.1f} s, preStop {hook_seconds:.1f} s, pod {total_seconds:.1f} s "
+              f"(grace period 30 s); {written} bytes logged, {sum(sizes.values())} kept")  # fmt: skip
+        # The grace period is 30 s; the `| tee` snippet's SGLang container took all of it.
+        assert sglang_seconds < 10, sglang_seconds
+        # The hook waited for the marker, not for its 20 s deadline: 3 s after SGLang's last line.
+        assert hook_seconds < 15, hook_seconds
+        assert total_seconds < 20, total_seconds
+        assert podman("logs", sglang).stdout.endswith("Received sigterm; shutting down.\n")
     finally:
         podman("pod", "rm", "--force", "--time=0", name, check=False, timeout=120)
 

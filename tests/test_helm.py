@@ -42,6 +42,7 @@ from tests.support.helm import (
     workload,
 )
 from tests.support.helpers import YAML_LOADER, once_per_run
+from tests.support.sidecar import snippet_pod
 
 SCHEMAS = ROOT / "tests" / "schemas"
 DEFAULTS_FILE = CHART / "files" / "render-defaults.yaml"
@@ -697,9 +698,7 @@ def test_notes_show_the_check_and_warn_without_release():
 
 
 def test_chart_readme_sidecar_snippet_is_a_valid_exporter_command(tmp_path):
-    text = (CHART / "README.md").read_text()
-    snippet = text.split("<!-- sidecar-snippet -->", 2)[1].split("```yaml\n", 1)[1].split("```", 1)[0]
-    pod = yaml.safe_load(snippet)
+    pod = snippet_pod()
     containers = {c["name"]: c for c in pod["spec"]["containers"]}
     exporter = containers["oom-exporter"]
     assert exporter["securityContext"]["readOnlyRootFilesystem"] is True
@@ -727,8 +726,7 @@ def test_sidecar_snippet_has_no_probe_that_could_make_the_sglang_pod_unready():
     # A pod is Ready only when all its containers are: an exporter probe failing on an exporter-side problem
     # (/healthz is 503 while the state dir cannot be written) would take SGLang out of its Service.
     text = (CHART / "README.md").read_text()
-    snippet = text.split("<!-- sidecar-snippet -->", 2)[1].split("```yaml\n", 1)[1].split("```", 1)[0]
-    containers = {c["name"]: c for c in yaml.safe_load(snippet)["spec"]["containers"]}
+    containers = {c["name"]: c for c in snippet_pod()["spec"]["containers"]}
     probes = {"readinessProbe", "livenessProbe", "startupProbe"}
     assert sorted(probes & set(containers["oom-exporter"])) == []
     assert "**The exporter can never make SGLang unready.**" in text
@@ -741,11 +739,19 @@ def test_readme_install_command_renders_what_a_kube_prometheus_stack_user_needs(
     block = readme.split("<!-- helm-install -->", 1)[1].split("<!-- /helm-install -->", 1)[0]
     (command,) = re.findall(r"```sh\n(.*?)\n```", block, re.S)
     argv = shlex.split(command.replace("\\\n", " "))
-    assert argv[:4] == ["helm", "install", "sglang-oom-exporter", OCI_CHART]
-    # The published chart is this one at this version: render the local copy instead of pulling it.
-    at = argv.index("--version")
-    assert argv[at + 1] == __version__
-    local = [*argv[2:3], str(CHART), *argv[4:at], *argv[at + 2 :]]
+    # Nothing is published yet: the chart of the clone, with the image README builds from it.
+    assert argv[:4] == ["helm", "install", "sglang-oom-exporter", "./helm/sglang-oom-exporter"]
+    assert "image.repository=registry.example.com/sglang-oom-exporter" in argv
+    # Once released, the same flags on the published chart at this version (minus the self-built image).
+    released = readme.split("<!-- helm-install-released -->", 1)[1].split("<!-- /helm-install-released -->", 1)[0]
+    (later,) = re.findall(r"```sh\n(.*?)\n```", released, re.S)
+    later_argv = shlex.split(later.replace("\\\n", " "))
+    assert later_argv[:4] == ["helm", "install", "sglang-oom-exporter", OCI_CHART]
+    at = later_argv.index("--version")
+    assert later_argv[at + 1] == __version__
+    own_image = argv.index("image.repository=registry.example.com/sglang-oom-exporter")
+    assert [*later_argv[4:at], *later_argv[at + 2 :]] == [*argv[4 : own_image - 1], *argv[own_image + 1 :]]
+    local = argv[2:]
     proc = subprocess.run([helm(), "template", *local], cwd=ROOT, capture_output=True, text=True, timeout=60,
                           check=False)  # fmt: skip
     assert proc.returncode == 0, proc.stderr
@@ -759,8 +765,10 @@ def test_readme_install_command_renders_what_a_kube_prometheus_stack_user_needs(
     assert ds["metadata"]["namespace"] == namespace == "sglang-oom-exporter"
     # The namespace README creates first is labelled for the DaemonSet's uid 0 and hostPaths.
     assert f"kubectl label namespace {namespace} pod-security.kubernetes.io/enforce=privileged" in readme
-    repository = yaml.safe_load((CHART / "values.yaml").read_text())["image"]["repository"]
-    assert ds["spec"]["template"]["spec"]["containers"][0]["image"] == f"{repository}:{__version__}"
+    assert ds["spec"]["template"]["spec"]["containers"][0]["image"] == (
+        f"registry.example.com/sglang-oom-exporter:{__version__}"
+    )
+    assert f"podman build -t registry.example.com/sglang-oom-exporter:{__version__}" in readme
     assert "ghcr.io/sglang-oom-exporter/sglang-oom-exporter" in readme
 
 

@@ -5,8 +5,9 @@
 
 The tag (v<version>), the package version (exporter/__init__.py's __version__, which pyproject.toml reads) and the
 chart's Chart.yaml `version` and `appVersion` must be the same string: the release workflow pushes the image with
-that tag and the chart with that version, and the chart's image tag defaults to its appVersion. Standard library
-only, so it runs before anything is installed.
+that tag and the chart with that version, and the chart's image tag defaults to its appVersion. CHANGELOG.md's
+newest section must be that version's, dated: `## <version> / YYYY-MM-DD` (`## <version> / unreleased` until the
+release commit dates it). Standard library only, so it runs before anything is installed.
 """
 
 from __future__ import annotations
@@ -35,6 +36,27 @@ def chart_versions() -> dict[str, str]:
     return {key: found.get(key, "(missing)") for key in ("version", "appVersion")}
 
 
+SECTION = re.compile(r"^## (\S+) / (\S+)$", re.M)
+
+
+def changelog_problem(version: str) -> str | None:
+    """Why CHANGELOG.md does not release this version, or None."""
+    path = ROOT / "CHANGELOG.md"
+    if not path.is_file():
+        return "CHANGELOG.md is missing"
+    found = SECTION.search(path.read_text())
+    if found is None:
+        return "CHANGELOG.md has no version section (## <version> / <date>)"
+    newest, when = found.groups()
+    if newest != version:
+        return f"CHANGELOG.md's newest section is {newest}, not {version}"
+    if when == "unreleased":
+        return f"CHANGELOG.md's {version} section is marked unreleased: date it (## {version} / YYYY-MM-DD)"
+    if not re.fullmatch(r"\d{4}-\d{2}-\d{2}", when):
+        return f"CHANGELOG.md's {version} section is dated {when!r}, not YYYY-MM-DD"
+    return None
+
+
 def main(argv: list[str]) -> int:
     """Check the tag against the sources; print the version."""
     if len(argv) != 1:
@@ -51,6 +73,9 @@ def main(argv: list[str]) -> int:
     for key, value in chart_versions().items():
         if value != version:
             problems.append(f"Chart.yaml {key} is {value}, not {version} (run `sglang-oom-exporter render`)")
+    problem = changelog_problem(version)
+    if problem is not None:
+        problems.append(problem)
     for problem in problems:
         print(f"release-version: {problem}", file=sys.stderr)
     if problems:

@@ -24,7 +24,10 @@ the thread-leak guard in conftest stays quiet.
 Run as a program (standard library only, so any python3 runs it, e.g. inside the exporter's image) it is a
 stand-in SGLang server for the container tests: it prints SGLang's startup log lines to stdout, serves a
 captured SGLang `/metrics` body and a server-info JSON, and prints a fatal prefill OOM block with its traceback
-each time `/fake/oom` is requested (a path no SGLang serves; the test's trigger):
+each time `/fake/oom` is requested (a path no SGLang serves; the test's trigger). `/fake/flood` prints
+`--flood-bytes` of SGLang's decode-batch lines at `--flood-rate` bytes per second, then one such OOM block (each
+with its own token count); the request answers once all of it is written. With `--oom-on-term`, SIGTERM prints
+one last OOM block (SGLang's own exit message stands in as a line that must not be lost) and exits 0:
 
     python3 fake_sglang.py --port 30000 --metrics v0.5.16-dp2.prom --info info.json --info-path /get_server_info
 """
@@ -33,6 +36,8 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import os
+import signal
 import socket
 import sys
 import threading
@@ -260,6 +265,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--metrics", required=True, help="file with a captured SGLang /metrics body")
     parser.add_argument("--info", required=True, help="file with the server-info JSON")
     parser.add_argument("--info-path", default="/get_server_info")
+    parser.add_argument("--flood-bytes", type=int, default=64 * 1024, help="log bytes one /fake/flood prints")
+    parser.add_argument("--flood-rate", type=int, default=256 * 1024, help="bytes per second /fake/flood prints")
+    parser.add_argument("--oom-on-term", action="store_true", help="SIGTERM prints an OOM block, then exits 0")
     args = parser.parse_args(argv)
     with open(args.metrics, "rb") as fh:
         metrics = fh.read()
@@ -271,7 +279,36 @@ def main(argv: list[str] | None = None) -> None:
         sys.stdout.write(prefill_oom_block())
         sys.stdout.flush()
 
+    tokens = [20000]
+
+    def flood() -> None:
+        line = (
+            f"{_stamp()} Decode batch. #running-req: 61, #token: 58113, token usage: 0.95, "
+            "gen throughput (token/s): 2817.43, #queue-req: 3\n"
+        )
+        written, started = 0, time.monotonic()
+        while written < args.flood_bytes:
+            sys.stdout.write(line * 16)
+            sys.stdout.flush()
+            written += 16 * len(line)
+            ahead = written / args.flood_rate - (time.monotonic() - started)
+            if ahead > 0:
+                time.sleep(ahead)  # paced, as a server logs
+        tokens[0] += 1
+        sys.stdout.write(prefill_oom_block(tokens=tokens[0]))
+        sys.stdout.flush()
+
+    def term(signum: int, frame: object) -> None:
+        tokens[0] += 1
+        sys.stdout.write(prefill_oom_block(tokens=tokens[0]))
+        sys.stdout.write(f"{_stamp()} Received sigterm; shutting down.\n")
+        sys.stdout.flush()
+        os._exit(0)
+
     fake.actions["/fake/oom"] = oom
+    fake.actions["/fake/flood"] = flood
+    if args.oom_on_term:
+        signal.signal(signal.SIGTERM, term)
     sys.stdout.write(f"{_stamp()} Load weight end. type=LlamaForCausalLM, dtype=torch.bfloat16, avail mem=21.33 GB\n")
     sys.stdout.write(
         f"{_stamp()} max_total_num_tokens=61440, chunked_prefill_size=16384, max_prefill_tokens=16384, "
