@@ -43,7 +43,7 @@ from tests.support.logs import append, cri, oom_block
 from tests.support.podman import mount_options, proc_status
 from tests.support.sglang_data import INFO
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(900)]
 
 HERE = Path(__file__).resolve().parent
 PUBLISHED = f"ghcr.io/sglang-oom-exporter/sglang-oom-exporter:{__version__}"

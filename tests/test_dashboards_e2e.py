@@ -42,7 +42,7 @@ METRICS = METRICS_0_5_16 + (
     b'sglang:pending_prealloc_token_usage{dp_rank="0",engine_type="unified",tp_rank="0"} 0.0\n'
 )
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(60)]
+pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(60)]
 
 ROOT = Path(__file__).resolve().parent.parent
 DASHBOARD = json.loads((ROOT / OVERVIEW_PATH).read_text(encoding="utf-8"))

@@ -97,6 +97,7 @@ def test_the_workflow_publishes_what_the_chart_installs():
     assert chart["version"] == chart["appVersion"] == __version__
 
 
+@pytest.mark.e2e
 def test_chart_readme_first_command_installs_the_published_chart(tmp_path):
     text = (CHART / "README.md").read_text()
     first = re.search(r"```sh\n(.*?)\n```", text, re.S)
@@ -114,6 +115,7 @@ def test_chart_readme_first_command_installs_the_published_chart(tmp_path):
     assert ds["spec"]["template"]["spec"]["containers"][0]["image"] == f"{IMAGE}:{__version__}"
 
 
+@pytest.mark.e2e
 def test_notes_say_which_image_runs_and_where_it_comes_from():
     def notes(*extra: str) -> str:
         proc = subprocess.run([helm(), "install", "--dry-run=client", "t", str(CHART), "-n", "monitoring", *extra],

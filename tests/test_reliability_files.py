@@ -27,6 +27,7 @@ def _opened(d: Daemon, n: int = 1) -> bool:
     return d.metrics().get(("sglang_oom_exporter_files_watched", ()), 0) >= n and d.healthy() is True
 
 
+@pytest.mark.e2e
 def test_five_events_written_to_a_file_deleted_while_open_count_five(tmp_path, daemon_factory):
     log = tmp_path / "doomed.log"
     log.write_text("[2026-03-14 22:00:00 TP0] started\n")
@@ -41,6 +42,7 @@ def test_five_events_written_to_a_file_deleted_while_open_count_five(tmp_path, d
     settle(d, 5)
 
 
+@pytest.mark.e2e
 def test_five_events_then_delete_with_the_daemon_running(tmp_path, daemon_factory):
     log = tmp_path / "doomed.log"
     log.write_text("[2026-03-14 22:00:00 TP0] started\n")
@@ -68,6 +70,7 @@ def _passes(d: Daemon, n: int) -> None:
     wait_until(moved, what=f"{n} passes of the loop", timeout=15.0)
 
 
+@pytest.mark.e2e
 def test_events_a_writer_adds_after_its_file_was_deleted_are_drained(tmp_path, daemon_factory):
     """rm of a log a process still writes: its handle keeps the file, and so does ours until it goes quiet."""
     log = tmp_path / "doomed.log"
@@ -106,6 +109,7 @@ class LimitedDaemon(Daemon):
         return self
 
 
+@pytest.mark.e2e
 @pytest.mark.timeout(120)
 def test_more_files_than_the_open_file_limit_are_all_counted_and_http_answers(tmp_path):
     files = [tmp_path / f"pod{i:03d}.log" for i in range(2 * _NOFILE + 44)]  # 300 files, limit 128
@@ -250,6 +254,7 @@ def _rotations(d: Daemon) -> float:
     return d.metrics("sglang_oom_exporter_file_resets_total").get(key, 0.0)
 
 
+@pytest.mark.e2e
 @pytest.mark.timeout(90)
 def test_rename_rotation_right_after_each_write_is_exact(tmp_path, daemon_factory):
     """Each generation gets its OOM and is renamed away at once: the block is read from the renamed file.

@@ -29,6 +29,7 @@ def _errors(d: Daemon) -> float:
     return sum(v for (name, _), v in m.items() if name == "sglang_oom_exporter_read_errors_total")
 
 
+@pytest.mark.e2e
 @pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_a_path_flipping_between_file_and_directory_counts_every_generation(tmp_path, daemon_factory):
@@ -159,6 +160,7 @@ def test_a_glob_match_flipping_with_a_directory_once_a_second_counts_every_gener
     assert app.counts.total("prefill") == FLIPS  # was 1 with a 1 s gap after a created file
 
 
+@pytest.mark.e2e
 @pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_the_real_daemon_follows_a_glob_match_through_its_directory_flips(tmp_path, daemon_factory):
