@@ -11,8 +11,9 @@ the count and 3 s more (a double count shows too), then prints the OOMs written 
 exact. --tmpfs puts the logs and the state on /dev/shm, away from disk writeback (RELIABILITY.md: a stat or
 open stalled by writeback longer than a generation lives can lose that generation).
 
-The suite checks rotation at 4/s (tests/test_reliability_files.py); this measures the rates a loaded suite
-cannot promise (RELIABILITY.md records 5, 10, 20, 50 and 200/s).
+The suite checks rotation step by step, waiting for the daemon to open each generation
+(tests/test_reliability_files.py); this measures the fixed rates a loaded suite cannot promise
+(RELIABILITY.md records 5, 10, 20, 50 and 200/s).
 """
 
 from __future__ import annotations

@@ -5,10 +5,13 @@ threads, a directory the xdist workers share, bytecode kept between runs, and th
 from __future__ import annotations
 
 import os
+import shlex
+import subprocess
 import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -90,6 +93,57 @@ def log_dir(tmp_path):
     directory = tmp_path / "logs"
     directory.mkdir()
     return directory
+
+
+# What marks a test `e2e` (make e2e; make test leaves it out): it starts one of these programs, or the daemon.
+E2E_PROGRAMS = frozenset({
+    "promtool", "prometheus", "amtool", "alertmanager", "prometheus-alertmanager", "podman", "chromium",
+    "chromium-browser", "helm", "mtail", "mmdebstrap",
+})  # fmt: skip
+
+
+def e2e_program(argv: Any) -> str | None:
+    """The program in argv that makes a test end-to-end (one of E2E_PROGRAMS, or `serve`: the daemon), else None.
+    A command line (shell=True) is judged by its first word."""
+    text = isinstance(argv, (str, bytes))
+    args = shlex.split(os.fsdecode(argv)) if text else [os.fsdecode(a) for a in argv]
+    if not args:
+        return None
+    name = os.path.basename(args[0])
+    if name in E2E_PROGRAMS:
+        return name
+    command = (
+        args[1:2] if name == "sglang-oom-exporter" else args[3:4] if args[1:3] == ["-m", "sglang_oom_exporter"] else []
+    )
+    quick = {"--check-config", "--help", "-h"}.intersection(args)  # serve that checks or explains, and exits
+    return "the daemon (serve)" if command == ["serve"] and not quick else None
+
+
+_RUNNING: list[pytest.Item] = []  # the test whose setup, call or teardown is running (fixtures of any scope)
+_popen_init = subprocess.Popen.__init__
+
+
+def _checked_popen_init(self: subprocess.Popen[Any], args: Any, *more: Any, **kwargs: Any) -> None:
+    """Popen, failing an unmarked test that starts a program of E2E_PROGRAMS or the daemon: make test, the
+    seconds-long loop, leaves e2e tests out, and one unmarked would make it slow or need machine packages."""
+    program = e2e_program(args)
+    if program is not None and _RUNNING and _RUNNING[-1].get_closest_marker("e2e") is None:
+        pytest.fail(f"{_RUNNING[-1].nodeid} starts {program}: mark it @pytest.mark.e2e", pytrace=False)
+    _popen_init(self, args, *more, **kwargs)
+
+
+subprocess.Popen.__init__ = _checked_popen_init  # type: ignore[method-assign]
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Any:
+    """Note the running test for _checked_popen_init: a module or session fixture starts under the first test
+    that asks for it, so that test must be marked."""
+    _RUNNING.append(item)
+    try:
+        return (yield)
+    finally:
+        _RUNNING.pop()
 
 
 @pytest.fixture(autouse=True)

@@ -33,6 +33,8 @@ from sglang_oom_exporter.detect.match import SHORTFALL_NOTE
 from sglang_oom_exporter.detect.model import OomEvent, PoolState
 from tests.support.helpers import CATALOG
 
+pytestmark = pytest.mark.slow  # 200 examples a case, 30 cases: make all runs them, make test does not
+
 _NUMBER = re.compile(r"(?<![\w.])\d+(?:\.\d+)?")
 
 

@@ -229,6 +229,7 @@ def _example_for(catalog) -> str:
 # alone (a day of 1m evaluation steps), and beside a loaded machine's other work it took over 30 s.
 
 
+@pytest.mark.e2e
 @pytest.mark.needs_promtool
 @needs_promtool
 def test_promtool_lints_the_rules_clean():
@@ -237,6 +238,7 @@ def test_promtool_lints_the_rules_clean():
     assert f"SUCCESS: {len(SPECS) + len(recording_rules(CATALOG))} rules found" in proc.stdout
 
 
+@pytest.mark.e2e
 @pytest.mark.needs_promtool
 @needs_promtool
 @pytest.mark.timeout(360)
@@ -265,6 +267,7 @@ def _unit_test_mutated(
     return proc, {t["name"] for t in test["tests"]}
 
 
+@pytest.mark.e2e
 @pytest.mark.needs_promtool
 @needs_promtool
 @pytest.mark.timeout(180)
@@ -355,6 +358,7 @@ def _without_line(expr: str, marker: str) -> str:
          "own-container-kept", "idle-silence", "warning-level-silence", "no-silence-branch", "no-node-branch",
          "no-target-branch", "no-job-branch"],
 )  # fmt: skip
+@pytest.mark.e2e
 def test_the_unit_tests_catch_a_no_logs_rule_that_ignores_waiting_sources_or_pages_too_soon(
     tmp_path, rule, mutate, failing
 ):
@@ -366,6 +370,7 @@ def test_the_unit_tests_catch_a_no_logs_rule_that_ignores_waiting_sources_or_pag
     assert {n for n in names if f"name: {n}," in out} == failing, out
 
 
+@pytest.mark.e2e
 @pytest.mark.slow
 @pytest.mark.timeout(40)
 def test_the_guard_alerts_read_series_a_live_daemon_exports_with_the_values_their_tests_assume(tmp_path):
@@ -419,6 +424,7 @@ def test_every_alert_has_a_promtool_test_that_fires_it_and_one_that_keeps_it_qui
     assert {p.name for p in RULE_TESTS} == {f"{n.lower()}.test.yaml" for n in names}
 
 
+@pytest.mark.e2e
 @pytest.mark.needs_promtool
 @needs_promtool
 @pytest.mark.timeout(180)
@@ -472,6 +478,7 @@ def test_dashboard_url_is_templated_from_the_alert_labels(tmp_path):
 # --- the example Alertmanager config ----------------------------------------------------------------------
 
 
+@pytest.mark.e2e
 @needs_amtool
 def test_amtool_accepts_the_example():
     proc = _run("amtool", "check-config", str(EXAMPLE))
@@ -481,6 +488,7 @@ def test_amtool_accepts_the_example():
     assert " - 4 receivers" in proc.stdout
 
 
+@pytest.mark.e2e
 @needs_amtool
 @pytest.mark.timeout(60)
 def test_amtool_routes_critical_to_the_pager_and_warnings_to_tickets():
@@ -546,6 +554,7 @@ def _route(config: Path, labels: list[str]) -> str:
     return proc.stdout.strip()
 
 
+@pytest.mark.e2e
 @needs_amtool
 @pytest.mark.timeout(120)
 def test_the_example_merged_under_a_catch_all_routes_ours_and_leaves_the_others_alone(tmp_path):

@@ -114,6 +114,7 @@ def test_every_listed_equivalent_names_a_mutant_of_the_current_rules_with_a_reas
 @needs_promtool
 # One alert with one test file: 9 mutants, about 2 s alone (a recording rule's 24 mutants under its 9 readers'
 # files took 17 s alone and over a minute beside the whole-pack check in the suite).
+@pytest.mark.e2e
 @pytest.mark.timeout(120)
 def test_the_check_fails_on_a_new_survivor_and_on_a_stale_entry(tmp_path):
     alert = "SGLangDecodeRequestsAborted"
@@ -137,6 +138,7 @@ def test_the_check_fails_on_a_new_survivor_and_on_a_stale_entry(tmp_path):
 @needs_promtool
 # About 220 s alone on a 2-core machine (`time python tools/mutate_alerts.py`: 183 mutants run, the recording
 # rules' under their readers' tests); in the suite it shares the CPUs with the xdist workers.
+@pytest.mark.e2e
 @pytest.mark.timeout(900)
 def test_the_mutation_check_of_the_pack_passes(tmp_path: Path):
     """The whole check, as CI runs it: at least 90 % killed, every survivor listed as equivalent."""
@@ -155,6 +157,7 @@ def test_the_mutation_check_of_the_pack_passes(tmp_path: Path):
     assert statuses["killed-by-structure"] == 6 * members
 
 
+@pytest.mark.e2e
 @pytest.mark.needs_promtool
 @needs_promtool
 @pytest.mark.timeout(60)

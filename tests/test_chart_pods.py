@@ -51,7 +51,7 @@ from tests.support.sglang_data import INFO
 from tests.support.sidecar import container as named_container
 from tests.support.sidecar import snippet_pod, with_stand_in
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(900)]
 
 HERE = Path(__file__).resolve().parent
 PUBLISHED = f"ghcr.io/sglang-oom-exporter/sglang-oom-exporter:{__version__}"

@@ -62,6 +62,7 @@ def test_unknown_prefixed_variables_are_named():
     assert config_module.unknown_env(env) == ["SGLANG_OOM_EXPORTER_LISTN", "SGLANG_OOM_EXPORTER_POLL_INTERVL"]
 
 
+@pytest.mark.e2e
 def test_check_config_fails_on_an_unknown_variable_and_serve_warns(tmp_path, monkeypatch, daemon_factory):
     monkeypatch.setenv("SGLANG_OOM_EXPORTER_STATE_DIRR", "/tmp/typo")
     proc = subprocess.run([sys.executable, "-m", "sglang_oom_exporter", "serve", "--check-config", "x.log"],
@@ -115,6 +116,7 @@ def App_config(app: App, **changes):  # noqa: N802
     return Config(**{**config_fields(app.config), **changes})
 
 
+@pytest.mark.e2e
 @pytest.mark.slow
 @pytest.mark.timeout(90)
 def test_a_sighup_storm_neither_crashes_nor_stalls_the_daemon(tmp_path, daemon_factory):
@@ -122,13 +124,10 @@ def test_a_sighup_storm_neither_crashes_nor_stalls_the_daemon(tmp_path, daemon_f
     log.write_text("")
     d = daemon_factory(str(log))
     wait_until(lambda: d.healthy() is True, what="the daemon to be ready", timeout=15.0)
-    end = time.monotonic() + 1.0
-    sent = 0
-    while time.monotonic() < end:  # about 500 a second for a second, as the issue measured
+    sent = 500
+    for _ in range(sent):  # about 500 a second for a second, as measured; a loaded machine only spreads them
         d.send(signal.SIGHUP)
-        sent += 1
-        time.sleep(0.002)
-    assert sent > 100  # a storm, not a drizzle, even on a loaded machine
+        time.sleep(0.002)  # the storm's rhythm, not a wait for the daemon
     assert d.proc is not None
     assert d.proc.poll() is None, d.stderr()
     wait_until(lambda: d.healthy() is True, what="the daemon to answer after the storm", timeout=15.0)

@@ -106,6 +106,7 @@ def _tree(root: Path) -> dict[str, tuple[int, int]]:
     return out
 
 
+@pytest.mark.e2e
 @pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_pip_install_into_a_fresh_venv_gives_a_working_console_script(tmp_path):

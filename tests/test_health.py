@@ -110,6 +110,7 @@ def _healthz(port: int) -> tuple[int, str]:
         conn.close()
 
 
+@pytest.mark.e2e
 @pytest.mark.slow
 @pytest.mark.timeout(60)
 def test_serve_reports_a_missing_plain_path_on_healthz_and_in_metrics(tmp_path, daemon_factory):
@@ -125,6 +126,7 @@ def test_serve_reports_a_missing_plain_path_on_healthz_and_in_metrics(tmp_path, 
     d.stop()
 
 
+@pytest.mark.e2e
 @pytest.mark.slow
 @pytest.mark.timeout(60)
 def test_serve_with_an_unusable_state_dir_fails_healthz(tmp_path, daemon_factory):

@@ -53,6 +53,7 @@ OCI_CHART = "oci://ghcr.io/sglang-oom-exporter/charts/sglang-oom-exporter"  # wh
 # ---------------------------------------------------------------------------------------------- static (ct lint)
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("ci", CI_FILES)
 def test_helm_lint_strict_per_ci_values_file(ci):
     needs_rules()
@@ -165,6 +166,7 @@ def _validate_all(k8s: str) -> tuple[int, list[tuple[str, list[str]]]]:
     return proc.returncode, [("" if name is None else name, found) for name, found in lines.items()]
 
 
+@pytest.mark.e2e
 @pytest.mark.slow
 @pytest.mark.timeout(60)  # the first case of a version runs the tool for all of them
 @pytest.mark.parametrize("ci", CI_FILES)
@@ -184,6 +186,7 @@ def test_kubernetes_validate_strict(ci, k8s):
     assert len(warned) == len(lines[ci])
 
 
+@pytest.mark.e2e
 @pytest.mark.slow
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("k8s", K8S_VERSIONS)
@@ -220,6 +223,7 @@ def crd_validate(doc: dict) -> None:
         raise error
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("ci", CI_FILES)
 def test_monitoring_objects_match_the_crd_schemas(ci):
     needs_rules()
@@ -234,6 +238,7 @@ def test_monitoring_objects_match_the_crd_schemas(ci):
     assert checked == expected[ci]
 
 
+@pytest.mark.e2e
 def test_crd_schema_rejects_a_bad_duration():
     needs_rules()
     pr = one(template(values={"prometheusRule": {"enabled": True}}), "PrometheusRule")
@@ -242,6 +247,7 @@ def test_crd_schema_rejects_a_bad_duration():
         crd_validate(pr)
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("ci", ["all-on-values.yaml", "sidecar-values.yaml", "reuse-values-values.yaml"])
 def test_promtool_checks_the_rules_from_the_rendered_prometheusrule(ci, tmp_path):
     needs_rules()
@@ -259,6 +265,7 @@ def test_promtool_checks_the_rules_from_the_rendered_prometheusrule(ci, tmp_path
 # ---------------------------------------------------------------------------------------------- the workload
 
 
+@pytest.mark.e2e
 def test_daemonset_security_context():
     spec = workload(template("all-off-values.yaml"))["spec"]["template"]["spec"]
     # uid 0 reads kubelet's root-owned pod logs; everything else is taken away.
@@ -277,6 +284,7 @@ def test_daemonset_security_context():
     assert [t["key"] for t in spec["tolerations"]] == ["nvidia.com/gpu", "amd.com/gpu"]
 
 
+@pytest.mark.e2e
 def test_deployment_runs_as_the_image_user_non_root():
     spec = workload(template("deployment-values.yaml"))["spec"]["template"]["spec"]
     assert spec["securityContext"]["runAsNonRoot"] is True
@@ -285,6 +293,7 @@ def test_deployment_runs_as_the_image_user_non_root():
     assert spec["containers"][0]["securityContext"]["readOnlyRootFilesystem"] is True
 
 
+@pytest.mark.e2e
 def test_only_the_state_dir_and_tmp_are_writable():
     spec = workload(template("all-on-values.yaml"))["spec"]["template"]["spec"]
     mounts = {m["name"]: m for m in spec["containers"][0]["volumeMounts"]}
@@ -304,6 +313,7 @@ def test_only_the_state_dir_and_tmp_are_writable():
     assert rendered_config(template("all-on-values.yaml"))["state_dir"] == "/var/lib/sglang-oom-exporter"
 
 
+@pytest.mark.e2e
 def test_probes_and_resources():
     (ds_container,) = workload(template("all-off-values.yaml"))["spec"]["template"]["spec"]["containers"]
     # A node without SGLang pods answers /healthz 503; readiness there would stall every DaemonSet rollout.
@@ -316,6 +326,7 @@ def test_probes_and_resources():
     assert dep_container["resources"]["limits"] == {"memory": "256Mi"}
 
 
+@pytest.mark.e2e
 def test_gpu_node_placement_is_the_daemonset_default_and_easy_to_turn_off():
     # The terms themselves, per cloud: tests/test_helm_gpu_nodes.py.
     spec = workload(template())["spec"]["template"]["spec"]
@@ -359,12 +370,14 @@ def test_gpu_node_placement_is_the_daemonset_default_and_easy_to_turn_off():
     assert "`--set gpuNodes.enabled=false`" in readme
 
 
+@pytest.mark.e2e
 def test_priority_class_option():
     spec = workload(template("all-on-values.yaml"))["spec"]["template"]["spec"]
     assert spec["priorityClassName"] == "system-node-critical"
     assert "priorityClassName" not in workload(template("all-off-values.yaml"))["spec"]["template"]["spec"]
 
 
+@pytest.mark.e2e
 def test_the_rendered_config_is_accepted_by_the_exporter(tmp_path):
     for ci in ("all-on-values.yaml", "all-off-values.yaml", "deployment-values.yaml", "reuse-values-values.yaml"):
         path = tmp_path / f"{ci}.config.yaml"
@@ -390,11 +403,13 @@ def test_the_rendered_config_is_accepted_by_the_exporter(tmp_path):
             assert discovery is None
 
 
+@pytest.mark.e2e
 def test_filters_reach_the_config():
     config = rendered_config(template(values={"kubernetes": {"namespace": "llm-.*", "container": "sglang"}}))
     assert config["kubernetes"] == {"logs_root": "/var/log/pods", "namespace": "llm-.*", "container": "sglang"}
 
 
+@pytest.mark.e2e
 def test_rbac_and_node_name_only_with_discovery():
     off = template("all-off-values.yaml")
     assert not {"ServiceAccount", "ClusterRole", "ClusterRoleBinding"} & {d["kind"] for d in off}
@@ -423,6 +438,7 @@ def test_rbac_and_node_name_only_with_discovery():
     assert not {"ServiceAccount", "ClusterRole"} & {d["kind"] for d in dep}
 
 
+@pytest.mark.e2e
 def test_sidecar_mode_renders_no_workload_and_selects_the_sglang_pods():
     needs_rules()
     docs = template("sidecar-values.yaml")
@@ -440,6 +456,7 @@ def test_sidecar_mode_renders_no_workload_and_selects_the_sglang_pods():
     assert "set sidecar.podSelector" in err
 
 
+@pytest.mark.e2e
 def test_deployment_mode_needs_a_log_volume():
     err = template(values={"mode": "deployment"}, ok=False)
     assert "set deployment.volume" in err
@@ -448,6 +465,7 @@ def test_deployment_mode_needs_a_log_volume():
 # ---------------------------------------------------------------------------------------------- monitoring objects
 
 
+@pytest.mark.e2e
 def test_all_off_renders_no_monitoring_objects():
     docs = template("all-off-values.yaml")
     assert sorted(d["kind"] for d in docs) == ["ConfigMap", "DaemonSet", "Pod", "Service"]
@@ -463,6 +481,7 @@ KEEP_EXPORTER_IDENTITY = [
 ]
 
 
+@pytest.mark.e2e
 def test_service_monitor_pins_the_job_and_honors_labels():
     docs = template("all-on-values.yaml")
     sm = one(docs, "ServiceMonitor")
@@ -488,11 +507,13 @@ def test_service_monitor_pins_the_job_and_honors_labels():
     assert forced["spec"]["endpoints"][0]["honorLabels"] is False
 
 
+@pytest.mark.e2e
 def test_both_monitors_fail():
     err = template(values={"serviceMonitor": {"enabled": True}, "podMonitor": {"enabled": True}}, ok=False)
     assert "serviceMonitor.enabled and podMonitor.enabled are both true" in err
 
 
+@pytest.mark.e2e
 def test_default_prometheusrule_is_the_rendered_rules_file():
     needs_rules()
     pr = one(template(values={"prometheusRule": {"enabled": True}}), "PrometheusRule")
@@ -504,6 +525,7 @@ def _alerts(pr) -> dict[str, dict]:
     return {r["alert"]: r for g in pr["spec"]["groups"] for r in g["rules"] if "alert" in r}
 
 
+@pytest.mark.e2e
 def test_per_alert_disable_overrides_and_labels():
     needs_rules()
     base = _alerts(one(template(values={"prometheusRule": {"enabled": True}}), "PrometheusRule"))
@@ -537,6 +559,7 @@ def test_per_alert_disable_overrides_and_labels():
             assert rule["expr"] == base[name]["expr"]
 
 
+@pytest.mark.e2e
 def test_disabling_a_whole_group_drops_it():
     needs_rules()
     groups = yaml.safe_load(RULES_FILE.read_text())["groups"]
@@ -549,6 +572,7 @@ def test_disabling_a_whole_group_drops_it():
     assert kept == [r for r in groups[0]["rules"] if "record" in r]
 
 
+@pytest.mark.e2e
 def test_runbook_and_grafana_url_swaps():
     needs_rules()
     defaults = yaml.safe_load(DEFAULTS_FILE.read_text())
@@ -577,6 +601,7 @@ def test_runbook_and_grafana_url_swaps():
     assert defaults["dashboardUrls"], "the alert renderer sets no dashboard_url for any alert"
 
 
+@pytest.mark.e2e
 def test_reuse_values_with_null_subtrees_renders_with_defaults():
     needs_rules()
     docs = template("reuse-values-values.yaml")
@@ -592,6 +617,7 @@ def test_reuse_values_with_null_subtrees_renders_with_defaults():
     )
 
 
+@pytest.mark.e2e
 def test_dashboards_are_configmaps_with_the_sidecar_label_and_untouched_json():
     needs_dashboards()
     files = sorted((CHART / "files" / "dashboards").glob("*.json"))
@@ -606,6 +632,7 @@ def test_dashboards_are_configmaps_with_the_sidecar_label_and_untouched_json():
     assert not [d for d in by_kind(template(), "ConfigMap") if "grafana_dashboard" in d["metadata"]["labels"]]
 
 
+@pytest.mark.e2e
 def test_runbook_base_url_moves_every_link_of_the_rules_and_the_dashboards():
     needs_rules()
     needs_dashboards()
@@ -626,12 +653,14 @@ def test_runbook_base_url_moves_every_link_of_the_rules_and_the_dashboards():
                 json.loads(text)  # still valid JSON
 
 
+@pytest.mark.e2e
 def test_runbook_base_url_is_refused_when_it_would_break_the_dashboard_json():
     for bad in ('https://rb.example/"x', "https://rb.example/a b", "https://rb.example/a\\b"):
         result = template(values={"runbookBaseUrl": bad}, ok=False)
         assert "runbookBaseUrl" in result, bad
 
 
+@pytest.mark.e2e
 def test_test_pod_fetches_metrics_with_a_restricted_security_context():
     pod = one(template(), "Pod")
     assert pod["metadata"]["annotations"] == {
@@ -666,6 +695,7 @@ def test_test_pod_fetches_metrics_with_a_restricted_security_context():
         ({"bogus": 1}, "bogus"),
     ],
 )
+@pytest.mark.e2e
 def test_schema_rejects_bad_values(values, where):
     err = template(values=values, ok=False)
     assert "values don't meet the specifications of the schema" in err
@@ -678,6 +708,7 @@ def test_schema_rejects_bad_values(values, where):
 _notes = install_notes
 
 
+@pytest.mark.e2e
 def test_notes_show_the_check_and_warn_without_release():
     needs_rules()
     notes = _notes(values={"serviceMonitor": {"enabled": True}, "prometheusRule": {"enabled": True}})
@@ -697,6 +728,7 @@ def test_notes_show_the_check_and_warn_without_release():
 # ---------------------------------------------------------------------------------------------- chart README
 
 
+@pytest.mark.e2e
 def test_chart_readme_sidecar_snippet_is_a_valid_exporter_command(tmp_path):
     pod = snippet_pod()
     containers = {c["name"]: c for c in pod["spec"]["containers"]}
@@ -732,6 +764,7 @@ def test_sidecar_snippet_has_no_probe_that_could_make_the_sglang_pod_unready():
     assert "**The exporter can never make SGLang unready.**" in text
 
 
+@pytest.mark.e2e
 def test_readme_install_command_renders_what_a_kube_prometheus_stack_user_needs():
     needs_rules()
     needs_dashboards()
@@ -780,6 +813,7 @@ def test_readme_install_command_renders_what_a_kube_prometheus_stack_user_needs(
         ("empty", "files/sglang-oom.rules.yaml has no rule groups"),
     ],
 )
+@pytest.mark.e2e
 def test_prometheusrule_fails_on_a_missing_or_broken_rules_file(tmp_path, damage, message):
     # fromYaml never fails by itself (a missing file gives {}, bad YAML {"Error": ...}): the template must.
     needs_rules()
@@ -800,6 +834,7 @@ def test_prometheusrule_fails_on_a_missing_or_broken_rules_file(tmp_path, damage
     assert run_tool(*argv[:-2]).returncode == 0
 
 
+@pytest.mark.e2e
 def test_the_exporter_never_follows_its_own_log():
     # Its log quotes OOM lines; the default container filter leaves out names containing "oom-exporter".
     from sglang_oom_exporter.sources.discover import KubernetesFilter
@@ -810,6 +845,7 @@ def test_the_exporter_never_follows_its_own_log():
     assert KubernetesFilter().matches_container("sglang") is True
 
 
+@pytest.mark.e2e
 def test_the_packaged_chart_carries_the_rules_and_dashboards(tmp_path):
     needs_rules()
     needs_dashboards()

@@ -6,10 +6,13 @@ kubernetes-validate --strict checks the rendered RBAC with the option on through
 
 from __future__ import annotations
 
+import pytest
 import yaml
 
 from sglang_oom_exporter.config import EventsConfig, load_config
 from tests.support.helm import by_kind, one, rendered_config, template, workload
+
+pytestmark = pytest.mark.e2e
 
 EVENTS_RULE = {"apiGroups": ["", "events.k8s.io"], "resources": ["events"], "verbs": ["create", "patch"]}
 NODE_NAME = {"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}}

@@ -150,6 +150,7 @@ def test_a_silent_tls_handshake_is_evicted_at_the_cap(serve, tmp_path):
 # What the daemon reveals
 
 
+@pytest.mark.e2e
 @pytest.mark.slow
 @pytest.mark.timeout(60)
 def test_events_page_and_metrics_reveal_only_the_configured_sources(tmp_path, daemon_factory, monkeypatch):

@@ -23,7 +23,7 @@ from tests.support.image import Served
 from tests.support.logs import cri, oom_block
 from tests.support.podman import mount_options, proc_status
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(900)]
 
 UID = 65532
 STATE_DIR = "/var/lib/sglang-oom-exporter"

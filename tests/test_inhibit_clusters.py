@@ -17,7 +17,7 @@ from sglang_oom_exporter.render.alerts import ALERTMANAGER_PATH, NEAR_FULL, RETR
 from tests.support.helpers import wait_until
 from tests.support.promstack import ALERTMANAGER, Alertmanager, require_binaries
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(60)]
+pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(60)]
 
 ROOT = Path(__file__).resolve().parent.parent
 POD = {"namespace": "llm", "pod": "sglang-0", "container": "sglang"}

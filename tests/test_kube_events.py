@@ -316,16 +316,24 @@ def test_a_refused_connection_is_tried_three_times_then_dropped(api, tls):
 def test_a_hanging_api_server_never_delays_counting(api, tls):
     api.mode = "hang"
     p = poster(api, tls, timeout=0.3)
+    callers: set[int] = set()
+    request = p.client.request
+
+    def recorded(*args, **kwargs):
+        callers.add(threading.get_ident())
+        return request(*args, **kwargs)
+
+    p.client.request = recorded  # type: ignore[method-assign]
     p.start()
     try:
         base = fatal()
-        started = time.monotonic()
         for i in range(5):
             p.offer(replace(base, offset=base.offset + i))
-        assert time.monotonic() - started < 0.05  # offer() only queues
         wait_until(lambda: p.counts()["timeout"] >= 1, timeout=10, what="a timeout counted")
     finally:
         assert p.stop(timeout=10) is True
+    assert threading.get_ident() not in callers  # offer() only queues: the API is called from the poster's thread
+    assert len(callers) == 1
     counts = p.counts()
     assert counts["timeout"] + counts["shutdown"] + counts["updated"] + counts["created"] == 5
     assert counts["timeout"] >= 1

@@ -195,6 +195,7 @@ def test_the_link_check_catches_a_missing_file_a_missing_heading_and_another_ref
     assert _check([("x", "#more-documentation", ROOT / "README.md")]) == []
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("base", [None, "https://wiki.example.com/sglang/runbooks"])
 def test_the_chart_as_rendered_links_only_what_exists_and_one_setting_moves_every_link(base):
     values = {"prometheusRule": {"enabled": True}, "grafanaDashboards": {"enabled": True}}

@@ -170,6 +170,7 @@ def test_exposition_matches_the_golden_file():
         assert text == fh.read()
 
 
+@pytest.mark.e2e
 @pytest.mark.needs_promtool
 @pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool (Debian package prometheus) is not installed")
 def test_promtool_accepts_the_exposition():

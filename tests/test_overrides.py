@@ -117,6 +117,7 @@ NEAR_FULL_TEXT = {
 }
 
 
+@pytest.mark.e2e
 @pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool not installed")
 def test_promtool_the_overridden_rules_fire_on_the_selected_job_at_the_new_threshold_and_for(tmp_path, overridden):
     labels = {"severity": "warning", "k8s_cluster": "eu-west", "namespace": "llm", "pod": "sglang-0",
@@ -139,6 +140,7 @@ def test_promtool_the_overridden_rules_fire_on_the_selected_job_at_the_new_thres
     assert proc.returncode == 1, proc.stdout + proc.stderr
 
 
+@pytest.mark.e2e
 @pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool not installed")
 def test_promtool_the_overridden_retraction_threshold_decides_between_the_two(tmp_path, overridden):
     """A retraction rate halfway between the catalog's threshold and the override's 5 a minute: exactly the
@@ -245,6 +247,7 @@ def _records(catalog: Any) -> dict[str, str]:
     return {r["record"]: r["expr"] for g in yaml.safe_load(text)["groups"] for r in g["rules"] if "record" in r}
 
 
+@pytest.mark.e2e
 def test_no_logs_image_patterns_are_overridden_escaped_and_checked(tmp_path):
     """NoLogs' server and excluded images: set by name like its numbers, written into PromQL escaped (a
     backslash doubled), and a pattern RE2 cannot read is named with its file and line."""

@@ -109,6 +109,7 @@ def _get(port: int, path: str) -> str:
         return str(r.read().decode())
 
 
+@pytest.mark.e2e
 @pytest.mark.slow
 @pytest.mark.timeout(60)
 def test_a_restarted_daemon_keeps_its_page_events_and_last_event_times(tmp_path, daemon_factory):

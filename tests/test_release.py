@@ -229,6 +229,7 @@ def _template(argv: list[str]) -> list[dict]:
     return [d for d in yaml.safe_load_all(proc.stdout) if d]
 
 
+@pytest.mark.e2e
 def test_chart_readme_installs_from_the_clone_until_a_release_exists_then_from_the_registry():
     text = (CHART / "README.md").read_text()
     first, released = _sh_blocks(text)[:2]
@@ -278,6 +279,7 @@ def test_readme_builds_the_image_from_the_clone_and_names_the_release_image_only
     assert f"{IMAGE}:{__version__} scan" not in text
 
 
+@pytest.mark.e2e
 def test_notes_say_which_image_runs_and_where_it_comes_from():
     def notes(*extra: str) -> str:
         proc = subprocess.run([helm(), "install", "--dry-run=client", "t", str(CHART), "-n", "monitoring", *extra],

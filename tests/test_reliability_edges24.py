@@ -31,6 +31,7 @@ def test_a_state_file_nested_100000_levels_deep_is_moved_aside(tmp_path, raw):
     assert len(glob.glob(state_path(tmp_path) + ".corrupt-*")) == 1
 
 
+@pytest.mark.e2e
 @pytest.mark.slow
 @pytest.mark.timeout(60)
 def test_serve_starts_on_a_state_file_nested_100000_levels_deep(tmp_path):
@@ -110,6 +111,7 @@ print(time.perf_counter() - started)
 """
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(60)
 def test_the_refused_nesting_is_what_stalls_stdlib_re(tmp_path):
     """Why the check is static for nested repeats: the `regex` module optimises (a+)+, stdlib re does not."""

@@ -10,13 +10,13 @@ counted. The real daemon on real files, scraped over loopback; every step waits 
 from __future__ import annotations
 
 import os
-import threading
 
 import pytest
 
 from sglang_oom_exporter.daemon.logsource import LogSource
 from sglang_oom_exporter.detect.pipeline import Pipeline
 from sglang_oom_exporter.sources.tail import RECREATED, FileTailer, TailChunk, TailItem, TailReset
+from tests.support.app import make_app
 from tests.support.daemon import Daemon, settle
 from tests.support.helpers import CATALOG, MATCHER, wait_until
 from tests.support.logs import oom_block
@@ -29,6 +29,7 @@ def _errors(d: Daemon) -> float:
     return sum(v for (name, _), v in m.items() if name == "sglang_oom_exporter_read_errors_total")
 
 
+@pytest.mark.e2e
 @pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_a_path_flipping_between_file_and_directory_counts_every_generation(tmp_path, daemon_factory):
@@ -106,25 +107,74 @@ def test_a_directory_at_the_path_is_a_read_error_not_a_crash(tmp_path):
     assert len(events) == 1
 
 
-def _hold(seconds: float) -> None:
-    """The writer's rhythm (not a wait for the daemon): how long each phase of a flip lasts."""
-    threading.Event().wait(seconds)
+class _Events:
+    """File events handed to the loop as sources/watch.Waker hands them: the directory changed, a file was created."""
+
+    def __init__(self, directory: str) -> None:
+        self.directory = directory
+        self.changed: set[str] = set()
+        self.created = False
+
+    def note(self) -> None:
+        self.changed.add(self.directory)
+        self.created = True
+
+    def wait(self, timeout: float | None) -> bool:
+        return bool(self.changed)
+
+    def take_changed(self) -> set[str] | None:
+        changed, self.changed = self.changed, set()
+        return changed
+
+    def take_created(self) -> bool:
+        created, self.created = self.created, False
+        return created
+
+    def watch_dirs(self, dirs: set[str]) -> None:
+        pass
 
 
+def test_a_glob_match_flipping_with_a_directory_once_a_second_counts_every_generation(tmp_path):
+    # A glob's new match is followed only once a discovery finds it. A requested discovery ran at most once a
+    # second (DISCOVER_MIN_GAP), and a writer with that period fell in step with it: every discovery came while
+    # the path was a directory. A created file now asks for one within DISCOVER_CREATED_GAP (0.1 s). The loop
+    # runs in this process on a settable clock, so the writer's rhythm is exact however loaded the machine is.
+    path = tmp_path / "flip.log"
+    app, clock = make_app(tmp_path, discover_interval=5.0)  # the default: the periodic discovery is no help
+    app.loop._start()
+    events = _Events(str(tmp_path))
+    for tick in range(FLIPS * 20 + 100):  # 50 ms ticks: a flip a second, then 5 s for the last traceback wait
+        writing = tick < FLIPS * 20
+        if writing and tick % 20 == 10:  # half a second into each second: the file
+            if path.is_dir():
+                path.rmdir()
+            path.write_text(oom_block())
+            events.note()
+        elif writing and tick % 20 == 0 and tick:  # on the second: a directory in its place
+            path.unlink()
+            path.mkdir()
+            events.note()
+        app.loop._wait(events, lambda: None)  # as Loop.run: take the events, then step
+        app.loop.step()
+        clock.now += 0.05
+    assert app.counts.total("prefill") == FLIPS  # was 1 with a 1 s gap after a created file
+
+
+@pytest.mark.e2e
 @pytest.mark.slow
 @pytest.mark.timeout(120)
-def test_a_glob_match_flipping_with_a_directory_once_a_second_counts_every_generation(tmp_path, daemon_factory):
-    # A glob's new match is followed only once a discovery finds it. A requested discovery ran at most once a
-    # second, and a writer with that period fell in step with it: every discovery came while the path was a
-    # directory (0 of 10 counted). A created file now asks for one within DISCOVER_CREATED_GAP (0.1 s).
+def test_the_real_daemon_follows_a_glob_match_through_its_directory_flips(tmp_path, daemon_factory):
+    # The same flips on the real daemon and its file watcher, each step waiting for what the daemon reports
+    # (bench/flip_dir.py --glob --rate 1 measures the fixed-rhythm writer's count).
     path = tmp_path / "flip.log"
     d = daemon_factory(str(tmp_path / "*.log"))
-    for _ in range(FLIPS):
+    for i in range(FLIPS):
         path.write_text(oom_block())
-        _hold(0.5)
+        wait_until(lambda n=i + 1: d.total() >= n, what=f"generation {i + 1} counted", timeout=15.0)
+        errors = _errors(d)
         path.unlink()
         path.mkdir()
-        _hold(0.5)
+        wait_until(lambda e=errors: _errors(d) > e, what=f"the directory at the path, flip {i + 1}", timeout=15.0)
         path.rmdir()
     settle(d, FLIPS)
     assert d.proc is not None

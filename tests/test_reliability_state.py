@@ -82,6 +82,7 @@ def test_one_rejected_position_with_counters_kept_does_not_recount_the_file(tmp_
 # --- defect 1: a SIGKILL in the first second ------------------------------------------------------
 
 
+@pytest.mark.e2e
 @pytest.mark.slow
 @pytest.mark.timeout(60)
 def test_sigkill_in_the_first_second_loses_nothing_written_while_down(tmp_path):

@@ -339,6 +339,7 @@ def _busy_page_registry() -> PageRegistry:
     return registry
 
 
+@pytest.mark.e2e
 @pytest.mark.needs_promtool
 @pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool (Debian package prometheus) is not installed")
 def test_promtool_accepts_the_cached_page():

@@ -486,6 +486,7 @@ def test_tls_requires_a_client_certificate_when_configured(serve, tmp_path):
 # A real browser
 
 
+@pytest.mark.e2e
 @pytest.mark.slow
 @pytest.mark.timeout(120)
 @pytest.mark.skipif(shutil.which(CHROMIUM) is None, reason=f"{CHROMIUM} is missing (Debian package chromium)")

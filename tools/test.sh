@@ -2,8 +2,9 @@
 # README's test command. On a fresh clone, in a fresh virtual environment, it installs what pip and this
 # repository can install (the package with its dev extras; helm v4 into .tools/bin), names the machine
 # packages that are missing (their tests skip, and say why: pyproject's `-ra` prints every skip reason), and
-# runs the whole suite. .ci/run installs those machine packages with apt-get first, then runs README's command.
-# Extra arguments go to pytest (e.g. tools/test.sh tests/test_render.py).
+# runs `make all` (lint, render --check, the whole suite: the Makefile has each step). .ci/run installs those
+# machine packages with apt-get first, then runs README's command; the pull-request workflow runs `make all`.
+# Extra arguments run pytest on them instead (e.g. tools/test.sh tests/test_render.py).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 python=${PYTHON:-$(command -v python || command -v python3)}
@@ -24,8 +25,12 @@ have chromium || missing+=(chromium)
 have mtail || missing+=(mtail)
 have podman || missing+=(podman runc catatonit)
 have mmdebstrap || missing+=(mmdebstrap)
+have make || { echo "tools/test.sh: make is missing (apt-get install make): the Makefile holds the test steps" >&2; exit 1; }
 if [ "${#missing[@]}" -gt 0 ]; then
   echo "tools/test.sh: missing ${missing[*]}; their tests will skip (apt-get install ${missing[*]}, as .ci/run does)" >&2
 fi
 
-exec "$python" -m pytest -q -n auto --dist worksteal "$@"
+if [ "$#" -gt 0 ]; then
+  exec "$python" -m pytest -q -n auto --dist worksteal "$@"
+fi
+exec make all PYTHON="$python"

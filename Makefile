@@ -1,0 +1,40 @@
+# The edit loop and CI in one place. `make all` is what tools/test.sh (README's test command) and CI run.
+#   make lint          ruff, ruff format --check, mypy --strict (pyproject's settings)
+#   make test          the pure-Python tests, no slow or end-to-end ones: the seconds-long loop
+#   make e2e           the tests that start promtool, Prometheus, Alertmanager, podman, chromium, helm, mtail or
+#                      the daemon (pytest marker e2e; their machine packages missing: they skip and say why)
+#   make render-check  the generated files equal a fresh render of the catalog and code
+#   make image         the container image (docker or podman; BASE_IMAGE=... to build on another base)
+#   make all           lint, render-check, then the whole suite (the lint tests excluded: lint ran first)
+# PYTHON picks the interpreter (tools/test.sh passes its own); PYTEST_ARGS go to every pytest run.
+
+PYTHON ?= python3
+PYTEST_ARGS ?=
+LINT_PATHS := exporter tests bench tools
+PYTEST := $(PYTHON) -m pytest -q -n auto --dist worksteal $(PYTEST_ARGS)
+CONTAINER ?= $(shell command -v podman || command -v docker)
+VERSION := $(shell sed -n 's/^__version__ = "\(.*\)"$$/\1/p' exporter/__init__.py)
+IMAGE ?= sglang-oom-exporter:$(VERSION)
+BASE_IMAGE ?=
+
+.PHONY: all lint test e2e render-check image
+
+all: lint render-check
+	$(PYTEST) -m "not lint"
+
+lint:
+	$(PYTHON) -m ruff check $(LINT_PATHS)
+	$(PYTHON) -m ruff format --check $(LINT_PATHS)
+	$(PYTHON) -m mypy
+
+test:
+	$(PYTEST) -m "not e2e and not slow and not lint"
+
+e2e:
+	$(PYTEST) -m "e2e"
+
+render-check:
+	$(PYTHON) -m sglang_oom_exporter render --check
+
+image:
+	$(CONTAINER) build -t $(IMAGE) --build-arg VERSION=$(VERSION) $(if $(BASE_IMAGE),--build-arg BASE_IMAGE=$(BASE_IMAGE)) .
