@@ -14,6 +14,7 @@ import shlex
 import urllib.request
 from pathlib import Path
 
+import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -72,6 +73,7 @@ def _exposed_families(tmp_path: Path) -> set[str]:
     return {line.split()[2] for line in text.splitlines() if line.startswith("# TYPE ")}
 
 
+@pytest.mark.e2e
 def test_every_exposed_metric_family_is_documented(tmp_path):
     families = _exposed_families(tmp_path)
     assert len(families) > 40
@@ -168,6 +170,7 @@ def test_the_routing_snippet_is_the_examples_subtree():
 # ---------------------------------------------------------------------------------------------- Kubernetes
 
 
+@pytest.mark.e2e
 def test_kubernetes_md_names_the_cluster_role_the_chart_renders():
     proc = run_tool(helm(), "template", "sglang-oom-exporter", str(CHART), "-n", "sglang-oom-exporter",
                     "--set", "discovery.enabled=true,events.enabled=true")  # fmt: skip

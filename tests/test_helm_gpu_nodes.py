@@ -14,6 +14,8 @@ import pytest
 from tests.support.helm import CHART, ROOT, install_notes, template, workload
 from tests.support.nodes import expression_matches, notes_against, terms_match
 
+pytestmark = pytest.mark.e2e  # every test here runs helm
+
 # The labels each platform sets on its nodes by itself (beside kubernetes.io/*, which every node has).
 LINUX = {"kubernetes.io/os": "linux", "kubernetes.io/arch": "amd64"}
 CLOUDS: dict[str, dict[str, list[dict[str, str]]]] = {

@@ -13,6 +13,8 @@ import pytest
 
 from tests.support.helm import by_kind, crd_validate, one, template, workload
 
+pytestmark = pytest.mark.e2e  # every test here runs helm
+
 OPTIONS = "options-values.yaml"
 
 

@@ -7,9 +7,12 @@ tests/data/chart/values-0.1.0.yaml is the first chart's values.yaml (commit 3a3b
 
 from __future__ import annotations
 
+import pytest
 import yaml
 
 from tests.support.helm import CHART, ROOT, by_kind, helm, helm_with_values, needs_dashboards, needs_rules, template
+
+pytestmark = pytest.mark.e2e  # every test here runs helm
 
 OLD_VALUES = ROOT / "tests" / "data" / "chart" / "values-0.1.0.yaml"
 OLD_BASE = "https://wiki.example.com/sglang/runbooks"

@@ -72,6 +72,7 @@ def test_every_action_is_pinned_by_a_full_commit_sha_with_its_tag_in_a_comment()
                 seen.append(PINNED.match(line).group(1))  # type: ignore[union-attr]
     assert sorted(set(seen)) == [
         "actions/checkout",
+        "actions/setup-python",
         "azure/setup-helm",
         "docker/build-push-action",
         "docker/login-action",

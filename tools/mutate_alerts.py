@@ -314,7 +314,8 @@ def families(rules: Sequence[dict[str, Any]]) -> dict[str, str]:
 
 
 def _run(argv: Sequence[str], cwd: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(list(argv), cwd=cwd, capture_output=True, text=True, timeout=300, check=False)  # noqa: S603
+    # A hang guard: one batch of mutants takes about a minute alone and over five with both cores loaded.
+    return subprocess.run(list(argv), cwd=cwd, capture_output=True, text=True, timeout=1800, check=False)  # noqa: S603
 
 
 def _passed(stdout: str, names: Sequence[str], heading: str) -> set[str]:
