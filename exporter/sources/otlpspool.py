@@ -111,8 +111,11 @@ class Spool:
         path = self.path(rel)
         data = b"".join(line.data for line in fresh)
         try:
+            new = not os.path.exists(path)
             os.makedirs(os.path.dirname(path), exist_ok=True)
             _append_synced(path, data)
+            if new:  # the file's name (and the directories made for it) must be durable too
+                self._sync_dirs(os.path.dirname(path))
             size = memory.size + len(data)
             ids = b"".join(line.identity.hex().encode() + b"\n" for line in fresh)
             _append_synced(path + IDS_SUFFIX, ids + _COMMIT + str(size).encode() + b"\n")
@@ -126,6 +129,23 @@ class Spool:
             memory.add(line.identity)
         if memory.lines > 4 * DEDUPE_WINDOW:
             self._compact(path + IDS_SUFFIX, memory)
+
+    def _sync_dirs(self, directory: str) -> None:
+        """fsync a new file's directory and each parent up to the spool root (where a filesystem allows it)."""
+        root = os.path.dirname(os.path.abspath(self.root))
+        directory = os.path.abspath(directory)
+        while directory.startswith(root) and directory != root:
+            try:
+                fd = os.open(directory, os.O_RDONLY)
+            except OSError:
+                return
+            try:
+                os.fsync(fd)
+            except OSError:
+                pass  # some filesystems refuse a directory fsync
+            finally:
+                os.close(fd)
+            directory = os.path.dirname(directory)
 
     def _load(self, rel: str) -> _Memory:
         """A source's memory from its .ids file; a log past the last commit is cut back to it."""

@@ -169,6 +169,7 @@ class _Handler(BaseHTTPRequestHandler):
     server_version = f"sglang-oom-exporter/{__version__}"
     sys_version = ""
     timeout = REQUEST_TIMEOUT
+    disable_nagle_algorithm = True  # the head and the body are two writes: no delayed-ACK wait between them
 
     def do_POST(self) -> None:
         """POST /v1/logs."""
