@@ -157,6 +157,7 @@ def test_a_restart_between_two_batches_of_one_traceback_counts_it_once(tmp_path,
 
 def test_a_duplicated_batch_is_spooled_and_counted_once(tmp_path, daemon_factory):
     d, url = receiver(daemon_factory)
+    assert d.healthy() is True  # ready before any record: a receiver behind a Service must get its first request
     lines = log_lines(open(TRACEBACK_CASE, "rb").read())
     batch = records(pod_resource("llm", "sglang-0"), lines)
     assert export(url, batch) == "SUCCESS"
