@@ -3,6 +3,7 @@
 {{- $mode := .Values.mode }}
 {{- $ds := .Values.daemonset | default dict }}
 {{- $dep := .Values.deployment | default dict }}
+{{- $rcv := .Values.receiver | default dict }}
 {{- $api := include "sglang-oom-exporter.apiAccess" . }}
 {{- $podSC := dict "seccompProfile" (dict "type" "RuntimeDefault") }}
 {{- if eq $mode "daemonset" }}
@@ -74,6 +75,11 @@ spec:
         - name: metrics
           containerPort: {{ .Values.port | default 9877 }}
           protocol: TCP
+        {{- if eq $mode "receiver" }}
+        - name: otlp-http
+          containerPort: {{ $rcv.port | default 4318 }}
+          protocol: TCP
+        {{- end }}
       {{- if eq $mode "daemonset" }}
       # /healthz answers 503 on a node without SGLang pods ("no log file matches"): as a readiness probe it would
       # stall every DaemonSet rollout there. Both probes ask /metrics, which answers while the process serves;
@@ -122,6 +128,12 @@ spec:
           mountPath: {{ $p }}
           readOnly: true
         {{- end }}
+        {{- else if eq $mode "receiver" }}
+        {{- if $rcv.bearerTokenSecret }}
+        - name: otlp-token
+          mountPath: /etc/sglang-oom-exporter-otlp
+          readOnly: true
+        {{- end }}
         {{- else }}
         - name: logs
           mountPath: {{ $dep.mountPath | default "/logs" }}
@@ -149,6 +161,18 @@ spec:
       hostPath:
         path: {{ $p }}
         type: Directory
+    {{- end }}
+    {{- else if eq $mode "receiver" }}
+    # No hostPath: the received lines are spooled here (docs/otlp.md), with the positions and counters.
+    - name: state
+      {{- toYaml ($rcv.stateVolume | default (dict "emptyDir" dict)) | nindent 6 }}
+    {{- with $rcv.bearerTokenSecret }}
+    - name: otlp-token
+      secret:
+        secretName: {{ . }}
+        items:
+          - key: token
+            path: token
     {{- end }}
     {{- else }}
     - name: state
