@@ -12,7 +12,7 @@ import signal
 import sys
 import threading
 from dataclasses import replace
-from typing import Any, BinaryIO
+from typing import TYPE_CHECKING, Any, BinaryIO
 
 from .catalog import Catalog, CatalogError, load_catalog
 from .config import SETTINGS, Config, ConfigError, load_config, nothing_to_follow, parse_listen, unknown_env
@@ -23,6 +23,9 @@ from .sources.handles import raise_open_file_limit
 from .sources.watch import Waker
 from .web.server import ExporterServer
 from .web.webconfig import WebConfig, WebConfigError, load_web_config
+
+if TYPE_CHECKING:
+    from .web.otlp import OtlpServer
 
 log = logging.getLogger("sglang_oom_exporter")
 
@@ -58,6 +61,9 @@ def serve(args: argparse.Namespace) -> int:
         if unknown and args.check_config:
             # A typo would be silently ignored: --check-config fails on it, serve warns and runs.
             raise ConfigError([f"{name}: unknown variable (no setting reads it)" for name in unknown])
+        if config.otlp_listen and not config.state_dir:
+            # A 2xx tells the shipper to forget the records: only a spool on disk may say it (docs/otlp.md).
+            raise ConfigError(["otlp_listen: needs state_dir (received records are spooled there before the answer)"])
         problem = nothing_to_follow(config, stdin="-" in args.paths)
         if problem and args.check_config:
             # What a SIGHUP reload refuses, --check-config rejects (serve itself starts, and /healthz says why).
@@ -94,10 +100,41 @@ def serve(args: argparse.Namespace) -> int:
     server = ExporterServer(address, registry=registry, catalog=catalog, events=app.store, health=app.loop.health,
                             web_config=web)  # fmt: skip
     app.catalog_listeners.append(server.set_catalog)
-    return _run(args, app, server, waker, web)
+    try:
+        otlp = _otlp_server(app, registry, web)
+    except (OSError, ValueError) as exc:
+        print(f"sglang-oom-exporter: bad configuration:\n{exc}", file=sys.stderr)
+        return 2
+    return _run(args, app, server, waker, web, otlp)
 
 
-def _run(args: argparse.Namespace, app: App, server: ExporterServer, waker: Waker, web: WebConfig | None) -> int:
+def _otlp_server(app: App, registry: PageRegistry, web: WebConfig | None) -> OtlpServer | None:
+    """The OTLP/HTTP logs endpoint when --otlp-listen is set (web/otlp.py), its counters on /metrics."""
+    receiver, config = app.receiver, app.config
+    if receiver is None or config.otlp_listen is None:
+        return None
+    from .web.otlp import OtlpCollector, OtlpServer  # protobuf and the OTLP classes: only when the receiver is on
+
+    token = None
+    if config.otlp_bearer_token_file:
+        with open(config.otlp_bearer_token_file, encoding="utf-8") as fh:
+            token = fh.read().strip()
+        if not token:
+            raise ValueError(f"otlp_bearer_token_file: {config.otlp_bearer_token_file} is empty")
+    otlp = OtlpServer(parse_listen(config.otlp_listen), receiver, web_config=web, bearer_token=token,
+                      max_request_bytes=config.otlp_max_request_kib * 1024)  # fmt: skip
+    registry.register(OtlpCollector(otlp, lambda: (receiver.written, receiver.duplicates)))
+    return otlp
+
+
+def _run(
+    args: argparse.Namespace,
+    app: App,
+    server: ExporterServer,
+    waker: Waker,
+    web: WebConfig | None,
+    otlp: OtlpServer | None = None,
+) -> int:
     stop = threading.Event()
 
     def on_stop() -> None:
@@ -129,12 +166,24 @@ def _run(args: argparse.Namespace, app: App, server: ExporterServer, waker: Wake
         app.sources.close()
         print(f"sglang-oom-exporter: cannot listen on {app.config.listen}: {exc}", file=sys.stderr)
         return 2
+    if otlp is not None:
+        try:
+            otlp.start()
+        except OSError as exc:
+            server.stop()
+            relay.close()
+            app.sources.close()
+            print(f"sglang-oom-exporter: cannot listen on {app.config.otlp_listen} (OTLP): {exc}", file=sys.stderr)
+            return 2
+        log.info("receiving OTLP/HTTP logs on %s port=%d", app.config.otlp_listen, otlp.port)
     log.info("serving on %s port=%d paths=%d kubernetes=%s state_dir=%s tls=%s", app.config.listen, server.port,
              len(app.config.paths), app.config.kubernetes is not None, app.config.state_dir,
              bool(web and web.tls_cert_file))  # fmt: skip
     try:
         app.loop.run(stop, waker=waker, services=[waker, *app.services()], reload=reload)
     finally:
+        if otlp is not None:
+            otlp.stop()  # first: no 2xx after the loop's last save
         server.stop()
         relay.close()
     return 0

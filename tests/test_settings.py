@@ -39,6 +39,9 @@ EXPECTED = {
     "catalog": (None, "SGLANG_OOM_EXPORTER_CATALOG", "--catalog"),
     "scrape_interval": (15.0, "SGLANG_OOM_EXPORTER_SCRAPE_INTERVAL", "--scrape-interval"),
     "scrape_timeout": (5.0, "SGLANG_OOM_EXPORTER_SCRAPE_TIMEOUT", "--scrape-timeout"),
+    "otlp_listen": (None, "SGLANG_OOM_EXPORTER_OTLP_LISTEN", "--otlp-listen"),
+    "otlp_max_request_kib": (8192, "SGLANG_OOM_EXPORTER_OTLP_MAX_REQUEST_KIB", "--otlp-max-request-kib"),
+    "otlp_bearer_token_file": (None, "SGLANG_OOM_EXPORTER_OTLP_BEARER_TOKEN_FILE", "--otlp-bearer-token-file"),
 }
 # The bounds a duration is refused outside of, as --check-config words them.
 BOUNDS = {
@@ -166,7 +169,7 @@ def test_serve_help_states_every_default(capsys, monkeypatch):
     # One block per option: its line, and the next when argparse puts a long option's help below it.
     blocks = {b.split()[0]: " ".join(b.split()) for b in re.split(r"\n(?=  -)", text.split("options:")[1]) if b.strip()}
     flagged = [s for s in SETTINGS if s.flag_name]
-    assert len(flagged) == 18
+    assert len(flagged) == 21
     for setting in flagged:
         block = blocks[str(setting.flag_name)]
         assert block.endswith(f"{setting.help} (default: {setting.shown_default})"), block
@@ -179,7 +182,7 @@ def test_serve_help_states_every_default(capsys, monkeypatch):
 def test_the_reference_page_has_a_row_per_setting_and_is_committed():
     text = page()
     rows = [line for line in text.splitlines() if line.startswith("| ") and not line.startswith("| file key")]
-    assert len(rows) == len(SETTINGS) == 23
+    assert len(rows) == len(SETTINGS) == 26
     assert (
         "| `poll_interval` | `--poll-interval` | `SGLANG_OOM_EXPORTER_POLL_INTERVAL` | `1s` | 1ms to 1h | applied | "
         "Loop tick, and the polling interval with --force-polling. |"

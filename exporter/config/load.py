@@ -49,7 +49,7 @@ def nothing_to_follow(config: Config, *, stdin: bool) -> str:
     A SIGHUP reload refuses such a config (an empty or truncated file, an editor mid-save, would otherwise stop
     every source at once), and `--check-config` rejects it for the same reason: one rule for both.
     """
-    if config.paths or config.kubernetes is not None or stdin:
+    if config.paths or config.kubernetes is not None or stdin or config.otlp_listen:
         return ""
     return "the configuration names no log path and no Kubernetes log root"
 

@@ -73,3 +73,6 @@ class Config:
     target_sources: Mapping[str, str] = field(default_factory=dict)  # url -> source name it serves
     scrape_interval: float = default("scrape_interval")
     scrape_timeout: float = default("scrape_timeout")
+    otlp_listen: str | None = default("otlp_listen")
+    otlp_max_request_kib: int = default("otlp_max_request_kib")
+    otlp_bearer_token_file: str | None = default("otlp_bearer_token_file")

@@ -154,6 +154,14 @@ SETTINGS: tuple[Setting, ...] = (
             note="the file takes a list of {url, source}; the variable is comma-separated"),
     _duration("scrape_interval", 15.0, MS, DAY, "how often to scrape each SGLang"),
     _duration("scrape_timeout", 5.0, MS, HOUR, "give up on one scrape after this"),
+    Setting("otlp_listen", "listen", None, "receive log records over OTLP/HTTP (POST /v1/logs) on this address; "
+            "needs --state-dir", metavar="HOST:PORT", shown="off", reload=False,
+            note="records are spooled in the state directory before the answer (docs/otlp.md); the web config's "
+            "TLS and basic auth apply to it too"),
+    Setting("otlp_max_request_kib", "int", 8192, "refuse (413) an OTLP request body larger than this many KiB, "
+            "before or after gzip", low=1, high=100_000, metavar="KIB", reload=False),
+    Setting("otlp_bearer_token_file", "text", None, "also require 'Authorization: Bearer <token>' with the "
+            "token in this file on OTLP requests", metavar="FILE", shown="none", reload=False),
 )  # fmt: skip
 # Bounds of durations inside a structured setting, by their key path.
 NESTED_DURATION_BOUNDS = {"discover_targets.interval": (1.0, DAY)}

@@ -27,6 +27,7 @@ from ..events.store import EventStore
 from ..metrics import EventCounts, ExporterCollector, fatal_kinds, group_family, label_names_for
 from ..sources.stdin import StdinPump
 from .loop import Loop, Service
+from .receiver import Receiver
 from .sourceset import SourceSet
 from .state import StateKeeper, StateStore
 from .targets import TargetSet
@@ -46,6 +47,11 @@ RELOAD_RESULTS = ("applied", "partial", "failed")
 RESTART_ONLY = tuple(s.name for s in SETTINGS if s.reload is False)
 
 
+def pod_labels(config: Config) -> bool:
+    """Series carry namespace/pod/container in Kubernetes mode and with the OTLP receiver (its records name pods)."""
+    return config.kubernetes is not None or bool(config.otlp_listen)
+
+
 class App:
     """The parts of one daemon, wired together; reload() applies a new config and catalog to all of them."""
 
@@ -62,7 +68,7 @@ class App:
     ) -> None:
         self.config, self.catalog = config, catalog
         self.catalog_listeners: list[Callable[[Catalog], None]] = []  # e.g. the HTTP edge's event titles
-        self.counts = EventCounts(catalog.ids, label_names_for(config.kubernetes is not None), catalog.retraction_kind,
+        self.counts = EventCounts(catalog.ids, label_names_for(pod_labels(config)), catalog.retraction_kind,
                                   fatal_kinds=fatal_kinds(catalog))  # fmt: skip
         self.store = EventStore(config.recent_events)
         self.events_poster = self._event_poster(config, catalog)
@@ -78,6 +84,9 @@ class App:
         if self.stdin is not None:
             self.sources.add_stdin()
         self.loop = Loop(config, self.sources, self.keeper, stdin=self.stdin, clock=clock, wall=wall)
+        # The OTLP receiver's spool (its HTTP endpoint is web/otlp.py, which serve wires to it).
+        spool = config.state_dir if config.otlp_listen else None  # load_config refuses the receiver without it
+        self.receiver = Receiver(spool, self.sources, self.loop, wake) if spool else None
         self.reloads = dict.fromkeys(RELOAD_RESULTS, 0)
 
     def _node_targets(self, config: Config) -> NodeTargets | None:
@@ -158,7 +167,7 @@ class App:
             return "failed"
         refused = [key for key in RESTART_ONLY if getattr(config, key) != getattr(self.config, key)]
         config = replace(config, **{key: getattr(self.config, key) for key in RESTART_ONLY})
-        if label_names_for(config.kubernetes is not None) != self.counts.label_names:
+        if label_names_for(pod_labels(config)) != self.counts.label_names:
             refused.append("kubernetes on/off")
             config = replace(config, kubernetes=self.config.kubernetes)
         new_k, old_k = config.kubernetes, self.config.kubernetes

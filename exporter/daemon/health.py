@@ -63,7 +63,7 @@ class HealthWatch:
         """What keeps the daemon from reading every configured source and saving its state ("": nothing)."""
         if facts.problem:
             return facts.problem
-        if not facts.followed:
+        if not facts.followed and self.sources.received_root is None:  # the OTLP receiver waits for its records
             return "no log source is configured or found yet"
         if self._state_failing:
             return (

@@ -26,9 +26,10 @@ from ..detect.match import Matcher
 from ..detect.model import OomEvent
 from ..detect.pipeline import Pipeline
 from ..events.sink import Context, EventSink
-from ..metrics import EventCounts, SourceStats
-from ..sources.discover import dirs_to_watch, discover_pods, expand
+from ..metrics import KUBERNETES_LABELS, EventCounts, SourceStats
+from ..sources.discover import KubernetesFilter, dirs_to_watch, discover_pods, expand
 from ..sources.handles import HandleBudget, handle_bound
+from ..sources.otlpspool import FILE_DIR, POD_DIR
 from ..sources.tail import FileTailer, TailPosition
 from .found import discovery_problem, kubernetes_filter, restore, saved_but_missing, source_name
 from .lazypipe import LazyPipeline
@@ -101,6 +102,8 @@ class SourceSet:
         self._sglang_dirs: set[str] = set()
         # Never more log files open than the open-file limit allows with room for HTTP and the state file.
         self._handles = HandleBudget(handle_bound())
+        # The OTLP receiver's spool (sources/otlpspool.py): its files are followed like pod logs and plain files.
+        self.received_root: str | None = None
 
     # --- discovery ---------------------------------------------------------------------------
 
@@ -116,6 +119,7 @@ class SourceSet:
                     (ref.namespace, ref.pod, ref.container),
                     {"namespace": ref.namespace, "pod": ref.pod, "container": ref.container},
                 )
+        found.update(self._received())
         new = []
         with self._lock:
             # One stat per file at discovery's pace; a glob or a pod log only matches files that exist.
@@ -133,21 +137,38 @@ class SourceSet:
                         taken = {s.label_map.get("source", "") for s in self._by_path.values()}
                     name = source_name(self.config.names, path, taken)
                     taken.add(name)
-                    known = (("", "", name) if k is not None else (name,), {"source": name})
+                    known = (("", "", name) if self._pod_labels() else (name,), {"source": name})
                 self._by_path[path] = self._new_source(path, *known)
                 self._watch_dirs = None
                 new.append(path)
             self._discovered_once = True
-            self._problem = discovery_problem(self.config, found, STDIN in self._by_path)
+            self._problem = discovery_problem(self.config, found, STDIN in self._by_path or bool(self.received_root))
             self._retire(self._clock(), set(found))
         return new
 
     def add_stdin(self) -> LogSource:
         """The stdin source (fed by the loop from the stdin pump, not by a tailer)."""
-        labels = ("stdin",) if self.config.kubernetes is None else ("", "", "stdin")
+        labels = ("", "", "stdin") if self._pod_labels() else ("stdin",)
         with self._lock:
             source = self._by_path[STDIN] = self._new_source(STDIN, labels, None)
         return source
+
+    def _pod_labels(self) -> bool:
+        """Whether series carry namespace/pod/container (Kubernetes mode, or the OTLP receiver) or one source."""
+        return self.counts.label_names == KUBERNETES_LABELS
+
+    def _received(self) -> dict[str, tuple[tuple[str, ...], dict[str, str]] | None]:
+        """The OTLP receiver's spooled sources: container runs by their kubelet-layout path, the others by name."""
+        root = self.received_root
+        if root is None:
+            return {}
+        found: dict[str, tuple[tuple[str, ...], dict[str, str]] | None] = {}
+        for ref in discover_pods(os.path.join(root, POD_DIR), self._kfilter or KubernetesFilter()):
+            labels = {"namespace": ref.namespace, "pod": ref.pod, "container": ref.container}
+            found[ref.path] = ((ref.namespace, ref.pod, ref.container), labels)
+        for path in expand([os.path.join(root, FILE_DIR, "*.log")]):
+            found[path] = None
+        return found
 
     def watch_dirs(self) -> set[str]:
         """Directories whose events should wake the loop (the same set object until the sources change)."""
@@ -183,6 +204,7 @@ class SourceSet:
             k = config.kubernetes
             if k is not None and self._kfilter is not None:
                 wanted.update(ref.path for ref in discover_pods(k.logs_root, self._kfilter))
+            wanted.update(self._received())
             for path, source in list(self._by_path.items()):
                 if path != STDIN and source.tailer is not None and path not in wanted:
                     self._let_go(path, source)

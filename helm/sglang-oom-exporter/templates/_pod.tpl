@@ -3,6 +3,7 @@
 {{- $mode := .Values.mode }}
 {{- $ds := .Values.daemonset | default dict }}
 {{- $dep := .Values.deployment | default dict }}
+{{- $rcv := .Values.receiver | default dict }}
 {{- $api := include "sglang-oom-exporter.apiAccess" . }}
 {{- $web := include "sglang-oom-exporter.webConfig" . | fromYaml }}
 {{- $podSC := dict "seccompProfile" (dict "type" "RuntimeDefault") }}
@@ -78,6 +79,11 @@ spec:
         - name: metrics
           containerPort: {{ .Values.port | default 9877 }}
           protocol: TCP
+        {{- if eq $mode "receiver" }}
+        - name: otlp-http
+          containerPort: {{ $rcv.port | default 4318 }}
+          protocol: TCP
+        {{- end }}
       {{- if $web.basicAuth }}
       # Basic auth (webConfig.basicAuth): a kubelet probe can send no credentials unless a password is written
       # into the pod spec, and a 401 fails it; the probes check that the port accepts connections instead.
@@ -152,6 +158,12 @@ spec:
           mountPath: {{ $p }}
           readOnly: true
         {{- end }}
+        {{- else if eq $mode "receiver" }}
+        {{- if $rcv.bearerTokenSecret }}
+        - name: otlp-token
+          mountPath: /etc/sglang-oom-exporter-otlp
+          readOnly: true
+        {{- end }}
         {{- else }}
         - name: logs
           mountPath: {{ $dep.mountPath | default "/logs" }}
@@ -187,6 +199,18 @@ spec:
       hostPath:
         path: {{ $p }}
         type: Directory
+    {{- end }}
+    {{- else if eq $mode "receiver" }}
+    # No hostPath: the received lines are spooled here (docs/otlp.md), with the positions and counters.
+    - name: state
+      {{- toYaml ($rcv.stateVolume | default (dict "emptyDir" dict)) | nindent 6 }}
+    {{- with $rcv.bearerTokenSecret }}
+    - name: otlp-token
+      secret:
+        secretName: {{ . }}
+        items:
+          - key: token
+            path: token
     {{- end }}
     {{- else }}
     - name: state

@@ -1,0 +1,306 @@
+"""The OTLP/HTTP logs endpoint: POST /v1/logs on a port of its own, answered as the OTLP specification says.
+
+    shipper --POST /v1/logs--> auth (web config basic auth, bearer token) --> body (capped) --> sources/otlp.decode
+        --> lines by source --> accept (daemon/receiver.py: durable in the spool) --> 200 ExportLogsServiceResponse
+
+Every answer but 200 says why and is counted by status: 400 malformed protobuf, JSON or gzip (with the
+parser's reason, as a google.rpc.Status), 401 without the credentials, 404/405 another path or method, 411
+without a Content-Length, 413 past the size cap (before or after gzip), 415 another content type or
+encoding, 429 with Retry-After when too many requests are in flight (the shipper backs off and retries), 503
+with Retry-After when the spool cannot write (disk full) or the receiver stops. 2xx comes only after the
+records are on disk, so a shipper that got it may forget them, and one that did not sends them again.
+"""
+
+from __future__ import annotations
+
+import hmac
+import logging
+import socket
+import socketserver
+import ssl
+import threading
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any, Protocol
+
+from prometheus_client.core import CounterMetricFamily
+from prometheus_client.registry import Collector
+
+from .. import __version__
+from ..metrics.names import SELF
+from ..sources.otlp import JSON, PROTOBUF, OtlpError, decode, lines, media_type, response, status
+from ..sources.otlpspool import Line, SpoolError
+from .webconfig import BasicAuth, WebConfig
+
+_LOG = logging.getLogger(__name__)
+
+PATH = "/v1/logs"
+REQUEST_TIMEOUT = 30.0  # seconds for the TLS handshake, a head and its body; and an idle kept-alive connection
+MAX_IN_FLIGHT = 8  # requests decoded and spooled at once; past it, 429 and Retry-After
+RETRY_AFTER_SECONDS = 1
+# google.rpc.Code values for the Status body of a failure.
+_INVALID_ARGUMENT, _UNAUTHENTICATED, _RESOURCE_EXHAUSTED, _UNAVAILABLE, _UNIMPLEMENTED = 3, 16, 8, 14, 12
+
+
+class Accepts(Protocol):
+    """What the endpoint hands the records to (daemon/receiver.Receiver)."""
+
+    def accept(self, batch: Mapping[str, Sequence[Line]]) -> Any: ...
+
+
+class OtlpStats:
+    """The endpoint's counters (read at scrape time)."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.requests: dict[str, int] = {}  # by HTTP status code
+        self.failures: dict[str, int] = {}  # by reason: malformed, too_large, unsupported, unauthorized, ...
+        self.bytes = 0  # request bodies read, as sent (before gzip is undone)
+
+    def count(self, code: int, reason: str = "") -> None:
+        with self.lock:
+            self.requests[str(code)] = self.requests.get(str(code), 0) + 1
+            if reason:
+                self.failures[reason] = self.failures.get(reason, 0) + 1
+
+
+_REASONS = {400: "malformed", 401: "unauthorized", 404: "not_found", 405: "method", 411: "length_required",
+            413: "too_large", 415: "unsupported", 429: "overloaded", 503: "unavailable"}  # fmt: skip
+
+
+class OtlpServer:
+    """The receiver's HTTP server: start() binds and serves from a thread, stop() closes and joins it."""
+
+    def __init__(
+        self,
+        address: tuple[str, int],
+        receiver: Accepts,
+        *,
+        web_config: WebConfig | None = None,
+        bearer_token: str | None = None,
+        max_request_bytes: int = 8 * 1024 * 1024,
+        max_in_flight: int = MAX_IN_FLIGHT,
+    ) -> None:
+        self._address = address
+        self.receiver = receiver
+        self._web_config = web_config or WebConfig()
+        users = self._web_config.basic_auth_users
+        self.auth = BasicAuth(users) if users else None
+        self.bearer = bearer_token.strip().encode() if bearer_token else None
+        self.max_request_bytes = max_request_bytes
+        self._slots = threading.BoundedSemaphore(max_in_flight)
+        self.stats = OtlpStats()
+        self.stopping = False
+        self._httpd: _Server | None = None
+        self._thread: threading.Thread | None = None
+
+    @property
+    def port(self) -> int:
+        """The bound port."""
+        if self._httpd is None:
+            raise RuntimeError("the OTLP receiver is not started")
+        return self._httpd.server_port
+
+    def start(self) -> None:
+        """Load TLS files and bind (OSError if either fails), then serve from a daemon thread."""
+        httpd = _Server(self._address, self, self._web_config.ssl_context())
+        self._httpd = httpd
+        self._thread = threading.Thread(
+            target=httpd.serve_forever, kwargs={"poll_interval": 0.1}, name="sglang-oom-otlp", daemon=True
+        )
+        self._thread.start()
+
+    def stop(self, timeout: float = 5.0) -> None:
+        """Answer 503 from now on, stop accepting, and join the server thread."""
+        self.stopping = True
+        httpd, thread = self._httpd, self._thread
+        if httpd is None or thread is None:
+            return
+        httpd.shutdown()
+        httpd.server_close()
+        thread.join(timeout)
+        self._httpd = self._thread = None
+
+    def authorized(self, header: str | None) -> bool:
+        """Basic auth from the web config and the bearer token, each when configured."""
+        if self.bearer is not None:
+            scheme, _, token = (header or "").partition(" ")
+            return scheme.lower() == "bearer" and hmac.compare_digest(token.strip().encode(), self.bearer)
+        return self.auth is None or self.auth.check(header)
+
+    def handle(self, body: bytes, content_type: str | None, content_encoding: str | None) -> tuple[int, bytes, str]:
+        """(status, body, content type) of one POST /v1/logs; counted."""
+        kind = JSON if (content_type or "").split(";")[0].strip().lower() == JSON else PROTOBUF
+        if self.stopping:
+            return self._fail(503, kind, _UNAVAILABLE, "the receiver is stopping; retry")
+        if not self._slots.acquire(blocking=False):
+            return self._fail(429, kind, _RESOURCE_EXHAUSTED, "too many requests in flight; retry")
+        try:
+            try:
+                kind = media_type(content_type)
+                request = decode(body, content_type, content_encoding, self.max_request_bytes)
+                batch = lines(request)
+                self.receiver.accept(batch)
+            except OtlpError as exc:
+                code = _UNIMPLEMENTED if exc.status == 415 else _INVALID_ARGUMENT
+                return self._fail(exc.status, kind, code, exc.reason)
+            except SpoolError as exc:
+                _LOG.warning("otlp: cannot spool a request (answered 503, the shipper retries): %s", exc)
+                return self._fail(503, kind, _UNAVAILABLE, f"cannot store the records: {exc}")
+            self.stats.count(200)
+            return 200, response(kind), kind
+        finally:
+            self._slots.release()
+
+    def _fail(self, code: int, kind: str, rpc: int, reason: str) -> tuple[int, bytes, str]:
+        self.stats.count(code, _REASONS.get(code, "other"))
+        _LOG.debug("otlp: answered %d: %s", code, reason)
+        return code, status(kind, rpc, reason), kind
+
+    def refuse(self, code: int, reason: str) -> tuple[int, bytes, str]:
+        """A request refused before its body was read (auth, path, method, size): plain text."""
+        self.stats.count(code, _REASONS.get(code, "other"))
+        return code, (reason + "\n").encode(), "text/plain; charset=utf-8"
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server: _Server
+    protocol_version = "HTTP/1.1"
+    server_version = f"sglang-oom-exporter/{__version__}"
+    sys_version = ""
+    timeout = REQUEST_TIMEOUT
+    disable_nagle_algorithm = True  # the head and the body are two writes: no delayed-ACK wait between them
+
+    def do_POST(self) -> None:
+        """POST /v1/logs."""
+        app = self.server.app
+        if self.path.split("?", 1)[0] != PATH:
+            self._answer(*app.refuse(404, f"not found: OTLP logs are received at {PATH}"), close=True)
+            return
+        if not app.authorized(self.headers.get("Authorization")):
+            status_, body, kind = app.refuse(401, "unauthorized")
+            scheme = "Bearer" if app.bearer is not None else f'Basic realm="{BasicAuth.realm}"'
+            self._answer(status_, body, kind, {"WWW-Authenticate": scheme}, close=True)
+            return
+        length = self.headers.get("Content-Length")
+        if self.headers.get("Transfer-Encoding") or length is None or not length.strip().isdigit():
+            self._answer(*app.refuse(411, "send the body with a Content-Length"), close=True)
+            return
+        size = int(length)
+        if size > app.max_request_bytes:
+            # Not read: the connection closes, and the shipper does not retry a 413 (it splits or drops the batch).
+            self._answer(*app.refuse(413, f"the body is {size} bytes; this receiver takes {app.max_request_bytes} "
+                                          "at most (--otlp-max-request-kib)"), close=True)  # fmt: skip
+            return
+        body = self.rfile.read(size)
+        if len(body) < size:
+            self.close_connection = True
+            return  # the client went away mid-body: nothing to answer
+        with app.stats.lock:
+            app.stats.bytes += size
+        code, answer, kind = app.handle(body, self.headers.get("Content-Type"), self.headers.get("Content-Encoding"))
+        extra = {"Retry-After": str(RETRY_AFTER_SECONDS)} if code in (429, 503) else {}
+        self._answer(code, answer, kind, extra)
+
+    def _refuse_method(self) -> None:
+        self._answer(*self.server.app.refuse(405, "method not allowed: POST /v1/logs"), {"Allow": "POST"}, close=True)
+
+    def do_GET(self) -> None:
+        """405: OTLP/HTTP only posts."""
+        self._refuse_method()
+
+    def do_PUT(self) -> None:
+        """405: OTLP/HTTP only posts."""
+        self._refuse_method()
+
+    def _answer(
+        self, code: int, body: bytes, kind: str, headers: Mapping[str, str] | None = None, *, close: bool = False
+    ) -> None:
+        if close:
+            self.close_connection = True
+        self.send_response(code)
+        self.send_header("Content-Type", kind)
+        self.send_header("Content-Length", str(len(body)))
+        for name, value in (headers or {}).items():
+            self.send_header(name, value)
+        if close:
+            self.send_header("Connection", "close")
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(body)
+
+    def log_message(self, format: str, *args: Any) -> None:
+        """Requests go to DEBUG: never one line per request at INFO."""
+        _LOG.debug("otlp client=%s %s", self.address_string(), format % args)
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    request_queue_size = 128
+
+    def __init__(self, address: tuple[str, int], app: OtlpServer, ssl_context: ssl.SSLContext | None) -> None:
+        self.address_family = socket.AF_INET6 if ":" in address[0] else socket.AF_INET
+        self.app = app
+        self.ssl_context = ssl_context
+        super().__init__(address, _Handler)
+
+    def server_bind(self) -> None:
+        # No reverse lookup of the host name (HTTPServer.server_bind's getfqdn can stall for seconds).
+        socketserver.TCPServer.server_bind(self)
+        host, port = self.server_address[:2]
+        self.server_name, self.server_port = str(host), int(port)
+
+    def finish_request(self, request: Any, client_address: Any) -> None:
+        request.settimeout(REQUEST_TIMEOUT)
+        if self.ssl_context is None:
+            _Handler(request, client_address, self)
+            return
+        # The handshake runs on the connection's own thread under its timeout, never in the accept loop.
+        conn = self.ssl_context.wrap_socket(request, server_side=True, do_handshake_on_connect=False)
+        try:
+            conn.do_handshake()
+            _Handler(conn, client_address, self)
+        finally:
+            self.shutdown_request(conn)
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        _LOG.debug("otlp client=%s connection failed", client_address, exc_info=True)
+
+
+class OtlpCollector(Collector):
+    """The receiver's numbers for /metrics: requests by status code, failures by reason, records and bytes."""
+
+    def __init__(self, server: OtlpServer, received: Callable[[], tuple[int, int]]) -> None:
+        self._server = server
+        self._received = received  # (lines written to the spool, retried copies skipped)
+
+    def describe(self) -> Iterable[CounterMetricFamily]:
+        """Nothing up front: the registry then never calls collect() at registration."""
+        return []
+
+    def collect(self) -> Iterable[CounterMetricFamily]:
+        """The counters, zero-initialised for the statuses a shipper most needs to see."""
+        stats = self._server.stats
+        with stats.lock:
+            requests, failures = dict(stats.requests), dict(stats.failures)
+            nbytes = stats.bytes
+        family = CounterMetricFamily(f"{SELF}_otlp_requests", "OTLP/HTTP log requests answered, by status code.",
+                                     labels=["code"])  # fmt: skip
+        for code in sorted({"200", *requests}):
+            family.add_metric([code], requests.get(code, 0))
+        yield family
+        family = CounterMetricFamily(f"{SELF}_otlp_request_failures", "OTLP/HTTP log requests refused, by reason "
+                                     "(malformed, too_large, unsupported, unauthorized, overloaded, unavailable, ...).",
+                                     labels=["reason"])  # fmt: skip
+        for reason in sorted({"malformed", "too_large", "overloaded", "unavailable", *failures}):
+            family.add_metric([reason], failures.get(reason, 0))
+        yield family
+        written, duplicates = self._received()
+        family = CounterMetricFamily(f"{SELF}_otlp_log_records", "OTLP log records received in accepted requests: "
+                                     "spooled, or skipped as a retried copy of one spooled before.",
+                                     labels=["result"])  # fmt: skip
+        family.add_metric(["spooled"], written)
+        family.add_metric(["duplicate"], duplicates)
+        yield family
+        yield CounterMetricFamily(f"{SELF}_otlp_received_bytes", "OTLP/HTTP request body bytes read (as sent).",
+                                  value=nbytes)  # fmt: skip

@@ -1,0 +1,110 @@
+"""The OTLP receiver's parts in this process: a record's source and identity (sources/otlp.py), the spool's commit,
+dedupe and crash recovery (sources/otlpspool.py), and the endpoint's overload answer (web/otlp.py)."""
+
+from __future__ import annotations
+
+import os
+
+from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest
+from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
+from opentelemetry.proto.logs.v1.logs_pb2 import LogRecord, ResourceLogs, ScopeLogs
+
+from sglang_oom_exporter.sources import otlpspool
+from sglang_oom_exporter.sources.otlp import JSON, body_text, lines, spool_path
+from sglang_oom_exporter.sources.otlpspool import Line, Spool
+from sglang_oom_exporter.web.otlp import OtlpServer
+from tests.support.otlp import post
+
+POD = {"k8s.namespace.name": "llm", "k8s.pod.name": "sglang-0", "k8s.pod.uid": "9f1c", "k8s.container.name": "srv",
+       "k8s.container.restart_count": "2"}  # fmt: skip
+
+
+def _kv(attrs: dict[str, str]) -> list[KeyValue]:
+    return [KeyValue(key=k, value=AnyValue(string_value=v)) for k, v in attrs.items()]
+
+
+def _request(resource: dict[str, str], bodies: list[str], t: int = 5) -> ExportLogsServiceRequest:
+    logs = [LogRecord(time_unix_nano=t, body=AnyValue(string_value=b)) for b in bodies]
+    rl = ResourceLogs(scope_logs=[ScopeLogs(log_records=logs)])
+    rl.resource.attributes.extend(_kv(resource))
+    return ExportLogsServiceRequest(resource_logs=[rl])
+
+
+def test_a_source_is_named_by_its_pod_else_its_kubelet_path_else_its_file_else_its_service():
+    assert spool_path(POD) == "pods/llm_sglang-0_9f1c/srv/2.log"
+    kubelet = {"log.file.path": "/var/log/pods/llm_sglang-1_77ab/server/3.log"}
+    assert spool_path(kubelet) == "pods/llm_sglang-1_77ab/server/3.log"
+    assert spool_path({"log.file.path": "/var/log/sglang/server.log"}) == "files/var-log-sglang-server.log.log"
+    assert spool_path({"service.name": "sglang"}) == "files/sglang.log"
+    assert spool_path({"k8s.pod.name": "../../etc", "service.name": "a/../b_c"}) == "files/a-..-b-c.log"
+    assert spool_path({}) == "files/unknown.log"
+
+
+def test_a_structured_body_gives_its_log_key_and_a_repeated_line_keeps_both_copies():
+    body = AnyValue()
+    body.kvlist_value.values.extend([KeyValue(key="stream", value=AnyValue(string_value="stderr")),
+                                     KeyValue(key="log", value=AnyValue(string_value="the line"))])  # fmt: skip
+    assert body_text(body) == "the line"
+    got = lines(_request(POD, ["same", "same", "other\n"]))
+    assert [x.data for x in got["pods/llm_sglang-0_9f1c/srv/2.log"]] == [b"same\n", b"same\n", b"other\n"]
+    identities = [x.identity for x in got["pods/llm_sglang-0_9f1c/srv/2.log"]]
+    assert len(set(identities)) == 3
+    assert identities == [
+        x.identity for x in lines(_request(POD, ["same", "same", "other\n"]))["pods/llm_sglang-0_9f1c/srv/2.log"]
+    ]
+
+
+def test_the_spool_writes_a_retried_line_once_and_remembers_it_after_a_restart(tmp_path):
+    spool = Spool(str(tmp_path))
+    batch = {"files/a.log": [Line(b"one\n", b"1" * 16), Line(b"two\n", b"2" * 16)]}
+    assert spool.append(batch) == (2, 0, [str(tmp_path / "files/a.log")])
+    assert spool.append(batch) == (0, 2, [])
+    again = Spool(str(tmp_path))
+    again.recover()
+    assert again.append({"files/a.log": [Line(b"two\n", b"2" * 16), Line(b"three\n", b"3" * 16)]}) == (1, 1, [])
+    assert (tmp_path / "files/a.log").read_bytes() == b"one\ntwo\nthree\n"
+
+
+def test_recovery_cuts_a_batch_that_was_written_but_never_committed(tmp_path):
+    spool = Spool(str(tmp_path))
+    spool.append({"files/a.log": [Line(b"one\n", b"1" * 16)]})
+    with open(tmp_path / "files/a.log", "ab") as fh:  # a crash between the log's write and the commit mark
+        fh.write(b"half a batch\n")
+    with open(tmp_path / "files/a.log.ids", "ab") as fh:
+        fh.write(b"32" * 16 + b"\n=99")  # an identity without its mark, and a torn mark
+    again = Spool(str(tmp_path))
+    again.recover()
+    assert again.recovered_bytes == len(b"half a batch\n")
+    assert (tmp_path / "files/a.log").read_bytes() == b"one\n"
+    assert (tmp_path / "files/a.log.ids").read_bytes() == (b"31" * 16) + b"\n=4\n"
+    assert again.append({"files/a.log": [Line(b"half a batch\n", b"2" * 16)]}) == (1, 0, [])
+
+
+def test_the_identity_file_is_compacted_to_the_window(tmp_path, monkeypatch):
+    monkeypatch.setattr(otlpspool, "DEDUPE_WINDOW", 4)
+    spool = Spool(str(tmp_path))
+    for i in range(20):
+        spool.append({"files/a.log": [Line(b"%d\n" % i, i.to_bytes(16, "big"))]})
+    rows = (tmp_path / "files/a.log.ids").read_bytes().splitlines()
+    assert len([r for r in rows if not r.startswith(b"=")]) <= 4 * 4
+    assert rows[-1] == b"=%d" % os.path.getsize(tmp_path / "files/a.log")
+    again = Spool(str(tmp_path))
+    again.recover()
+    assert again.append({"files/a.log": [Line(b"19\n", (19).to_bytes(16, "big"))]}) == (0, 1, [])
+
+
+class _Refuses:
+    def accept(self, batch):  # pragma: no cover - never reached: the slots are full
+        raise AssertionError("accepted while overloaded")
+
+
+def test_a_request_past_the_in_flight_limit_gets_429_and_retry_after():
+    server = OtlpServer(("127.0.0.1", 0), _Refuses(), max_in_flight=0)  # every slot taken
+    server.start()
+    try:
+        status, headers, body = post(f"http://127.0.0.1:{server.port}", b"{}", {"Content-Type": JSON})
+        assert (status, headers["Retry-After"]) == (429, "1")
+        assert b"requests in flight" in body
+        assert server.stats.failures == {"overloaded": 1}
+    finally:
+        server.stop()
