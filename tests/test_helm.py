@@ -28,9 +28,11 @@ from sglang_oom_exporter.config import load_config
 from tests.support.helm import (
     CHART,
     CI_FILES,
+    CRD_SCHEMAS,
     ROOT,
     RULES_FILE,
     by_kind,
+    crd_validate,
     helm,
     install_notes,
     needs_dashboards,
@@ -194,29 +196,6 @@ def test_kubernetes_validate_rejects_a_misspelt_field(k8s):
     assert error.startswith("ERROR ")
     assert "readOnlyRootFilesytem" in error
     assert "did not validate for resource daemonset/t-sglang-oom-exporter" in error
-
-
-CRD_SCHEMAS = {
-    "ServiceMonitor": "servicemonitor-v1.json",
-    "PodMonitor": "podmonitor-v1.json",
-    "PrometheusRule": "prometheusrule-v1.json",
-}
-
-
-@functools.cache
-def _crd_validator(kind: str) -> jsonschema.protocols.Validator:
-    """The vendored CRD schema for kind, checked and compiled once (jsonschema.validate re-checks it per call)."""
-    schema = json.loads((SCHEMAS / CRD_SCHEMAS[kind]).read_text())
-    cls = jsonschema.validators.validator_for(schema)
-    cls.check_schema(schema)
-    return cls(schema)
-
-
-def crd_validate(doc: dict) -> None:
-    """What jsonschema.validate does (raise the best-matching error) with the cached validator."""
-    error = jsonschema.exceptions.best_match(_crd_validator(doc["kind"]).iter_errors(doc))
-    if error is not None:
-        raise error
 
 
 @pytest.mark.parametrize("ci", CI_FILES)

@@ -11,8 +11,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.support.helm import by_kind, one, template, workload
-from tests.test_helm import crd_validate
+from tests.support.helm import by_kind, crd_validate, one, template, workload
 
 OPTIONS = "options-values.yaml"
 
