@@ -23,6 +23,28 @@ ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "helm" / "sglang-oom-exporter"
 CI_FILES = sorted(p.name for p in (CHART / "ci").glob("*-values.yaml"))
 RULES_FILE = CHART / "files" / "sglang-oom.rules.yaml"
+SCHEMAS = ROOT / "tests" / "schemas"
+CRD_SCHEMAS = {
+    "ServiceMonitor": "servicemonitor-v1.json",
+    "PodMonitor": "podmonitor-v1.json",
+    "PrometheusRule": "prometheusrule-v1.json",
+}
+
+
+@functools.cache
+def _crd_validator(kind: str) -> jsonschema.protocols.Validator:
+    """The vendored CRD schema for kind, checked and compiled once (jsonschema.validate re-checks it per call)."""
+    schema = json.loads((SCHEMAS / CRD_SCHEMAS[kind]).read_text())
+    cls = jsonschema.validators.validator_for(schema)
+    cls.check_schema(schema)
+    return cls(schema)
+
+
+def crd_validate(doc: dict) -> None:
+    """What jsonschema.validate does (raise the best-matching error) with the cached validator."""
+    error = jsonschema.exceptions.best_match(_crd_validator(doc["kind"]).iter_errors(doc))
+    if error is not None:
+        raise error
 
 
 def helm() -> str:
@@ -126,26 +148,3 @@ def install_notes(*ci: str, values: dict | None = None) -> str:
     proc = helm_with_values([helm(), "install", "t", str(CHART), "-n", "monitoring", "--dry-run=client"], ci, values)
     assert proc.returncode == 0, proc.stderr
     return proc.stdout.split("NOTES:\n", 1)[1]
-
-
-CRD_SCHEMAS = {
-    "ServiceMonitor": "servicemonitor-v1.json",
-    "PodMonitor": "podmonitor-v1.json",
-    "PrometheusRule": "prometheusrule-v1.json",
-}
-
-
-@functools.cache
-def _crd_validator(kind: str) -> jsonschema.protocols.Validator:
-    """The vendored CRD schema for kind, checked and compiled once (jsonschema.validate re-checks it per call)."""
-    schema = json.loads((ROOT / "tests" / "schemas" / CRD_SCHEMAS[kind]).read_text())
-    cls = jsonschema.validators.validator_for(schema)
-    cls.check_schema(schema)
-    return cls(schema)
-
-
-def crd_validate(doc: dict) -> None:
-    """What jsonschema.validate does (raise the best-matching error) with the cached validator."""
-    error = jsonschema.exceptions.best_match(_crd_validator(doc["kind"]).iter_errors(doc))
-    if error is not None:
-        raise error
