@@ -37,7 +37,7 @@ def test_a_source_is_named_by_its_pod_else_its_kubelet_path_else_its_file_else_i
     assert spool_path({"log.file.path": "/var/log/sglang/server.log"}) == "files/var-log-sglang-server.log.log"
     assert spool_path({"service.name": "sglang"}) == "files/sglang.log"
     assert spool_path({"k8s.pod.name": "../../etc", "service.name": "a/../b_c"}) == "files/a-..-b-c.log"
-    assert spool_path({}) == "files/unknown.log"
+    assert spool_path({}) == "files/unnamed.log"
 
 
 def test_a_structured_body_gives_its_log_key_and_a_repeated_line_keeps_both_copies():

@@ -203,7 +203,7 @@ def spool_path(attrs: dict[str, str]) -> str:
     if ns and pod and container:
         restart = attrs.get("k8s.container.restart_count", "0")
         return _pod_path(ns, pod, attrs.get("k8s.pod.uid", "") or "nouid", container, restart)
-    name = file_path.strip("/") or attrs.get("service.name", "") or "unknown"
+    name = file_path.strip("/") or attrs.get("service.name", "") or "unnamed"
     return f"{FILE_DIR}/{_safe(name.replace('/', '_'))}.log"
 
 
