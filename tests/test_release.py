@@ -304,3 +304,19 @@ def test_notes_say_which_image_runs_and_where_it_comes_from():
     assert f"This is not the published image, {IMAGE}:{__version__}" in custom
     sidecar = notes("-f", str(CHART / "ci" / "sidecar-values.yaml"))
     assert f"with the image {IMAGE}:{__version__}" in sidecar
+
+
+def test_no_file_cites_our_trackers_issue_numbers():
+    """A reader of the repository cannot resolve our tracker's numbers: code, tests and docs name the fact.
+    SGLang's own tracker ("SGLang's GitHub issue #322") is a public reference and stays."""
+    proc = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True)
+    cited = []
+    for name in proc.stdout.splitlines():
+        path = ROOT / name
+        if not path.is_file() or path.suffix in {".png", ".gz"}:
+            continue
+        text = path.read_text(encoding="utf-8", errors="replace")
+        for number, line in enumerate(text.splitlines(), 1):
+            if re.search(r"(?<!GitHub )\bissue ?#?\d+", line, re.I):
+                cited.append(f"{name}:{number}")
+    assert cited == []

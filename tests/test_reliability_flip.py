@@ -1,4 +1,4 @@
-"""Issue 24, defect 7: a path that flips between a directory and a regular file lost short-lived generations.
+"""A path that flips between a directory and a regular file lost short-lived generations.
 
 The cause was not the directory itself (it is opened, found not to be a regular file, counted as a read error and
 looked at again on the next event): it was the inode. Seeing the directory at the path, the tailer lets go of the
