@@ -10,7 +10,7 @@ import yaml
 
 from .keys import FILE_KEYS, FILE_SCALARS, Builder, bounded_duration
 from .model import DiscoverTargetsConfig, EventsConfig, KubernetesConfig
-from .values import FILTER_NAME_MAX, URL, filter_problem, parse_bool
+from .values import URL, parse_bool
 
 _K8S_KEYS = frozenset({"logs_root", "namespace", "pod", "container"})
 _DISCOVER_KEYS = frozenset({"enabled", "port", "port_annotation", "interval", "service_account_dir"})
@@ -118,10 +118,8 @@ def _kubernetes(builder: Builder, where: str, raw: Any) -> None:
     for key in sorted(set(raw) - _K8S_KEYS - {"discover_targets", "events"}):
         builder.problems.append(f"{where}.{key}: unknown key")
     for key in ("namespace", "pod", "container"):
-        if key in raw:
-            problem = filter_problem(f"{where}.{key}", str(raw[key]), FILTER_NAME_MAX[key])
-            if problem is not None:
-                builder.problems.append(problem)
+        if key in raw:  # matched under a time limit (sources/discover.py): only the syntax is a config error
+            builder.check_regex(f"{where}.{key}", str(raw[key]))
     discover = _discover_targets(builder, f"{where}.discover_targets", raw.get("discover_targets"))
     events = _events(builder, f"{where}.events", raw.get("events"))
     builder.values["kubernetes"] = KubernetesConfig(

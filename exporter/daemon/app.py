@@ -149,6 +149,7 @@ class App:
             "event_sink_errors_total": float(self.sink.errors),
             "numbers_dropped_total": float(facts.numbers_dropped),
             "source_errors_total": float(facts.errors),
+            "kubernetes_filter_timeouts_total": float(facts.filter_timeouts),
             "loop_timestamp_seconds": self.loop.last_loop(),
             "pending_events": float(self.loop.pending),  # as of the loop's last pass: a scrape never waits for it
             "busy_sources": float(self.loop.busy),

@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ..config import Config
-from ..sources.discover import KubernetesFilter
+from ..sources.discover import FilterTimeouts, KubernetesFilter
 from ..sources.tail import TailPosition
 from .logsource import LogSource
 
@@ -51,10 +51,10 @@ def discovery_problem(config: Config, found: Mapping[str, Any], stdin: bool) -> 
     return ""
 
 
-def kubernetes_filter(config: Config) -> KubernetesFilter | None:
-    """The pod log filter of the config's Kubernetes mode (None without it)."""
+def kubernetes_filter(config: Config, timeouts: FilterTimeouts) -> KubernetesFilter | None:
+    """The pod log filter of the config's Kubernetes mode (None without it), counting its timeouts in `timeouts`."""
     k = config.kubernetes
-    return None if k is None else KubernetesFilter(k.namespace, k.pod, k.container)
+    return None if k is None else KubernetesFilter(k.namespace, k.pod, k.container, timeouts)
 
 
 def restore(source: LogSource, saved: Mapping[str, Any]) -> TailPosition:

@@ -27,7 +27,7 @@ from ..detect.model import OomEvent
 from ..detect.pipeline import Pipeline
 from ..events.sink import Context, EventSink
 from ..metrics import KUBERNETES_LABELS, EventCounts, SourceStats
-from ..sources.discover import KubernetesFilter, dirs_to_watch, discover_pods, expand
+from ..sources.discover import FilterTimeouts, KubernetesFilter, dirs_to_watch, discover_pods, expand
 from ..sources.handles import HandleBudget, handle_bound
 from ..sources.otlpspool import FILE_DIR, POD_DIR
 from ..sources.tail import FileTailer, TailPosition
@@ -53,6 +53,7 @@ class SourceFacts:
     errors: int  # unexpected exceptions while reading a source
     bad_positions: int  # saved positions that could not be used
     numbers_dropped: int  # numbers the matcher dropped (detect/match.py)
+    filter_timeouts: int  # Kubernetes filter matches given up at their time limit (sources/discover.py)
     open_files: int
     file_handle_parks: int
     open_file_limit_hits: int
@@ -96,7 +97,8 @@ class SourceSet:
         self._watch_dirs: set[str] | None = None
         # Series of sources a reload let go: (kept until, the page's scrape count then), by label values.
         self._released: dict[tuple[str, ...], tuple[float, int]] = {}
-        self._kfilter = kubernetes_filter(config)
+        self._filter_timeouts = FilterTimeouts()  # one for every filter a reload builds: a counter never goes back
+        self._kfilter = kubernetes_filter(config, self._filter_timeouts)
         # Container directories (a pod's <namespace>_<pod>_<uid>/<container>) whose logs showed SGLang: a new run of
         # the container (the next <n>.log) is SGLang's from its first byte.
         self._sglang_dirs: set[str] = set()
@@ -163,7 +165,8 @@ class SourceSet:
         if root is None:
             return {}
         found: dict[str, tuple[tuple[str, ...], dict[str, str]] | None] = {}
-        for ref in discover_pods(os.path.join(root, POD_DIR), self._kfilter or KubernetesFilter()):
+        pod_filter = self._kfilter or KubernetesFilter(timeouts=self._filter_timeouts)
+        for ref in discover_pods(os.path.join(root, POD_DIR), pod_filter):
             labels = {"namespace": ref.namespace, "pod": ref.pod, "container": ref.container}
             found[ref.path] = ((ref.namespace, ref.pod, ref.container), labels)
         for path in expand([os.path.join(root, FILE_DIR, "*.log")]):
@@ -198,7 +201,7 @@ class SourceSet:
             dropped = self._matcher.numbers_dropped
             self._matcher = Matcher(catalog)
             self._matcher.numbers_dropped = dropped  # a counter: never goes back
-            self._kfilter = kubernetes_filter(config)
+            self._kfilter = kubernetes_filter(config, self._filter_timeouts)
             self._watch_dirs = None
             wanted = set(expand(config.paths))
             k = config.kubernetes
@@ -367,6 +370,7 @@ class SourceSet:
         return SourceFacts(
             followed=len(self._by_path), problem=self._problem, waiting=self._waiting, errors=self._errors,
             bad_positions=self._bad_positions, numbers_dropped=self._matcher.numbers_dropped,
+            filter_timeouts=self._filter_timeouts.count,
             open_files=handles.open_files, file_handle_parks=handles.parks,
             open_file_limit_hits=handles.limit_hits, handles_waiting=handles.waiting, handle_limit=handles.limit,
         )  # fmt: skip

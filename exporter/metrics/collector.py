@@ -196,6 +196,7 @@ _EXTRA_HELP = {
     "event_sink_errors_total": "Events that could not be recorded.",
     "numbers_dropped_total": "Numbers in OOM messages out of range (above 2^53), left out of their events.",
     "source_errors_total": "Unexpected errors while reading a source (the loop goes on).",
+    "kubernetes_filter_timeouts_total": "Kubernetes filter matches given up at their time limit (counted as no match).",
     "open_files": "Log files open now (at most a bound under the open-file limit; the others are parked).",
     "file_handle_parks_total": "Idle log files closed to stay under the open-file bound, reopened when they change.",
     "open_file_limit_hits_total": "Log file opens refused by the open-file bound or limit (retried; see /healthz).",

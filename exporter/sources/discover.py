@@ -13,8 +13,12 @@ import glob
 import logging
 import os
 import re
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+import threading
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+
+import regex
 
 log = logging.getLogger(__name__)
 
@@ -90,29 +94,74 @@ DEFAULT_POD_FILTER = r".+"
 DEFAULT_CONTAINER_FILTER = r"(?i)(?!.*oom-exporter).+"
 
 
+# A filter runs on names a tenant chooses (a pod's name, up to 253 characters): a linear pattern needs microseconds,
+# one that backtracks catastrophically ((a|aa)+$) is given up after this many seconds and counts as no match.
+FILTER_TIMEOUT = 0.1
+WARN_EVERY = 60.0  # seconds between two warnings about filter timeouts
+
+
+class FilterTimeouts:
+    """Filter matches given up at FILTER_TIMEOUT (each counted as no match), with a rate-limited warning.
+
+    One per source set, handed to every filter a reload builds, so the count never goes back.
+    """
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self.count = 0
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._warned = -WARN_EVERY  # clock() of the last warning
+
+    def record(self, key: str, pattern: str, name: str) -> None:
+        """One match of `pattern` on `name` gave up: count it, and warn at most once per WARN_EVERY."""
+        with self._lock:
+            self.count += 1
+            now = self._clock()
+            if now - self._warned < WARN_EVERY:
+                return
+            self._warned = now
+        log.warning("kubernetes filter %s %r took over %gs on %r and counts as no match (%d so far, "
+                    "sglang_oom_exporter_kubernetes_filter_timeouts_total); write it without nested repetitions",
+                    key, pattern, FILTER_TIMEOUT, name[:64], self.count)  # fmt: skip
+
+
 @dataclass(frozen=True, slots=True)
 class KubernetesFilter:
-    """Regexes (full match) that pick the pods' containers to follow; see the defaults' comment."""
+    """Regexes (full match) that pick the pods' containers to follow; see the defaults' comment.
+
+    Compiled with the `regex` module and matched under FILTER_TIMEOUT: a match that takes longer is no match,
+    counted in `timeouts`.
+    """
 
     namespace: str = DEFAULT_NAMESPACE_FILTER
     pod: str = DEFAULT_POD_FILTER
     container: str = DEFAULT_CONTAINER_FILTER
+    timeouts: FilterTimeouts = field(default_factory=FilterTimeouts, compare=False, repr=False)
+    compiled: dict[str, regex.Pattern[str]] = field(init=False, compare=False, repr=False)
 
     def __post_init__(self) -> None:
+        compiled = {}
         for name in ("namespace", "pod", "container"):
             try:
-                re.compile(getattr(self, name))
-            except re.error as exc:
+                compiled[name] = regex.compile(getattr(self, name))
+            except regex.error as exc:
                 raise ValueError(f"kubernetes filter {name}: invalid regex: {exc}") from exc
+        object.__setattr__(self, "compiled", compiled)
 
     def matches_pod(self, namespace: str, pod: str) -> bool:
         """Whether a pod directory passes the namespace and pod filters."""
-        # re caches compiled patterns, so the frozen value needs no compiled copies of its own.
-        return bool(re.fullmatch(self.namespace, namespace) and re.fullmatch(self.pod, pod))
+        return self._matches("namespace", namespace) and self._matches("pod", pod)
 
     def matches_container(self, container: str) -> bool:
         """Whether a container directory passes the container filter."""
-        return re.fullmatch(self.container, container) is not None
+        return self._matches("container", container)
+
+    def _matches(self, key: str, name: str) -> bool:
+        try:
+            return self.compiled[key].fullmatch(name, timeout=FILTER_TIMEOUT) is not None
+        except TimeoutError:
+            self.timeouts.record(key, getattr(self, key), name)
+            return False
 
 
 def _split_pod_dir(name: str) -> tuple[str, str, str] | None:
