@@ -10,17 +10,10 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
 from sglang_oom_exporter.config import ConfigError, DiscoverTargetsConfig
-from sglang_oom_exporter.sources.http import ScrapeError
-from sglang_oom_exporter.sources.kubeapi import (
-    REASONS,
-    ApiClient,
-    DiscoveryCollector,
-    DiscoveryError,
-    NodeTargets,
-    PodEndpoint,
-    endpoints,
-    node_targets,
-)
+from sglang_oom_exporter.sources.http import LABELS, HttpError, Reason
+from sglang_oom_exporter.sources.kubeapi import DiscoveryCollector, node_targets
+from sglang_oom_exporter.sources.kubeclient import REASONS, ApiClient, PodEndpoint, endpoints
+from sglang_oom_exporter.sources.nodetargets import NodeTargets
 from sglang_oom_exporter.sources.scrape import TargetScraper
 from tests.support.app import config_from_text
 from tests.support.daemon import Daemon, settle
@@ -54,9 +47,9 @@ def test_the_token_is_read_on_every_list(api, tls):
 def test_in_cluster_reads_the_service_env_and_account_dir(tmp_path):
     c = ApiClient.in_cluster({"KUBERNETES_SERVICE_HOST": "10.96.0.1", "KUBERNETES_SERVICE_PORT": "6443"}, str(tmp_path))
     assert (c.host, c.port, c.token_file, c.ca_file) == ("10.96.0.1", 6443, f"{tmp_path}/token", f"{tmp_path}/ca.crt")
-    with pytest.raises(DiscoveryError) as info:
+    with pytest.raises(HttpError) as info:
         ApiClient.in_cluster({}, str(tmp_path)).list_pods(NODE)
-    assert info.value.reason == "error"
+    assert LABELS[info.value.reason].discovery == "error"
     assert "KUBERNETES_SERVICE_HOST" in info.value.detail
 
 
@@ -70,40 +63,40 @@ def test_in_cluster_reads_the_service_env_and_account_dir(tmp_path):
 )
 def test_bad_answers_are_errors_with_a_reason(api, tls, mode, reason, detail):
     api.mode = mode
-    with pytest.raises(DiscoveryError) as info:
+    with pytest.raises(HttpError) as info:
         api_client(api, tls).list_pods(NODE)
-    assert info.value.reason == reason
+    assert LABELS[info.value.reason].discovery == reason
     assert detail in info.value.detail
 
 
 def test_a_hanging_api_server_times_out(api, tls):
     api.mode = "hang"  # accepts and never answers: only the client's own 0.5 s timeout can end the call
-    with pytest.raises(DiscoveryError) as info:
+    with pytest.raises(HttpError) as info:
         api_client(api, tls, timeout=0.5).list_pods(NODE)
-    assert info.value.reason == "timeout"
+    assert LABELS[info.value.reason].discovery == "timeout"
 
 
 def test_tls_is_verified_against_the_ca(api, tls, tmp_path):
     other_ca, _ = openssl_cert(tmp_path, "someone-else")
     _, _, token = tls
     c = ApiClient("127.0.0.1", api.port, token_file=str(token), ca_file=str(other_ca))
-    with pytest.raises(DiscoveryError) as info:
+    with pytest.raises(HttpError) as info:
         c.list_pods(NODE)
-    assert info.value.reason == "tls"
+    assert LABELS[info.value.reason].discovery == "tls"
     assert "CERTIFICATE_VERIFY_FAILED" in info.value.detail
     assert api.requests == []  # the token never left the client
 
 
 def test_missing_token_and_refused_connection(api, tls, tmp_path):
     cert, _, _ = tls
-    with pytest.raises(DiscoveryError) as info:
+    with pytest.raises(HttpError) as info:
         ApiClient("127.0.0.1", api.port, token_file=str(tmp_path / "nope"), ca_file=str(cert)).list_pods(NODE)
-    assert info.value.reason == "no_token"
+    assert LABELS[info.value.reason].discovery == "no_token"
     port = api.port
     api.stop()
-    with pytest.raises(DiscoveryError) as info:
+    with pytest.raises(HttpError) as info:
         ApiClient("127.0.0.1", port, token_file=str(tls[2]), ca_file=str(cert)).list_pods(NODE)
-    assert info.value.reason == "refused"
+    assert LABELS[info.value.reason].discovery == "refused"
     api.start = lambda: api  # already stopped; the fixture's stop() is harmless
 
 
@@ -404,7 +397,7 @@ def test_started_discovery_maps_a_new_pod_before_the_interval(api, tls):
 
     def fetch(url, **_kwargs):  # the pod IP is not on this machine: never connect to it
         fetched.append(url)
-        raise ScrapeError("refused", "test")
+        raise HttpError(Reason.REFUSED, "test")
 
     targets = NodeTargets(api_client(api, tls), NODE, lambda: set(followed), interval=600, scrape_interval=600,
                           new_scraper=lambda url: TargetScraper(url, fetch=fetch))  # fmt: skip

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from sglang_oom_exporter.sources.http import REASONS, ScrapeError, fetch
-from sglang_oom_exporter.sources.scrape import ScrapeLoop, TargetScraper
+from sglang_oom_exporter.sources.http import LABELS, HttpError, Reason
+from sglang_oom_exporter.sources.scrape import REASONS, ScrapeLoop, TargetScraper, fetch
 from sglang_oom_exporter.sources.sglang_metrics import KvSnapshot, parse_metrics, parse_server_info
 from tests.support.fake_sglang import FakeSGLang
 from tests.support.helpers import wait_until
@@ -63,9 +63,9 @@ def test_server_info_internal_states_do_not_override_top_level():
 
 @pytest.mark.parametrize("body", [b"<html></html>", b"not json", b"[1, 2]", b'"text"', b"\xff\xfe\x00"])
 def test_server_info_bad_json(body):
-    with pytest.raises(ScrapeError) as err:
+    with pytest.raises(HttpError) as err:
         parse_server_info(body)
-    assert err.value.reason == "bad_json"
+    assert LABELS[err.value.reason].server_info == "bad_json"
 
 
 @pytest.mark.parametrize(
@@ -82,9 +82,9 @@ def test_server_info_bad_json(body):
     ],
 )
 def test_parse_metrics_not_metrics(body):
-    with pytest.raises(ScrapeError) as err:
+    with pytest.raises(HttpError) as err:
         parse_metrics(body, "t", 0.0)
-    assert err.value.reason == "not_metrics"
+    assert LABELS[err.value.reason].scrape == "not_metrics"
 
 
 def test_parse_metrics_counter_needs_total_sample_and_skips_nan():
@@ -108,22 +108,22 @@ def test_fetch_cap_is_exact(fake, chunked):
     fake.chunked = chunked
     size = len(_body("v0.5.6"))
     assert len(fetch(f"{fake.url}/metrics", timeout=TIMEOUT, max_bytes=size)) == size
-    with pytest.raises(ScrapeError) as err:
+    with pytest.raises(HttpError) as err:
         fetch(f"{fake.url}/metrics", timeout=TIMEOUT, max_bytes=size - 1)
-    assert err.value.reason == "too_large"
+    assert LABELS[err.value.reason].scrape == "too_large"
 
 
 @pytest.mark.parametrize("url", ["ftp://x/metrics", "http:///metrics", "http://x:99999/metrics", "http://x/a\r\nX: y"])
 def test_fetch_rejects_bad_urls(url):
-    with pytest.raises(ScrapeError) as err:
+    with pytest.raises(HttpError) as err:
         fetch(url, timeout=TIMEOUT, max_bytes=CAP)
-    assert err.value.reason == "error"
+    assert LABELS[err.value.reason].scrape == "error"
 
 
 def test_fetch_404_carries_status(fake):
-    with pytest.raises(ScrapeError) as err:
+    with pytest.raises(HttpError) as err:
         fetch(f"{fake.url}/nothing", timeout=TIMEOUT, max_bytes=CAP)
-    assert (err.value.reason, err.value.status) == ("http_status", 404)
+    assert (LABELS[err.value.reason].scrape, err.value.status) == ("http_status", 404)
 
 
 BAD_MODES = [
@@ -151,9 +151,9 @@ def _set_mode(fake: FakeSGLang, mode: str) -> None:
 @pytest.mark.parametrize(("mode", "reason"), BAD_MODES)
 def test_bad_endpoint_fetch_and_parse(fake, mode, reason):
     _set_mode(fake, mode)
-    with pytest.raises(ScrapeError) as err:
+    with pytest.raises(HttpError) as err:
         parse_metrics(fetch(f"{fake.url}/metrics", timeout=TIMEOUT, max_bytes=CAP), "t", 0.0)
-    assert err.value.reason == reason  # "timeout" for the three that never finish: the deadline fired
+    assert LABELS[err.value.reason].scrape == reason  # "timeout" for the three that never finish: the deadline fired
 
 
 @pytest.mark.parametrize(("mode", "reason"), BAD_MODES)
@@ -173,11 +173,11 @@ def test_slow_drip_gives_up_at_the_deadline(fake):
     fake.mode = "slow_drip"
     fake.drip_seconds = 0.2  # five bytes per second: urllib's per-read timeout would never fire
     started = time.monotonic()
-    with pytest.raises(ScrapeError) as err:
+    with pytest.raises(HttpError) as err:
         fetch(f"{fake.url}/metrics", timeout=TIMEOUT, max_bytes=CAP)
     # Every read returns within 0.2 s, so only the whole fetch's deadline can time it out (the body would take
     # minutes), and not before that deadline. How soon after it the error comes is the machine's, not asserted.
-    assert err.value.reason == "timeout"
+    assert LABELS[err.value.reason].scrape == "timeout"
     assert time.monotonic() - started >= TIMEOUT - 0.05
     assert len(fake.metrics_body) * fake.drip_seconds > 60 * TIMEOUT
 
@@ -254,7 +254,7 @@ def _scripted(bodies):
 
     def fake_fetch(url, *, timeout, max_bytes):
         if not url.endswith("/metrics"):
-            raise ScrapeError("http_status", "HTTP 404", 404)
+            raise HttpError(Reason.HTTP_STATUS, "HTTP 404", 404)
         item = queue.pop(0)
         if isinstance(item, Exception):
             raise item
@@ -265,7 +265,7 @@ def _scripted(bodies):
 
 def test_snapshot_before_and_history():
     body = b"sglang:token_usage %.1f\n"
-    bodies = [body % 0.1, body % 0.2, ScrapeError("timeout", "slow"), body % 0.4]
+    bodies = [body % 0.1, body % 0.2, HttpError(Reason.TIMEOUT, "slow"), body % 0.4]
     now = [100.0]
     scraper = TargetScraper("http://t", fetch=_scripted(bodies), clock=lambda: now[0], history=8)
     for t in (100.0, 110.0, 120.0, 130.0):
@@ -354,9 +354,9 @@ def test_parse_metrics_prefers_the_colon_spelling_when_a_body_has_both():
 
 def test_parse_metrics_never_reads_the_exporters_own_page_as_sglangs():
     body = b"# TYPE sglang_oom_target_token_usage gauge\nsglang_oom_target_token_usage 0.99\n"
-    with pytest.raises(ScrapeError) as err:
+    with pytest.raises(HttpError) as err:
         parse_metrics(body, "t", 0.0)
-    assert err.value.reason == "not_metrics"
+    assert LABELS[err.value.reason].scrape == "not_metrics"
 
 
 def test_parse_metrics_joins_several_engine_types_in_a_fixed_order():

@@ -29,7 +29,8 @@ from urllib.parse import quote
 
 from ..catalog import Catalog
 from ..detect.model import OomEvent
-from ..sources.kubeclient import ApiClient, DiscoveryError
+from ..sources.http import LABELS, HttpError, Reason
+from ..sources.kubeclient import ApiClient
 from .correlate import Correlator, event_name
 from .ledger import Ledger, event_key
 from .text import ObjectRef, message_for, pod_of, reason_for, runbook_url, wanted
@@ -49,7 +50,6 @@ RETRY_DELAYS = (1.0, 5.0)  # after a refused connection only: the request never 
 DRAIN_SECONDS = 2.0  # at shutdown, how long the queue may still be worked off
 PODS_KEPT = 4096  # pods checked to exist (by uid), so a repeat needs no GET
 _STATUS_RESULTS = {401: "unauthorized", 403: "forbidden", 404: "pod_gone", 409: "conflict", 422: "invalid"}
-_ERROR_RESULTS = {"timeout": "timeout", "refused": "unreachable", "tls": "tls", "no_token": "no_token"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -236,17 +236,17 @@ class EventPoster:
             self._pods.move_to_end(pod.uid)
             return pod, False
         try:
-            status, body = self.client.request(
+            answer = self.client.request(
                 "GET", f"/api/v1/namespaces/{quote(pod.namespace, safe='')}/pods/{quote(pod.name, safe='')}"
             )
-        except DiscoveryError:
+        except HttpError:
             return pod, False
-        if status == 404:
+        if answer.status == 404:
             return None, True
-        if status != 200:
+        if answer.status != 200:
             return pod, False
         try:
-            doc = json.loads(body)
+            doc = json.loads(answer.body)
             meta = doc["metadata"]
         except (ValueError, KeyError, TypeError):
             return pod, False
@@ -266,19 +266,19 @@ class EventPoster:
         body = json.dumps(doc).encode()
         for delay in (*self.retry_delays, None):
             try:
-                status, answer = self.client.request(method, path, body, content_type)
-            except DiscoveryError as exc:
-                result = _ERROR_RESULTS.get(exc.reason, "error")
-                if exc.reason == "refused" and delay is not None and not self._halt.wait(delay):
+                answer = self.client.request(method, path, body, content_type)
+            except HttpError as exc:
+                result = LABELS[exc.reason].k8s_events
+                if exc.reason is Reason.REFUSED and delay is not None and not self._halt.wait(delay):
                     continue  # the poster's own thread waits; a shutdown ends the wait and the tries
                 self._note(result, exc.detail, item)
                 return result
-            if status in (200, 201):
+            if answer.status in (200, 201):
                 self._recovered()
                 return ok
-            result = _STATUS_RESULTS.get(status, "http_error")
-            if not (method == "PATCH" and status == 404):
-                self._note(result, f"HTTP {status}: {_status_message(answer)}", item)
+            result = _STATUS_RESULTS.get(answer.status, "http_error")
+            if not (method == "PATCH" and answer.status == 404):
+                self._note(result, f"HTTP {answer.status}: {_status_message(answer.body)}", item)
             return result
         return "unreachable"  # not reached: the last try has no delay
 

@@ -9,7 +9,7 @@ from typing import Any, Protocol
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from .. import __version__
-from ..sources.http import REASONS as SCRAPE_REASONS
+from ..sources.scrape import REASONS as SCRAPE_REASONS
 from .events import EventCounts
 from .exposition import Fixed, PageCollector, Part, encode
 from .names import NAMESPACE, SELF

@@ -31,7 +31,7 @@ MIN_PARALLEL_BYTES = 16 * 1024 * 1024
 
 def load_server_args(path: str) -> dict[str, Any]:
     """The JSON that SGLang's /server_info (or /get_server_info) returns, saved to a file."""
-    from ..sources.http import ScrapeError
+    from ..sources.http import LABELS, HttpError
     from ..sources.sglang_metrics import parse_server_info
 
     try:
@@ -41,8 +41,8 @@ def load_server_args(path: str) -> dict[str, Any]:
         raise InputError(f"cannot read {path}: {exc.strerror or exc}") from exc
     try:
         return dict(parse_server_info(body).args)
-    except ScrapeError as exc:
-        raise InputError(f"{path}: not server-info JSON: {exc}") from exc
+    except HttpError as exc:
+        raise InputError(f"{path}: not server-info JSON: {LABELS[exc.reason].server_info}: {exc.detail}") from exc
 
 
 def scan_paths(

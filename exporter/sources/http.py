@@ -1,9 +1,17 @@
-"""One HTTP GET with a total deadline and a body cap: the transport under the SGLang scraper.
+"""The one HTTP client: the SGLang scrape (/metrics, server info), node discovery's pod list, the Events poster.
+
+    request(method, url, timeout, max_bytes, [body, headers, tls]) --> Response(status, body) | HttpError(Reason)
 
 http.client does the protocol (status line, headers, chunking, Content-Length). Its timeout applies per
-socket operation, so a server that sends one byte per second would never trip it; here every read goes
-through DeadlineReader and gets only the time left before one deadline, and a body past max_bytes is cut
-(too_large) instead of filling memory. Failures are ScrapeErrors with a reason from a fixed set (a metric label).
+socket operation, so a server that sends one byte per second would never trip it; here the connect and the
+TLS handshake get the time left, and every read goes through DeadlineReader and gets only the time left
+before one deadline for the whole call. A body past max_bytes is refused (too_large) instead of filling memory.
+TLS verifies against the system's CAs, or a given CA file (the pod's service account's); bearer() reads the
+service account's token for the Authorization header, on every call (kubelet rotates projected tokens).
+
+Every failure is an HttpError with a Reason. The callers' metric labels are older than this client and a public
+interface, and they name some reasons differently: LABELS is the one place that maps each Reason to each
+caller's label.
 """
 
 from __future__ import annotations
@@ -13,7 +21,10 @@ import io
 import socket
 import ssl
 import time
-from typing import TYPE_CHECKING
+from collections.abc import Mapping
+from dataclasses import dataclass
+from enum import Enum
+from typing import TYPE_CHECKING, NamedTuple
 from urllib.parse import urlsplit
 
 from .. import __version__
@@ -21,35 +32,72 @@ from .. import __version__
 if TYPE_CHECKING:
     from _typeshed import WriteableBuffer
 
-REASONS = ("refused", "timeout", "http_status", "not_metrics", "truncated", "too_large", "bad_json", "error")
 _READ_SIZE = 64 << 10
-# Ask for the classic text format (prometheus_client serves OpenMetrics only when asked for it), and one
-# request per connection. http.client adds Host and Accept-Encoding: identity.
-_HEADERS = {
-    "User-Agent": f"sglang-oom-exporter/{__version__}",
-    "Accept": "text/plain;version=0.0.4;q=1.0, application/json;q=0.9, */*;q=0.1",
-    "Connection": "close",
-}
+USER_AGENT = f"sglang-oom-exporter/{__version__}"
 
 
-class ScrapeError(Exception):
-    """A failed fetch or parse; reason is one of REASONS, status the HTTP status when there was one."""
+class Reason(Enum):
+    """Why a call gave no usable answer."""
 
-    def __init__(self, reason: str, detail: str, status: int | None = None) -> None:
-        super().__init__(f"{reason}: {detail}")
-        self.reason = reason if reason in REASONS else "error"
+    TIMEOUT = "timeout"  # the deadline passed (connect, handshake, or before the whole answer arrived)
+    REFUSED = "refused"  # the connection was refused: the request never reached the server
+    TLS = "tls"  # the CA could not be loaded, or the handshake or the certificate check failed
+    NO_TOKEN = "no_token"  # noqa: S105 - a reason, not a secret: the bearer token file is missing or empty
+    TOO_LARGE = "too_large"  # the body is over max_bytes
+    HTTP_STATUS = "http_status"  # an answer, but not the status the caller needs
+    TRUNCATED = "truncated"  # the connection closed before the body Content-Length or chunking promised
+    BAD_BODY = "bad_body"  # the body is not what the caller reads (not Prometheus text, not JSON)
+    ERROR = "error"  # anything else: a bad URL, a name that does not resolve, a protocol error
+
+
+class HttpError(Exception):
+    """A call that gave no usable answer: reason, a detail for the log, and the HTTP status when there was one."""
+
+    def __init__(self, reason: Reason, detail: str, status: int | None = None) -> None:
+        super().__init__(f"{reason.value}: {detail}")
+        self.reason = reason
         self.detail = detail
         self.status = status
 
 
-# ---------------------------------------------------------------------------------------------- fetch
+class Labels(NamedTuple):
+    """One Reason's label in each caller's metric."""
+
+    scrape: str  # sglang_oom_exporter_target_scrape_errors_total{reason} (SGLang /metrics)
+    server_info: str  # sglang_oom_exporter_target_server_info_errors_total{reason}
+    discovery: str  # sglang_oom_exporter_discovery_errors_total{reason} (node discovery's pod list)
+    k8s_events: str  # sglang_oom_exporter_k8s_events_total{result} (the Events poster)
+
+
+# fmt: off
+LABELS: dict[Reason, Labels] = {
+    #                         scrape         server_info    discovery      k8s_events
+    Reason.TIMEOUT:     Labels("timeout",     "timeout",     "timeout",     "timeout"),
+    Reason.REFUSED:     Labels("refused",     "refused",     "refused",     "unreachable"),
+    Reason.TLS:         Labels("error",       "error",       "tls",         "tls"),
+    Reason.NO_TOKEN:    Labels("error",       "error",       "no_token",    "no_token"),
+    Reason.TOO_LARGE:   Labels("too_large",   "too_large",   "too_large",   "error"),
+    Reason.HTTP_STATUS: Labels("http_status", "http_status", "http_status", "http_error"),
+    Reason.TRUNCATED:   Labels("truncated",   "truncated",   "error",       "error"),
+    Reason.BAD_BODY:    Labels("not_metrics", "bad_json",    "bad_json",    "error"),
+    Reason.ERROR:       Labels("error",       "error",       "error",       "error"),
+}
+# fmt: on
+
+
+@dataclass(frozen=True, slots=True)
+class Response:
+    """An answer: any HTTP status, and the whole body (at most max_bytes)."""
+
+    status: int
+    body: bytes
 
 
 class DeadlineReader(io.RawIOBase):
     """A socket's read side under one total deadline, and optionally a byte budget.
 
     A per-recv timeout alone lets a peer that sends a byte every few seconds hold a thread for ever; here
-    every recv waits at most until the one deadline. The scraper reads responses through it, and the HTTP
+    every recv waits at most until the one deadline. The client reads responses through it, and the HTTP
     edge reads request heads through it (with a budget: too_large is raised once it is spent).
     """
 
@@ -83,7 +131,7 @@ class DeadlineReader(io.RawIOBase):
 
 
 class _DeadlineSocket:
-    """What http.client.HTTPResponse needs of a socket (makefile), reading under the fetch's deadline."""
+    """What http.client.HTTPResponse needs of a socket (makefile), reading under the call's deadline."""
 
     def __init__(self, sock: socket.socket, deadline: float) -> None:
         self._sock, self._deadline = sock, deadline
@@ -92,69 +140,104 @@ class _DeadlineSocket:
         return io.BufferedReader(DeadlineReader(self._sock, self._deadline), _READ_SIZE)
 
 
-def fetch(url: str, *, timeout: float, max_bytes: int) -> bytes:
-    """GET url within a total deadline of timeout seconds and return a 2xx body of at most max_bytes."""
+def tls_context(ca_file: str | None = None) -> ssl.SSLContext:
+    """A verifying client context: the system's CAs, or only ca_file's; HttpError(TLS) when it cannot be loaded."""
+    try:
+        return ssl.create_default_context(cafile=ca_file)
+    except (OSError, ssl.SSLError) as exc:
+        raise HttpError(Reason.TLS, f"cannot load the CA {ca_file}: {exc}") from exc
+
+
+def bearer(token_file: str) -> dict[str, str]:
+    """The Authorization header of a service account's token file; HttpError(NO_TOKEN) when it has none."""
+    try:
+        with open(token_file, encoding="utf-8") as fh:
+            token = fh.read().strip()
+    except OSError as exc:
+        raise HttpError(Reason.NO_TOKEN, f"cannot read {token_file}: {exc.strerror or exc}") from exc
+    if not token:
+        raise HttpError(Reason.NO_TOKEN, f"{token_file} is empty")
+    return {"Authorization": f"Bearer {token}"}
+
+
+def request(
+    method: str,
+    url: str,
+    *,
+    timeout: float,
+    max_bytes: int,
+    body: bytes | None = None,
+    headers: Mapping[str, str] | None = None,
+    tls: ssl.SSLContext | None = None,
+) -> Response:
+    """One call within a total deadline of timeout seconds: any status is an answer; HttpError when there is none.
+
+    tls is the context for an https URL (the system's CAs when None). One request per connection.
+    """
     deadline = time.monotonic() + timeout
     parts = urlsplit(url)
     # Control characters or non-ASCII would corrupt (or inject into) the request line.
     if parts.scheme not in ("http", "https") or not parts.hostname or not url.isascii() or not url.isprintable():
-        raise ScrapeError("error", f"unsupported URL {url!r}")
+        raise HttpError(Reason.ERROR, f"unsupported URL {url!r}")
     try:
         port = parts.port or (443 if parts.scheme == "https" else 80)
     except ValueError as exc:
-        raise ScrapeError("error", f"bad port in {url!r}") from exc
+        raise HttpError(Reason.ERROR, f"bad port in {url!r}") from exc
     path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
-    conn = _connect(parts.hostname, port, parts.scheme == "https", deadline)
+    where = f"{parts.hostname}:{port}"
+    sent = {"User-Agent": USER_AGENT, "Connection": "close", **(headers or {})}
+    conn = _connection(parts.hostname, port, parts.scheme == "https", tls, deadline)
     try:
-        assert conn.sock is not None  # noqa: S101 - _connect connected it
+        try:
+            conn.connect()  # name resolution is not bounded by the deadline (getaddrinfo has none)
+        except ConnectionRefusedError as exc:
+            raise HttpError(Reason.REFUSED, f"connection refused by {where}") from exc
+        assert conn.sock is not None  # noqa: S101 - connect() connected it
         conn.sock.settimeout(max(deadline - time.monotonic(), 0.001))
-        conn.request("GET", path, headers=_HEADERS)
-        response = http.client.HTTPResponse(_DeadlineSocket(conn.sock, deadline), method="GET")  # type: ignore[arg-type]
+        conn.request(method, path, body=body, headers=sent)
+        response = http.client.HTTPResponse(_DeadlineSocket(conn.sock, deadline), method=method)  # type: ignore[arg-type]
         response.begin()
-        if not 200 <= response.status < 300:
-            raise ScrapeError("http_status", f"HTTP {response.status}", response.status)
-        return _read_body(response, max_bytes)
+        return Response(response.status, _read_body(response, max_bytes))
+    except HttpError:
+        raise
+    except ssl.SSLError as exc:  # an OSError too: before the general case
+        raise HttpError(Reason.TLS, f"TLS with {where} failed: {exc}") from exc
     except TimeoutError:
-        raise ScrapeError("timeout", "deadline passed before the whole response arrived") from None
+        raise HttpError(Reason.TIMEOUT, f"{where} gave no whole answer within {timeout:g}s") from None
     except http.client.IncompleteRead as exc:
-        raise ScrapeError("truncated", f"{len(exc.partial)} body bytes, then the connection closed") from None
+        raise HttpError(Reason.TRUNCATED, f"{len(exc.partial)} body bytes, then the connection closed") from None
     except (http.client.HTTPException, OSError) as exc:
-        raise ScrapeError("error", f"{type(exc).__name__}: {exc}") from exc
+        raise HttpError(Reason.ERROR, f"{where}: {type(exc).__name__}: {exc}") from exc
     finally:
         conn.close()
 
 
-def _connect(host: str, port: int, tls: bool, deadline: float) -> http.client.HTTPConnection:
-    # Name resolution is not bounded by the timeout (getaddrinfo has none); targets are usually literal.
+def get(url: str, *, timeout: float, max_bytes: int, headers: Mapping[str, str] | None = None) -> bytes:
+    """GET url with request()'s deadline and cap; the body of a 2xx answer, else HttpError(HTTP_STATUS)."""
+    response = request("GET", url, timeout=timeout, max_bytes=max_bytes, headers=headers)
+    if not 200 <= response.status < 300:
+        raise HttpError(Reason.HTTP_STATUS, f"HTTP {response.status}", response.status)
+    return response.body
+
+
+def _connection(
+    host: str, port: int, https: bool, tls: ssl.SSLContext | None, deadline: float
+) -> http.client.HTTPConnection:
     timeout = max(deadline - time.monotonic(), 0.001)
-    conn = (
-        http.client.HTTPSConnection(host, port, timeout=timeout, context=ssl.create_default_context())
-        if tls
-        else http.client.HTTPConnection(host, port, timeout=timeout)
-    )
-    try:
-        conn.connect()
-    except ConnectionRefusedError as exc:
-        raise ScrapeError("refused", f"connection refused by {host}:{port}") from exc
-    except TimeoutError:
-        raise ScrapeError("timeout", f"no connection to {host}:{port} within the deadline") from None
-    except OSError as exc:
-        raise ScrapeError("error", f"cannot connect to {host}:{port}: {exc}") from exc
-    return conn
+    if https:
+        return http.client.HTTPSConnection(host, port, timeout=timeout, context=tls or ssl.create_default_context())
+    return http.client.HTTPConnection(host, port, timeout=timeout)
 
 
 def _read_body(response: http.client.HTTPResponse, max_bytes: int) -> bytes:
-    """The body (http.client undoes chunking and checks Content-Length), cut at max_bytes."""
+    """The body (http.client undoes chunking and checks Content-Length), refused past max_bytes."""
     if response.length is not None and response.length > max_bytes:
-        raise ScrapeError("too_large", f"Content-Length {response.length} over the {max_bytes}-byte cap")
+        raise HttpError(Reason.TOO_LARGE, f"Content-Length {response.length} over the {max_bytes}-byte cap")
     body = bytearray()
     while data := response.read(min(_READ_SIZE, max_bytes + 1 - len(body))):
         body += data
         if len(body) > max_bytes:
-            raise ScrapeError("too_large", f"body over the {max_bytes}-byte cap")
+            raise HttpError(Reason.TOO_LARGE, f"body over the {max_bytes}-byte cap")
     if response.length:  # read(amt) ends quietly at EOF; what Content-Length promised and never came
-        raise ScrapeError("truncated", f"{len(body)} body bytes, {response.length} short of Content-Length")
+        raise HttpError(Reason.TRUNCATED, f"{len(body)} body bytes, {response.length} short of Content-Length")
     return bytes(body)
-
-
-# ---------------------------------------------------------------------------------------------- parse

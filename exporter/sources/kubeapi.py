@@ -10,7 +10,7 @@ the pods on its own node, one call:
 
 and maps each followed (namespace, pod) to http://<pod IP>:<port>, the port from a pod annotation or a default.
 Each mapped endpoint gets a TargetScraper and a scrape thread of its own (a hanging pod never delays another
-or the log tailing); pods that leave the node or stop being followed lose theirs. stdlib only (ssl, http.client).
+or the log tailing); pods that leave the node or stop being followed lose theirs. stdlib only (http.py's client).
 
 Failures never raise into the daemon: a failed list keeps the last good mapping (a short API outage should not
 drop context), counts its reason in `sglang_oom_exporter_discovery_errors_total{reason}` and is logged once per
@@ -29,13 +29,8 @@ from typing import Protocol
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from .kubeclient import REASONS, SERVICE_ACCOUNT_DIR, ApiClient, DiscoveryError, PodEndpoint, PodKey, endpoints
+from .kubeclient import REASONS, ApiClient, PodKey
 from .nodetargets import NODE_NAME_ENV, NodeTargets
-
-__all__ = [
-    "NODE_NAME_ENV", "REASONS", "SERVICE_ACCOUNT_DIR", "ApiClient", "DiscoveryCollector", "DiscoveryError",
-    "DiscoverySettings", "NodeTargets", "PodEndpoint", "PodKey", "endpoints", "node_targets",
-]  # fmt: skip
 
 
 class DiscoverySettings(Protocol):

@@ -1,20 +1,21 @@
-"""The Kubernetes API call, stdlib only (ssl, http.client): one request as the pod's service account (token,
-CA-verified TLS). Node discovery lists the pods of one node and turns the PodList into each pod's SGLang
-endpoint; the Kubernetes Events poster (kubeevents/) writes Events through the same request().
+"""The Kubernetes API call: one request as the pod's service account (its token, TLS verified with its CA) through
+the one HTTP client (http.py). Node discovery lists the pods of one node and turns the PodList into each pod's
+SGLang endpoint; the Kubernetes Events poster (kubeevents/) writes Events through the same request().
 
-Every failure is a DiscoveryError with a reason from REASONS (a metric label); nodetargets.py counts them.
+A failed call is an HttpError (http.LABELS gives its `reason` label); a discovery that cannot start (no node
+name) is a DiscoveryError. REASONS is node discovery's label set; nodetargets.py counts them.
 """
 
 from __future__ import annotations
 
-import http.client
 import json
 import os
-import ssl
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote
+
+from .http import HttpError, Reason, Response, bearer, request, tls_context
 
 SERVICE_ACCOUNT_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
 REASONS = ("no_node_name", "no_token", "refused", "timeout", "tls", "http_status", "bad_json", "too_large", "error")
@@ -25,7 +26,7 @@ LWS_PREFIX = "leaderworkerset.sigs.k8s.io/"
 
 
 class DiscoveryError(Exception):
-    """A failed pod list; reason is one of REASONS (a metric label)."""
+    """Node discovery that cannot list at all; reason is one of REASONS (a metric label)."""
 
     def __init__(self, reason: str, detail: str) -> None:
         super().__init__(f"{reason}: {detail}")
@@ -52,8 +53,8 @@ class PodEndpoint:
 class ApiClient:
     """Calls the API server as the pod's service account: node discovery's pod list, the Events poster's writes.
 
-    timeout bounds each socket operation (connect, TLS handshake, each read), not the whole call: the caller is
-    the discovery thread, so a slow API server delays only the next list.
+    timeout bounds the whole call (connect, TLS handshake, the answer): the callers are the discovery and the
+    poster threads, so a slow API server delays only their next call.
     """
 
     def __init__(
@@ -90,67 +91,38 @@ class ApiClient:
         )
 
     def list_pods(self, node: str) -> dict[str, Any]:
-        """The PodList of the pods scheduled on node; DiscoveryError on any failure."""
+        """The PodList of the pods scheduled on node; HttpError on any failure."""
         # resourceVersion=0: served from the API server's watch cache, not etcd; a thousand nodes listing every
         # interval stay cheap (what client-go's informers do for their lists).
         path = "/api/v1/pods?fieldSelector=" + quote(f"spec.nodeName={node}", safe="") + "&resourceVersion=0"
-        status, body = self.request("GET", path)
-        if status != 200:
-            raise DiscoveryError("http_status", f"HTTP {status}: {body[:200].decode('utf-8', 'replace')}")
+        answer = self.request("GET", path)
+        if answer.status != 200:
+            detail = f"HTTP {answer.status}: {answer.body[:200].decode('utf-8', 'replace')}"
+            raise HttpError(Reason.HTTP_STATUS, detail, answer.status)
         try:
-            doc = json.loads(body)
+            doc = json.loads(answer.body)
         except ValueError as exc:
-            raise DiscoveryError("bad_json", f"pod list is not JSON: {exc}") from exc
+            raise HttpError(Reason.BAD_BODY, f"pod list is not JSON: {exc}") from exc
         if not isinstance(doc, dict) or not isinstance(doc.get("items"), list):
-            raise DiscoveryError("bad_json", "pod list has no items list")
+            raise HttpError(Reason.BAD_BODY, "pod list has no items list")
         return doc
 
     def request(
         self, method: str, path: str, body: bytes | None = None, content_type: str = "application/json"
-    ) -> tuple[int, bytes]:
-        """One call as the service account: (HTTP status, body); DiscoveryError when there is no answer.
+    ) -> Response:
+        """One call as the service account; HttpError when there is no answer.
 
         Any status is an answer (the caller decides what a 404 means); no token, TLS, refused, timeout and a
         body over max_bytes are not. The token is read on every call: kubelet rotates projected tokens.
         """
         if not self.host:
-            raise DiscoveryError("error", "KUBERNETES_SERVICE_HOST is not set (not running in a pod?)")
-        token = self._token()
-        try:
-            context = ssl.create_default_context(cafile=self.ca_file)
-        except (OSError, ssl.SSLError) as exc:
-            raise DiscoveryError("tls", f"cannot load the CA {self.ca_file}: {exc}") from exc
-        headers = {"Authorization": f"Bearer {token}", "Accept": "application/json"}
+            raise HttpError(Reason.ERROR, "KUBERNETES_SERVICE_HOST is not set (not running in a pod?)")
+        headers = {**bearer(self.token_file), "Accept": "application/json"}
         if body is not None:
             headers["Content-Type"] = content_type
-        conn = http.client.HTTPSConnection(self.host, self.port, timeout=self.timeout, context=context)
-        try:
-            conn.request(method, path, body=body, headers=headers)
-            response = conn.getresponse()
-            answer = response.read(self.max_bytes + 1)
-        except ssl.SSLError as exc:
-            raise DiscoveryError("tls", f"TLS with {self.host}:{self.port} failed: {exc}") from exc
-        except ConnectionRefusedError as exc:
-            raise DiscoveryError("refused", f"connection refused by {self.host}:{self.port}") from exc
-        except TimeoutError as exc:
-            raise DiscoveryError("timeout", f"no answer from {self.host}:{self.port} within {self.timeout}s") from exc
-        except (OSError, http.client.HTTPException) as exc:
-            raise DiscoveryError("error", f"{type(exc).__name__}: {exc}") from exc
-        finally:
-            conn.close()
-        if len(answer) > self.max_bytes:
-            raise DiscoveryError("too_large", f"answer over {self.max_bytes} bytes")
-        return response.status, answer
-
-    def _token(self) -> str:
-        try:
-            with open(self.token_file, encoding="utf-8") as fh:
-                token = fh.read().strip()
-        except OSError as exc:
-            raise DiscoveryError("no_token", f"cannot read {self.token_file}: {exc.strerror or exc}") from exc
-        if not token:
-            raise DiscoveryError("no_token", f"{self.token_file} is empty")
-        return token
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return request(method, f"https://{host}:{self.port}{path}", timeout=self.timeout, max_bytes=self.max_bytes,
+                       body=body, headers=headers, tls=tls_context(self.ca_file))  # fmt: skip
 
 
 def endpoints(pod_list: Mapping[str, Any], default_port: int, port_annotation: str) -> dict[PodKey, PodEndpoint]:

@@ -14,6 +14,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 
+from .http import LABELS, HttpError
 from .kubeclient import REASONS, ApiClient, DiscoveryError, PodEndpoint, PodKey, endpoints, lws_labels
 from .scrape import TargetScraper
 
@@ -100,6 +101,9 @@ class NodeTargets:
                 self._listed_early = followed  # every pod followed now has been listed
         except DiscoveryError as exc:
             self._failed(exc.reason, exc.detail)
+            return False
+        except HttpError as exc:
+            self._failed(LABELS[exc.reason].discovery, exc.detail)
             return False
         except Exception as exc:  # a bug here must not end discovery, let alone the daemon
             self._failed("error", f"{type(exc).__name__}: {exc}")

@@ -21,7 +21,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from .http import REASONS, ScrapeError, fetch
+from .http import LABELS, HttpError, get
 
 if TYPE_CHECKING:  # the parsers are imported by the first scrape: a serve without targets never needs them
     from .sglang_metrics import KvSnapshot, ServerInfo
@@ -29,6 +29,15 @@ if TYPE_CHECKING:  # the parsers are imported by the first scrape: a serve witho
 log = logging.getLogger(__name__)
 
 Fetch = Callable[..., bytes]
+# The `reason` label of the scrape and server-info error counters (a public interface; http.LABELS maps to it).
+REASONS = ("refused", "timeout", "http_status", "not_metrics", "truncated", "too_large", "bad_json", "error")
+# Ask for the classic text format (prometheus_client serves OpenMetrics only when asked for it).
+ACCEPT = {"Accept": "text/plain;version=0.0.4;q=1.0, application/json;q=0.9, */*;q=0.1"}
+
+
+def fetch(url: str, *, timeout: float, max_bytes: int) -> bytes:
+    """GET one SGLang page: a 2xx body within the deadline and the cap, else HttpError."""
+    return get(url, timeout=timeout, max_bytes=max_bytes, headers=ACCEPT)
 
 
 class TargetScraper:
@@ -70,8 +79,8 @@ class TargetScraper:
         try:
             body = self._fetch(f"{self.url}/metrics", timeout=self.timeout, max_bytes=self.max_bytes)
             snapshot = parse_metrics(body, self.target, self._clock())
-        except ScrapeError as exc:
-            self._fail(exc.reason, exc.detail, started)
+        except HttpError as exc:
+            self._fail(LABELS[exc.reason].scrape, exc.detail, started)
             return
         except Exception as exc:  # an injected fetch or a bug must not kill the scrape thread
             self._fail("error", f"{type(exc).__name__}: {exc}", started)
@@ -108,12 +117,12 @@ class TargetScraper:
                 info = parse_server_info(
                     self._fetch(f"{self.url}{path}", timeout=self.timeout, max_bytes=self.max_bytes)
                 )
-            except ScrapeError as exc:
+            except HttpError as exc:
                 if exc.status == 404 and path != paths[-1]:
                     continue  # older releases serve only /get_server_info
                 if exc.status == 404:
                     self._info_path = None  # a restart into another version: try every path next time
-                reason = exc.reason
+                reason = LABELS[exc.reason].server_info
             except Exception:  # the info is optional: see scrape_once
                 reason = "error"
             else:

@@ -35,7 +35,7 @@ from typing import Any
 from prometheus_client.openmetrics.parser import text_string_to_metric_families as openmetrics_families
 from prometheus_client.parser import text_string_to_metric_families
 
-from .http import ScrapeError
+from .http import HttpError, Reason
 
 INFO_KEYS = (
     "chunked_prefill_size", "max_prefill_tokens", "max_running_requests", "mem_fraction_static", "page_size",
@@ -132,14 +132,14 @@ _Series = list[tuple[dict[str, str], float]]
 
 
 def parse_metrics(body: bytes, target: str, now: float) -> KvSnapshot:
-    """Parse one SGLang /metrics body into a KvSnapshot; ScrapeError(not_metrics) when it is none."""
+    """Parse one SGLang /metrics body into a KvSnapshot; HttpError(BAD_BODY) when it is none."""
     try:
         text = body.decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise ScrapeError("not_metrics", f"body is not UTF-8 text: {exc}") from None
+        raise HttpError(Reason.BAD_BODY, f"body is not UTF-8 text: {exc}") from None
     head = text.lstrip()[:512].lower()
     if head.startswith("<") or "<html" in head:
-        raise ScrapeError("not_metrics", "body is HTML")
+        raise HttpError(Reason.BAD_BODY, "body is HTML")
     # SGLang's name (colon spelling) -> its series; the escaped spelling's series apart, used only when the
     # colon spelling of that name is absent.
     series: defaultdict[str, _Series] = defaultdict(list)
@@ -158,9 +158,9 @@ def parse_metrics(body: bytes, target: str, now: float) -> KvSnapshot:
                 if sample.labels.get("engine_type"):
                     engine_types.add(sample.labels["engine_type"])
     except Exception as exc:  # the parser raises several types; any of them means "not metrics"
-        raise ScrapeError("not_metrics", f"unparsable: {str(exc)[:120]}") from exc
+        raise HttpError(Reason.BAD_BODY, f"unparsable: {str(exc)[:120]}") from exc
     if not families and not series and not escaped:
-        raise ScrapeError("not_metrics", "no sglang: (or sglang_) metric family")
+        raise HttpError(Reason.BAD_BODY, "no sglang: (or sglang_) metric family")
     values: dict[str, Any] = {}
     for field, (rule, names) in _SOURCES.items():
         found = next((s[n] for n in names for s in (series, escaped) if s.get(n)), None)
@@ -207,13 +207,13 @@ class ServerInfo:
 
 
 def parse_server_info(body: bytes) -> ServerInfo:
-    """Parse a /server_info or /get_server_info body; ScrapeError(bad_json) unless a JSON object."""
+    """Parse a /server_info or /get_server_info body; HttpError(BAD_BODY) unless a JSON object."""
     try:
         raw = json.loads(body)
     except (ValueError, RecursionError) as exc:
-        raise ScrapeError("bad_json", f"not JSON: {str(exc)[:120]}") from None
+        raise HttpError(Reason.BAD_BODY, f"not JSON: {str(exc)[:120]}") from None
     if not isinstance(raw, dict):
-        raise ScrapeError("bad_json", f"JSON {type(raw).__name__}, not an object")
+        raise HttpError(Reason.BAD_BODY, f"JSON {type(raw).__name__}, not an object")
     args = {k: raw[k] for k in INFO_KEYS if k in raw and isinstance(raw[k], str | int | float | bool | type(None))}
     if args.get("max_total_num_tokens") is None:
         # Releases that keep scheduler info per DP rank put it in internal_states only; rank 0 first,

@@ -138,6 +138,18 @@ class _Handler(BaseHTTPRequestHandler):
         if fake.mode == "not_a_list":
             self._send(200, {"kind": "Status", "items": "nope"})
             return
+        if fake.mode == "slow_drip":  # a whole pod list, one byte every 0.1 s: each read is quick, the answer is not
+            body = json.dumps({"kind": "PodList", "apiVersion": "v1", "metadata": {}, "items": fake.pods}).encode()
+            with contextlib.suppress(OSError):
+                self.send_response(200)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                for i in range(len(body)):
+                    if fake._release.wait(0.1):
+                        return
+                    self.wfile.write(body[i : i + 1])
+                    self.wfile.flush()
+            return
         parts = urlsplit(self.path)
         one = _ONE_POD.fullmatch(parts.path)
         if one is not None:
