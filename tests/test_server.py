@@ -6,6 +6,7 @@ Servers listen on 127.0.0.1 port 0 and are stopped by the fixture, so the thread
 from __future__ import annotations
 
 import base64
+import http.client
 import json
 import shutil
 import socket
@@ -20,6 +21,8 @@ from sglang_oom_exporter.config import parse_listen
 from sglang_oom_exporter.detect.model import OomEvent, PoolState
 from sglang_oom_exporter.events.sink import event_json
 from sglang_oom_exporter.events.store import EventStore, Health
+from sglang_oom_exporter.web.listen import resolve
+from sglang_oom_exporter.web.otlp import OtlpServer
 from sglang_oom_exporter.web.page import render_page
 from sglang_oom_exporter.web.routes import ROUTE_PATHS
 from sglang_oom_exporter.web.server import MAX_HEAD_BYTES, MAX_LIMIT, ExporterServer
@@ -394,6 +397,49 @@ def test_parse_listen(text, expected):
 def test_parse_listen_rejects(text):
     with pytest.raises(ValueError, match="is not HOST:PORT"):
         parse_listen(text)
+
+
+@pytest.mark.parametrize(
+    ("text", "family", "address"),
+    [
+        (":9780", socket.AF_INET, ("0.0.0.0", 9780)),  # noqa: S104 - what ":port" means: every IPv4 interface
+        ("127.0.0.1:9780", socket.AF_INET, ("127.0.0.1", 9780)),
+        ("localhost:9780", socket.AF_INET, ("127.0.0.1", 9780)),  # a host name, through getaddrinfo
+        ("[::1]:9780", socket.AF_INET6, ("::1", 9780, 0, 0)),
+        ("[::]:9780", socket.AF_INET6, ("::", 9780, 0, 0)),
+    ],
+)
+def test_a_listen_address_resolves_through_getaddrinfo(text, family, address):
+    assert resolve(*parse_listen(text)) == (family, address)
+
+
+@pytest.mark.parametrize("text", ["[::1]:0", "localhost:0"])
+def test_both_servers_listen_on_an_ipv6_literal_and_a_host_name(registry, catalog, text):
+    """The HTTP edge and the OTLP receiver bind through one function (web/listen.py)."""
+    edge = ExporterServer(parse_listen(text), registry=registry, catalog=catalog, events=EventStore(),
+                          health=lambda: Health(True, ""))  # fmt: skip
+    otlp = OtlpServer(parse_listen(text), _NoReceiver())
+    edge.start()
+    try:
+        otlp.start()
+        try:
+            host = "::1" if text.startswith("[") else "127.0.0.1"
+            for port, path, want in ((edge.port, "/healthz", 200), (otlp.port, "/v1/logs", 405)):
+                conn = http.client.HTTPConnection(host, port, timeout=5)
+                try:
+                    conn.request("GET", path)
+                    assert conn.getresponse().status == want
+                finally:
+                    conn.close()
+        finally:
+            otlp.stop()
+    finally:
+        edge.stop()
+
+
+class _NoReceiver:
+    def accept(self, batch):  # pragma: no cover - a GET never reaches the receiver
+        raise AssertionError("a GET was accepted")
 
 
 # Basic auth and TLS

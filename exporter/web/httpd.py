@@ -13,17 +13,17 @@ import contextlib
 import io
 import logging
 import socket
-import socketserver
 import ssl
 import threading
 import time
 from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import TYPE_CHECKING, Any, Protocol
 from urllib.parse import urlsplit
 
 from .. import __version__
 from ..sources.http import DeadlineReader
+from .listen import ListeningServer
 from .routes import Response, is_route, text_response
 from .webconfig import BasicAuth
 
@@ -133,7 +133,7 @@ class Handler(BaseHTTPRequestHandler):
         _LOG.debug("client=%s %s", self.address_string(), format % args)
 
 
-class HTTPServer(ThreadingHTTPServer):
+class HTTPServer(ListeningServer):
     """ThreadingHTTPServer with a connection cap, TLS per connection, and connections it can close on stop."""
 
     daemon_threads = True
@@ -142,9 +142,7 @@ class HTTPServer(ThreadingHTTPServer):
     def __init__(
         self, address: tuple[str, int], app: App, ssl_context: ssl.SSLContext | None, max_connections: int
     ) -> None:
-        self.address_family = socket.AF_INET6 if ":" in address[0] else socket.AF_INET
         self.app = app
-        self.ssl_context = ssl_context
         self._slots = threading.BoundedSemaphore(max_connections)
         self._active: dict[threading.Thread, _Conn] = {}
         self._active_lock = threading.Lock()
@@ -153,13 +151,7 @@ class HTTPServer(ThreadingHTTPServer):
         self.thread_failures = 0  # connections closed unanswered: their thread could not start
         self.last_thread_failure: float | None = None  # time.monotonic() of the last one
         self._failures_logged = (0, float("-inf"))  # (thread_failures, when) at the last WARNING
-        super().__init__(address, Handler)
-
-    def server_bind(self) -> None:
-        # HTTPServer.server_bind looks up the host's FQDN, a DNS query that can stall startup for seconds.
-        socketserver.TCPServer.server_bind(self)
-        host, port = self.server_address[:2]
-        self.server_name, self.server_port = str(host), int(port)
+        super().__init__(address, Handler, ssl_context)
 
     def process_request(self, request: Any, client_address: Any) -> None:
         if not self._take_slot():
@@ -239,23 +231,16 @@ class HTTPServer(ThreadingHTTPServer):
                 self._active.pop(threading.current_thread(), None)
             self._slots.release()
 
-    def finish_request(self, request: Any, client_address: Any) -> None:
-        request.settimeout(self.app.request_timeout)
-        if self.ssl_context is None:
-            Handler(request, client_address, self)
-            return
-        # The handshake runs here, on the connection's own thread under its timeout, not in the accept loop
-        # where one silent client would stall every other. wrap_socket detaches `request`: close the TLS one.
-        conn = self.ssl_context.wrap_socket(request, server_side=True, do_handshake_on_connect=False)
-        with self._active_lock:  # before the handshake: a silent one is evicted through this socket
+    def connection_timeout(self) -> float:
+        """The request timeout: the TLS handshake plus the request head, and again for the response."""
+        return float(self.app.request_timeout)
+
+    def tls_wrapped(self, conn: ssl.SSLSocket) -> None:
+        """Before the handshake: a silent one is evicted through the TLS socket."""
+        with self._active_lock:
             record = self._active.get(threading.current_thread())
             if record is not None:
                 record.sock = conn
-        try:
-            conn.do_handshake()
-            Handler(conn, client_address, self)
-        finally:
-            self.shutdown_request(conn)
 
     def handle_error(self, request: Any, client_address: Any) -> None:
         # Resets, timeouts and failed handshakes are the client's business; the default prints a traceback.

@@ -15,12 +15,10 @@ from __future__ import annotations
 
 import hmac
 import logging
-import socket
-import socketserver
 import ssl
 import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any, Protocol
 
 from prometheus_client.core import CounterMetricFamily
@@ -30,6 +28,7 @@ from .. import __version__
 from ..metrics.names import SELF
 from ..sources.otlp import JSON, PROTOBUF, OtlpError, decode, lines, media_type, response, status
 from ..sources.otlpspool import Line, SpoolError
+from .listen import ListeningServer
 from .webconfig import BasicAuth, WebConfig
 
 _LOG = logging.getLogger(__name__)
@@ -234,34 +233,17 @@ class _Handler(BaseHTTPRequestHandler):
         _LOG.debug("otlp client=%s %s", self.address_string(), format % args)
 
 
-class _Server(ThreadingHTTPServer):
+class _Server(ListeningServer):
     daemon_threads = True
     request_queue_size = 128
 
     def __init__(self, address: tuple[str, int], app: OtlpServer, ssl_context: ssl.SSLContext | None) -> None:
-        self.address_family = socket.AF_INET6 if ":" in address[0] else socket.AF_INET
         self.app = app
-        self.ssl_context = ssl_context
-        super().__init__(address, _Handler)
+        super().__init__(address, _Handler, ssl_context)
 
-    def server_bind(self) -> None:
-        # No reverse lookup of the host name (HTTPServer.server_bind's getfqdn can stall for seconds).
-        socketserver.TCPServer.server_bind(self)
-        host, port = self.server_address[:2]
-        self.server_name, self.server_port = str(host), int(port)
-
-    def finish_request(self, request: Any, client_address: Any) -> None:
-        request.settimeout(REQUEST_TIMEOUT)
-        if self.ssl_context is None:
-            _Handler(request, client_address, self)
-            return
-        # The handshake runs on the connection's own thread under its timeout, never in the accept loop.
-        conn = self.ssl_context.wrap_socket(request, server_side=True, do_handshake_on_connect=False)
-        try:
-            conn.do_handshake()
-            _Handler(conn, client_address, self)
-        finally:
-            self.shutdown_request(conn)
+    def connection_timeout(self) -> float:
+        """REQUEST_TIMEOUT: the TLS handshake, a head and its body."""
+        return REQUEST_TIMEOUT
 
     def handle_error(self, request: Any, client_address: Any) -> None:
         _LOG.debug("otlp client=%s connection failed", client_address, exc_info=True)
