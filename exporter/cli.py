@@ -16,7 +16,9 @@ from typing import Any
 
 from . import __version__
 from .catalog import CatalogError, load_catalog
-from .scan import InputError, format_text, load_server_args, scan_paths
+from .scan.report import format_text
+from .scan.run import load_server_args, scan_paths
+from .scan.serial import InputError
 
 EXIT_OK, EXIT_OOM, EXIT_USAGE = 0, 1, 2
 
@@ -211,17 +213,8 @@ def _fail(message: str) -> int:
 
 def _render(args: argparse.Namespace) -> int:
     from .project import PROJECT_URL
-    from .render import (
-        DEFAULT_RUNBOOK_URL_TEMPLATE,
-        RenderOptions,
-        checkout_files,
-        is_checkout,
-        render_all,
-        runbook_base_for,
-        runbook_template_problem,
-        stale_files,
-        write_files,
-    )
+    from .render import checkout_files, is_checkout, render_all, stale_files, write_files
+    from .render.options import DEFAULT_RUNBOOK_URL_TEMPLATE, RenderOptions, runbook_base_for, runbook_template_problem
     from .render.projecturl import checkout_project_url
 
     template = args.runbook_url_template or DEFAULT_RUNBOOK_URL_TEMPLATE

@@ -15,10 +15,14 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any, BinaryIO
 
 from .catalog import Catalog, CatalogError, load_catalog
-from .config import SETTINGS, Config, ConfigError, load_config, nothing_to_follow, parse_listen, unknown_env
+from .config.keys import unknown_env
+from .config.load import ConfigError, load_config, nothing_to_follow
+from .config.model import Config
+from .config.settings import SETTINGS
+from .config.values import parse_listen
 from .daemon.app import App
 from .daemon.signals import SignalRelay
-from .metrics import PageRegistry
+from .metrics.exposition import PageRegistry
 from .sources.handles import raise_open_file_limit
 from .sources.watch import Waker
 from .web.server import ExporterServer

@@ -19,20 +19,19 @@ import pytest
 import yaml
 
 from sglang_oom_exporter.catalog import CatalogError, load_catalog
-from sglang_oom_exporter.config import parse_duration
-from sglang_oom_exporter.render import DEFAULT_RUNBOOK_BASE_URL, RenderOptions, runbook_page_url
+from sglang_oom_exporter.config.values import parse_duration
 from sglang_oom_exporter.render.alerts import (
     ALERTMANAGER_PATH,
-    NAME_RE,
     RECEIVERS,
     RULES_PATH,
-    SOURCE_LABELS,
-    alert_name,
     alert_pack,
     recording_rules,
     retraction_kind,
     rules_file,
 )
+from sglang_oom_exporter.render.alertspec import NAME_RE, alert_name
+from sglang_oom_exporter.render.options import DEFAULT_RUNBOOK_BASE_URL, RenderOptions, runbook_page_url
+from sglang_oom_exporter.render.promql import SOURCE_LABELS
 from tests.support.helpers import dump_yaml, load_yaml
 from tests.support.promtool_rules import isolate as _isolate
 

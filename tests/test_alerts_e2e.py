@@ -31,15 +31,9 @@ import pytest
 import yaml
 
 from sglang_oom_exporter.catalog import load_catalog
-from sglang_oom_exporter.render import RenderOptions
-from sglang_oom_exporter.render.alerts import (
-    ALERTMANAGER_PATH,
-    RETRACTIONS_HIGH,
-    RULES_PATH,
-    alert_pack,
-    recording_rules,
-    rules_file,
-)
+from sglang_oom_exporter.render.alerts import ALERTMANAGER_PATH, RULES_PATH, alert_pack, recording_rules, rules_file
+from sglang_oom_exporter.render.alertspec import RETRACTIONS_HIGH
+from sglang_oom_exporter.render.options import RenderOptions
 from tests.support.daemon import Daemon
 from tests.support.fake_sglang import FakeSGLang
 from tests.support.helpers import wait_until

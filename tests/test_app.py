@@ -13,11 +13,11 @@ import yaml
 from prometheus_client import CollectorRegistry, generate_latest
 
 from sglang_oom_exporter.catalog import CatalogError, default_catalog_path, load_catalog
-from sglang_oom_exporter.config import Config
+from sglang_oom_exporter.config.model import Config
 from sglang_oom_exporter.daemon.app import App
 from sglang_oom_exporter.daemon.logsource import LogSource
 from sglang_oom_exporter.daemon.state import StateStore
-from sglang_oom_exporter.scan import scan_paths
+from sglang_oom_exporter.scan.run import scan_paths
 from tests.support.app import config_fields, make_app, run_app
 from tests.support.helpers import CATALOG
 from tests.support.logs import BLOCK, append

@@ -235,6 +235,56 @@ def test_code_outside_the_catalog_imports_it_through_its_facade() -> None:
     assert found == []
 
 
+def defined_names(tree: ast.Module) -> set[str]:
+    """The names a module defines at its top level (under if/try too): functions, classes, assignments."""
+    found: set[str] = set()
+    body = list(tree.body)
+    while body:
+        node = body.pop()
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            found.add(node.name)
+        elif isinstance(node, ast.Assign | ast.AnnAssign | ast.AugAssign):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            found.update(n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name))
+        elif isinstance(node, ast.If | ast.Try):
+            body.extend([*node.body, *node.orelse, *getattr(node, "finalbody", []),
+                         *(s for h in getattr(node, "handlers", []) for s in h.body)])  # fmt: skip
+    return found
+
+
+def borrowed_imports(path: Path, text: str, known: Mapping[str, set[str]]) -> Iterator[str]:
+    """`from M import x` of one of our modules M where x is neither defined in M nor a submodule of it."""
+    name = module_name(path) if path.is_relative_to(SRC) else ""
+    package = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
+    for node in ast.walk(ast.parse(text)):
+        if not isinstance(node, ast.ImportFrom):
+            continue
+        if node.level:
+            base = package[: len(package) - (node.level - 1)]
+            source = ".".join([*base, *([node.module] if node.module else [])])
+        else:
+            source = node.module or ""
+        if source not in known or source == f"{PKG}.catalog":  # the catalog's façade is its one way in
+            continue
+        for alias in node.names:
+            if alias.name not in known[source] and f"{source}.{alias.name}" not in known:
+                yield f"{path.relative_to(SRC.parent)}:{node.lineno}: {alias.name} from {source}"
+
+
+def test_every_name_is_imported_from_the_module_that_defines_it() -> None:
+    """No re-exports: a name has one import path, its defining module's (the catalog's façade apart)."""
+    known = {name: defined_names(ast.parse(path.read_text())) for name, path in modules().items()}
+    files = [p for d in (SRC, TESTS, SRC.parent / "bench", SRC.parent / "tools") for p in sorted(d.rglob("*.py"))]
+    assert [found for p in files for found in borrowed_imports(p, p.read_text(), known)] == []
+
+
+def test_the_borrowed_import_finder() -> None:
+    known = {f"{PKG}.web.server": {"ExporterServer"}, f"{PKG}.web.httpd": {"MAX_HEAD_BYTES"}}
+    text = f"from {PKG}.web.server import ExporterServer, MAX_HEAD_BYTES\nfrom {PKG}.web.httpd import MAX_HEAD_BYTES\n"
+    path = TESTS / "test_x.py"
+    assert list(borrowed_imports(path, text, known)) == [f"tests/test_x.py:1: MAX_HEAD_BYTES from {PKG}.web.server"]
+
+
 # ---------------------------------------------------------------------------------------------- the tests' harness
 
 TESTS = SRC.parent / "tests"

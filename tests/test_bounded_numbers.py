@@ -14,7 +14,7 @@ import pytest
 
 from sglang_oom_exporter.detect.match import MAX_NUMBER, Matcher
 from sglang_oom_exporter.detect.pipeline import Pipeline
-from sglang_oom_exporter.scan import scan_paths
+from sglang_oom_exporter.scan.run import scan_paths
 from tests.support.app import make_app, run_app
 from tests.support.helpers import CATALOG
 from tests.support.logs import append

@@ -4,13 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from sglang_oom_exporter.config import (
-    DEFAULT_LISTEN,
-    ConfigError,
-    KubernetesConfig,
-    load_config,
-    parse_duration,
-)
+from sglang_oom_exporter.config.load import ConfigError, load_config
+from sglang_oom_exporter.config.model import KubernetesConfig
+from sglang_oom_exporter.config.settings import DEFAULT_LISTEN
+from sglang_oom_exporter.config.values import parse_duration
 from sglang_oom_exporter.sources.discover import DEFAULT_CONTAINER_FILTER, KubernetesFilter
 
 

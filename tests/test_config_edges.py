@@ -12,8 +12,8 @@ import time
 
 import pytest
 
-from sglang_oom_exporter import config as config_module
-from sglang_oom_exporter.config import ConfigError, load_config
+from sglang_oom_exporter.config import keys as config_module
+from sglang_oom_exporter.config.load import ConfigError, load_config
 from sglang_oom_exporter.daemon.app import App
 from tests.support.app import config_fields, make_app, run_app
 from tests.support.helpers import CATALOG, wait_until
@@ -111,7 +111,7 @@ def test_a_reload_that_removes_a_path_stops_following_it_and_a_re_add_resumes_ex
 
 def App_config(app: App, **changes):  # noqa: N802
     """The running config with some fields changed, as a reload would load it."""
-    from sglang_oom_exporter.config import Config
+    from sglang_oom_exporter.config.model import Config
 
     return Config(**{**config_fields(app.config), **changes})
 

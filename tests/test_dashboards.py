@@ -23,14 +23,14 @@ import pytest
 import yaml
 
 from sglang_oom_exporter.catalog import load_catalog
-from sglang_oom_exporter.render import (
+from sglang_oom_exporter.render import render_all
+from sglang_oom_exporter.render.dashboards import OVERVIEW_PATH, overview
+from sglang_oom_exporter.render.options import (
     DASHBOARD_URL_VARIABLES,
     OVERVIEW_DASHBOARD_UID,
     RenderOptions,
-    render_all,
     runbook_kind_url,
 )
-from sglang_oom_exporter.render.dashboards import OVERVIEW_PATH, overview
 from tests.support.dashboard_lint import apply_exclusions, interpolate, lint, load_exclusions, panels, parse
 
 ROOT = Path(__file__).resolve().parent.parent

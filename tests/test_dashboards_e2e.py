@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 
 from sglang_oom_exporter.catalog import load_catalog
-from sglang_oom_exporter.metrics import GROUP_INFO
+from sglang_oom_exporter.metrics.groups import GROUP_INFO
 from sglang_oom_exporter.render.dashboards import OVERVIEW_PATH
 from tests.support.daemon import Daemon
 from tests.support.dashboard_lint import interpolate, load_exclusions, panels

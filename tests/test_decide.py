@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import pytest
 
-from sglang_oom_exporter.config import Config
+from sglang_oom_exporter.config.model import Config
 from sglang_oom_exporter.daemon.app import App
 from sglang_oom_exporter.detect.dedupe import FRAMES_LINES, RANK_WINDOW_SECONDS, SETTLE_LINES
 from sglang_oom_exporter.detect.match import Matcher

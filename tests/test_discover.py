@@ -14,7 +14,8 @@ from sglang_oom_exporter.sources.discover import (
     expand,
     glob_root,
 )
-from sglang_oom_exporter.sources.tail import FileTailer, TailChunk
+from sglang_oom_exporter.sources.fileid import TailChunk
+from sglang_oom_exporter.sources.tail import FileTailer
 
 UID = "0f4c1a2b-3c4d-4e5f-8a9b-0c1d2e3f4a5b"
 

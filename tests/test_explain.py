@@ -14,9 +14,9 @@ from sglang_oom_exporter.detect.model import OomEvent, PoolState
 from sglang_oom_exporter.events.sink import Context, EventSink, event_json
 from sglang_oom_exporter.events.store import EventStore, Health
 from sglang_oom_exporter.kubeevents.text import message_for
-from sglang_oom_exporter.metrics import EventCounts
-from sglang_oom_exporter.scan import scan_paths
+from sglang_oom_exporter.metrics.events import EventCounts
 from sglang_oom_exporter.scan.report import format_text
+from sglang_oom_exporter.scan.run import scan_paths
 from sglang_oom_exporter.web.page import render_page
 from tests.support.helpers import CATALOG
 

@@ -19,7 +19,7 @@ import pytest
 
 from sglang_oom_exporter.detect import finder as finders
 from sglang_oom_exporter.detect import reader
-from sglang_oom_exporter.scan import scan_paths
+from sglang_oom_exporter.scan.run import scan_paths
 from tests.support.golden import (
     COPIES_OF_NUMBERS,
     GOLDEN_FIELDS,

@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from sglang_oom_exporter.scan import scan_paths
+from sglang_oom_exporter.scan.run import scan_paths
 from tests.support.golden import (
     GOLDEN_FIELDS,
     from_the_log,

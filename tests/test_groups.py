@@ -5,8 +5,16 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, generate_latest
 
-from sglang_oom_exporter.metrics import EventCounts, ExporterCollector, group_family
-from sglang_oom_exporter.metrics.groups import LWS_GROUP, LWS_NAME, LWS_WORKER, group_from_labels, group_from_name
+from sglang_oom_exporter.metrics.collector import ExporterCollector
+from sglang_oom_exporter.metrics.events import EventCounts
+from sglang_oom_exporter.metrics.groups import (
+    LWS_GROUP,
+    LWS_NAME,
+    LWS_WORKER,
+    group_family,
+    group_from_labels,
+    group_from_name,
+)
 from sglang_oom_exporter.sources.kubeclient import lws_labels
 from sglang_oom_exporter.sources.nodetargets import NodeTargets
 from tests.support.fake_kubeapi import pod

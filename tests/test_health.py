@@ -14,7 +14,7 @@ import os
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
-from sglang_oom_exporter.config import Config
+from sglang_oom_exporter.config.model import Config
 from sglang_oom_exporter.daemon.app import App
 from tests.support.helpers import CATALOG, Clock, wait_until
 

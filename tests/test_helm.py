@@ -24,7 +24,7 @@ import pytest
 import yaml
 
 from sglang_oom_exporter import __version__
-from sglang_oom_exporter.config import load_config
+from sglang_oom_exporter.config.load import load_config
 from tests.support.helm import (
     CHART,
     CI_FILES,

@@ -9,7 +9,8 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from sglang_oom_exporter.config import EventsConfig, load_config
+from sglang_oom_exporter.config.load import load_config
+from sglang_oom_exporter.config.model import EventsConfig
 from tests.support.helm import by_kind, one, rendered_config, template, workload
 
 pytestmark = pytest.mark.e2e

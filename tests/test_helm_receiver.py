@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from sglang_oom_exporter.config import load_config
+from sglang_oom_exporter.config.load import load_config
 from tests.support.helm import CHART, helm, helm_with_values, one, rendered_config, template, workload
 
 pytestmark = pytest.mark.e2e  # every test here runs helm

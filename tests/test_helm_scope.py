@@ -14,9 +14,10 @@ import pytest
 import yaml
 
 from sglang_oom_exporter.catalog import load_catalog
-from sglang_oom_exporter.render import RenderOptions, render_all
+from sglang_oom_exporter.render import render_all
 from sglang_oom_exporter.render.alerts import RULES_PATH
 from sglang_oom_exporter.render.dashboards import OVERVIEW_PATH
+from sglang_oom_exporter.render.options import RenderOptions
 from tests.support.helm import CHART, by_kind, helm, needs_dashboards, needs_rules, one, template
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]

@@ -17,7 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from sglang_oom_exporter.web.server import EVICT_AFTER, LISTEN_BACKLOG, MAX_CONNECTIONS, MAX_HEAD_BYTES
+from sglang_oom_exporter.web.httpd import EVICT_AFTER, LISTEN_BACKLOG, MAX_CONNECTIONS, MAX_HEAD_BYTES
 from sglang_oom_exporter.web.webconfig import WebConfig
 from tests.support.daemon import settle
 from tests.support.helpers import openssl_cert, wait_until

@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from sglang_oom_exporter.render.alerts import ALERTMANAGER_PATH, NEAR_FULL, RETRACTIONS_HIGH
+from sglang_oom_exporter.render.alerts import ALERTMANAGER_PATH
+from sglang_oom_exporter.render.alertspec import NEAR_FULL, RETRACTIONS_HIGH
 from tests.support.helpers import wait_until
 from tests.support.promstack import ALERTMANAGER, Alertmanager, require_binaries
 

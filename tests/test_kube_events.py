@@ -16,15 +16,17 @@ from pathlib import Path
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
-from sglang_oom_exporter.config import Config, ConfigError, EventsConfig, KubernetesConfig
+from sglang_oom_exporter.config.load import ConfigError
+from sglang_oom_exporter.config.model import Config, EventsConfig, KubernetesConfig
 from sglang_oom_exporter.daemon.app import App
 from sglang_oom_exporter.detect.model import OomEvent
 from sglang_oom_exporter.events.sink import Context, EventSink
-from sglang_oom_exporter.kubeevents import RESULTS, EventPoster, EventsCollector, event_poster
+from sglang_oom_exporter.kubeevents import EventsCollector, event_poster
 from sglang_oom_exporter.kubeevents.correlate import SPAM_BURST, Correlator
 from sglang_oom_exporter.kubeevents.ledger import Ledger
+from sglang_oom_exporter.kubeevents.poster import RESULTS, EventPoster
 from sglang_oom_exporter.kubeevents.text import MESSAGE_LIMIT, message_for, reason_for, runbook_url
-from sglang_oom_exporter.render import DEFAULT_RUNBOOK_BASE_URL
+from sglang_oom_exporter.render.options import DEFAULT_RUNBOOK_BASE_URL
 from sglang_oom_exporter.sources.kubeclient import ApiClient
 from tests.support.app import config_from_text
 from tests.support.fake_kubeapi import pod

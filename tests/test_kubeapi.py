@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
-from sglang_oom_exporter.config import ConfigError, DiscoverTargetsConfig
+from sglang_oom_exporter.config.load import ConfigError
+from sglang_oom_exporter.config.model import DiscoverTargetsConfig
 from sglang_oom_exporter.sources.http import LABELS, HttpError, Reason
 from sglang_oom_exporter.sources.kubeapi import DiscoveryCollector, node_targets
 from sglang_oom_exporter.sources.kubeclient import REASONS, ApiClient, PodEndpoint, endpoints

@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 from sglang_oom_exporter.project import PROJECT_URL
-from sglang_oom_exporter.render import DEFAULT_RUNBOOK_BASE_URL, DOCS_REF
+from sglang_oom_exporter.render.options import DEFAULT_RUNBOOK_BASE_URL, DOCS_REF
 from sglang_oom_exporter.render.projecturl import read_project_url
 from sglang_oom_exporter.web.runbooks import github_slug
 from tests.support.helm import CHART, ROOT, helm, helm_with_values

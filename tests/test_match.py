@@ -9,7 +9,7 @@ import pytest
 from sglang_oom_exporter.detect.assemble import Assembler
 from sglang_oom_exporter.detect.model import LogLine
 from sglang_oom_exporter.detect.prefix import PrefixParser
-from sglang_oom_exporter.scan import scan_stream
+from sglang_oom_exporter.scan.serial import scan_stream
 from tests.support.helpers import CATALOG, MATCHER, frames, scan_text
 from tests.support.logs import cri
 

@@ -14,7 +14,9 @@ from prometheus_client import CollectorRegistry, generate_latest
 from sglang_oom_exporter import __version__
 from sglang_oom_exporter.detect.model import OomEvent
 from sglang_oom_exporter.events.sink import Context, EventSink
-from sglang_oom_exporter.metrics import EventCounts, ExporterCollector, SourceStats, fatal_kinds
+from sglang_oom_exporter.metrics.collector import ExporterCollector
+from sglang_oom_exporter.metrics.events import EventCounts, fatal_kinds
+from sglang_oom_exporter.metrics.sources import SourceStats
 from tests.support.helpers import CATALOG
 
 HERE = os.path.dirname(__file__)

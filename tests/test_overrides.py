@@ -18,8 +18,9 @@ import yaml
 
 from sglang_oom_exporter.catalog import CatalogError, load_catalog
 from sglang_oom_exporter.cli import main
-from sglang_oom_exporter.render import RenderOptions, render_all
+from sglang_oom_exporter.render import render_all
 from sglang_oom_exporter.render.alerts import RULES_PATH, alert_pack
+from sglang_oom_exporter.render.options import RenderOptions
 from sglang_oom_exporter.render.overrides import load_with_overrides
 from sglang_oom_exporter.render.promql import relabel_cluster
 

@@ -80,7 +80,7 @@ def test_splitting_the_sample_at_any_bytes_gives_the_same_events(cuts):
     bounds = sorted({0, len(SAMPLE), *cuts})
     import io
 
-    from sglang_oom_exporter.scan import scan_stream
+    from sglang_oom_exporter.scan.serial import scan_stream
     from tests.support.helpers import CATALOG, MATCHER
 
     class Pieces(io.RawIOBase):

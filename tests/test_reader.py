@@ -10,7 +10,7 @@ from sglang_oom_exporter.detect.decode import wrapper_stream
 from sglang_oom_exporter.detect.finder import BytesFinder, make_finder, minimal_literals
 from sglang_oom_exporter.detect.model import Gap, RawLine
 from sglang_oom_exporter.detect.reader import LineReader
-from sglang_oom_exporter.scan import scan_stream
+from sglang_oom_exporter.scan.serial import scan_stream
 from tests.support.helpers import CATALOG, MATCHER, scan_bytes
 
 OOM = b"[2026-03-14 22:07:33 TP0] Prefill out of memory. Try to lower your batch size.\nTry to allocate 7 tokens.\n\n"
@@ -91,7 +91,7 @@ def test_gzip_input_gives_the_same_events(tmp_path):
     plain.write_bytes(OOM * 2)
     packed = tmp_path / "a.log.1.gz"
     packed.write_bytes(gzip.compress(OOM * 2))
-    from sglang_oom_exporter.scan import scan_paths
+    from sglang_oom_exporter.scan.run import scan_paths
 
     result = scan_paths(CATALOG, [str(plain), str(packed)])
     assert [e.location for e in result.events] == [f"{plain}:1", f"{plain}:4", f"{packed}:1", f"{packed}:4"]

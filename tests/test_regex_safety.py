@@ -18,7 +18,7 @@ import sys
 import pytest
 import regex
 
-from sglang_oom_exporter.config import parse_duration
+from sglang_oom_exporter.config.values import parse_duration
 from sglang_oom_exporter.detect import assemble, decode, match, prefix, reader
 from tests.support.helpers import CATALOG
 

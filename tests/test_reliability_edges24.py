@@ -16,7 +16,7 @@ from dataclasses import replace
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
-from sglang_oom_exporter.config import ConfigError, load_config
+from sglang_oom_exporter.config.load import ConfigError, load_config
 from sglang_oom_exporter.config.model import KubernetesConfig
 from sglang_oom_exporter.sources.discover import FILTER_TIMEOUT, FilterTimeouts, KubernetesFilter
 from tests.support.app import make_app, state_path, write_state

@@ -14,8 +14,9 @@ import tempfile
 
 import pytest
 
+from sglang_oom_exporter.sources.fileid import TailChunk
 from sglang_oom_exporter.sources.handles import HandleBudget
-from sglang_oom_exporter.sources.tail import FileTailer, TailChunk
+from sglang_oom_exporter.sources.tail import FileTailer
 from tests.support.daemon import Daemon, settle
 from tests.support.helpers import wait_until
 from tests.support.logs import append, oom_block

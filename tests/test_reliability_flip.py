@@ -15,7 +15,8 @@ import pytest
 
 from sglang_oom_exporter.daemon.logsource import LogSource
 from sglang_oom_exporter.detect.pipeline import Pipeline
-from sglang_oom_exporter.sources.tail import RECREATED, FileTailer, TailChunk, TailItem, TailReset
+from sglang_oom_exporter.sources.fileid import RECREATED, TailChunk, TailItem, TailReset
+from sglang_oom_exporter.sources.tail import FileTailer
 from tests.support.app import make_app
 from tests.support.daemon import Daemon, settle
 from tests.support.helpers import CATALOG, MATCHER, wait_until

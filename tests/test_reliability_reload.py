@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry
 
-from sglang_oom_exporter.config import Config
+from sglang_oom_exporter.config.model import Config
 from tests.support.app import config_fields, run_app, started_app
 from tests.support.logs import BLOCK, EVENT, HISTORY, append
 

@@ -12,7 +12,7 @@ import shutil
 
 import pytest
 
-from sglang_oom_exporter.config import Config
+from sglang_oom_exporter.config.model import Config
 from tests.support.app import config_fields, first_life, make_app, restarted_app, run_app, started_app
 from tests.support.logs import BLOCK, EVENT, HISTORY, append
 

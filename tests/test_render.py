@@ -16,8 +16,9 @@ import yaml
 
 from sglang_oom_exporter.catalog import load_catalog
 from sglang_oom_exporter.cli import main
-from sglang_oom_exporter.render import RenderOptions, checkout_files, render_all, renderers
+from sglang_oom_exporter.render import checkout_files, render_all, renderers
 from sglang_oom_exporter.render.alerts import ALERTMANAGER_PATH, RULES_PATH
+from sglang_oom_exporter.render.options import RenderOptions
 from sglang_oom_exporter.render.runbooks import INDEX
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -14,8 +14,8 @@ from pathlib import Path
 import yaml
 
 from sglang_oom_exporter.catalog import load_catalog
-from sglang_oom_exporter.render import RenderOptions, runbook_kind_url, runbook_page_url
 from sglang_oom_exporter.render.alerts import RULES_PATH, alert_pack
+from sglang_oom_exporter.render.options import RenderOptions, runbook_kind_url, runbook_page_url
 from sglang_oom_exporter.render.runbooks import INDEX, PARTS, RUNBOOK_DIR, render_runbooks
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -14,7 +14,7 @@ import os
 import pytest
 
 from sglang_oom_exporter.detect import reader
-from sglang_oom_exporter.scan import scan_paths
+from sglang_oom_exporter.scan.run import scan_paths
 from tests.support.golden import load_expected
 from tests.support.helpers import CATALOG
 

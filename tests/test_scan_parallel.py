@@ -21,8 +21,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from sglang_oom_exporter.detect.pipeline import Pipeline
-from sglang_oom_exporter.scan import InputError, scan_paths
 from sglang_oom_exporter.scan import join as scanjoin
+from sglang_oom_exporter.scan.run import scan_paths
+from sglang_oom_exporter.scan.serial import InputError
 from tests.support.helpers import CATALOG
 
 HERE = os.path.dirname(__file__)

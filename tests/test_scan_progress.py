@@ -17,7 +17,8 @@ import time
 import pytest
 
 from sglang_oom_exporter.progress import Progress
-from sglang_oom_exporter.scan import input_size, scan_paths
+from sglang_oom_exporter.scan.run import scan_paths
+from sglang_oom_exporter.scan.serial import input_size
 from tests.support.helpers import CATALOG
 
 pytestmark = pytest.mark.timeout(60)

@@ -14,7 +14,8 @@ import sys
 
 import pytest
 
-from sglang_oom_exporter.scan import InputError, check_readable, scan_paths
+from sglang_oom_exporter.scan.run import scan_paths
+from sglang_oom_exporter.scan.serial import InputError, check_readable
 from tests.support.helpers import CATALOG
 
 RETRACT = b"[2026-03-14 22:01:05 TP0] KV cache pool is full. Retract requests. #retracted_reqs: 3, #new_token_ratio: 0.4 -> 0.5\n"

@@ -22,15 +22,17 @@ from prometheus_client import parser as text_parser
 from prometheus_client.openmetrics import parser as openmetrics_parser
 from prometheus_client.openmetrics.exposition import generate_latest as generate_openmetrics
 
-from sglang_oom_exporter.config import Config
+from sglang_oom_exporter.config.model import Config
 from sglang_oom_exporter.daemon.app import App
 from sglang_oom_exporter.daemon.logsource import LogSource
 from sglang_oom_exporter.daemon.loop import SWITCH_INTERVAL
 from sglang_oom_exporter.daemon.sourceset import add_stats
 from sglang_oom_exporter.detect.model import OomEvent
 from sglang_oom_exporter.events.store import EventStore, Health
-from sglang_oom_exporter.metrics import EventCounts, ExporterCollector, PageRegistry, SourceStats, fatal_kinds
-from sglang_oom_exporter.metrics.exposition import CHUNK_SERIES, join_gzip, join_plain
+from sglang_oom_exporter.metrics.collector import ExporterCollector
+from sglang_oom_exporter.metrics.events import EventCounts, fatal_kinds
+from sglang_oom_exporter.metrics.exposition import CHUNK_SERIES, PageRegistry, join_gzip, join_plain
+from sglang_oom_exporter.metrics.sources import SourceStats
 from sglang_oom_exporter.web.routes import Routes
 from sglang_oom_exporter.web.server import ExporterServer
 from tests.support.helpers import CATALOG, Clock

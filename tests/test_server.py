@@ -17,15 +17,16 @@ import threading
 import pytest
 from prometheus_client import Counter
 
-from sglang_oom_exporter.config import parse_listen
+from sglang_oom_exporter.config.values import parse_listen
 from sglang_oom_exporter.detect.model import OomEvent, PoolState
 from sglang_oom_exporter.events.sink import event_json
 from sglang_oom_exporter.events.store import EventStore, Health
+from sglang_oom_exporter.web.httpd import MAX_HEAD_BYTES
 from sglang_oom_exporter.web.listen import resolve
 from sglang_oom_exporter.web.otlp import OtlpServer
 from sglang_oom_exporter.web.page import render_page
-from sglang_oom_exporter.web.routes import ROUTE_PATHS
-from sglang_oom_exporter.web.server import MAX_HEAD_BYTES, MAX_LIMIT, ExporterServer
+from sglang_oom_exporter.web.routes import MAX_LIMIT, ROUTE_PATHS
+from sglang_oom_exporter.web.server import ExporterServer
 from sglang_oom_exporter.web.webconfig import WebConfig
 from tests.support.helpers import openssl_cert, wait_until
 from tests.support.server import get

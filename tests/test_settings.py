@@ -13,7 +13,10 @@ from pathlib import Path
 import pytest
 
 from sglang_oom_exporter.cli import build_parser, main
-from sglang_oom_exporter.config import SETTINGS, Config, ConfigError, Setting, load_config, unknown_env
+from sglang_oom_exporter.config.keys import unknown_env
+from sglang_oom_exporter.config.load import ConfigError, load_config
+from sglang_oom_exporter.config.model import Config
+from sglang_oom_exporter.config.settings import SETTINGS, Setting
 from sglang_oom_exporter.render.settingsdoc import PATH, page
 from sglang_oom_exporter.serve import config_flags
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from sglang_oom_exporter.detect.model import OomEvent
 from sglang_oom_exporter.events.sink import Context, EventSink, event_json
 from sglang_oom_exporter.events.store import EventStore
-from sglang_oom_exporter.metrics import EventCounts
+from sglang_oom_exporter.metrics.events import EventCounts
 from tests.support.helpers import CATALOG
 
 

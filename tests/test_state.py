@@ -10,7 +10,8 @@ import pytest
 
 from sglang_oom_exporter.daemon import state as state_module
 from sglang_oom_exporter.daemon.state import STATE_VERSION, StateStore
-from sglang_oom_exporter.sources.tail import FileTailer, TailChunk, TailPosition
+from sglang_oom_exporter.sources.fileid import TailChunk, TailPosition
+from sglang_oom_exporter.sources.tail import FileTailer
 
 NOW = 1_773_526_053.0
 

@@ -8,14 +8,8 @@ import shutil
 
 import pytest
 
-from sglang_oom_exporter.sources.tail import (
-    DELETED_LINGER_SECONDS,
-    FINGERPRINT_BYTES,
-    FileTailer,
-    TailChunk,
-    TailPosition,
-    TailReset,
-)
+from sglang_oom_exporter.sources.fileid import FINGERPRINT_BYTES, TailChunk, TailPosition, TailReset
+from sglang_oom_exporter.sources.tail import DELETED_LINGER_SECONDS, FileTailer
 
 CRI = b"2026-03-14T22:07:33.118204551Z stderr F "
 

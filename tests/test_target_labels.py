@@ -6,7 +6,7 @@ from __future__ import annotations
 from prometheus_client.core import Metric
 
 from sglang_oom_exporter.daemon.targets import TargetSet
-from sglang_oom_exporter.metrics import target_families
+from sglang_oom_exporter.metrics.collector import target_families
 from tests.support.app import config_from_text
 
 

@@ -57,7 +57,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from sglang_oom_exporter.catalog import load_catalog  # noqa: E402 - the checkout's package, after its root
-from sglang_oom_exporter.config import parse_duration  # noqa: E402
+from sglang_oom_exporter.config.values import parse_duration  # noqa: E402
 from tests.support.helpers import load_yaml  # noqa: E402
 from tests.support.promtool_rules import RULES, isolate  # noqa: E402
 

@@ -10,30 +10,3 @@ listing each key path (and the file's line where there is one), so `--check-conf
   values.py    the value parsers: durations, booleans, listen addresses, URLs, regexes
   yamlfile.py  the file's shape; load.py layers file, environment and flags
 """
-
-from __future__ import annotations
-
-from .keys import bounded_duration, unknown_env
-from .load import ConfigError, load_config, nothing_to_follow
-from .model import DEFAULT_LISTEN, DEFAULT_PORT, Config, DiscoverTargetsConfig, EventsConfig, KubernetesConfig
-from .settings import ENV_PREFIX, SETTINGS, Setting
-from .values import parse_duration, parse_listen
-
-__all__ = [
-    "DEFAULT_LISTEN",
-    "DEFAULT_PORT",
-    "ENV_PREFIX",
-    "SETTINGS",
-    "Config",
-    "ConfigError",
-    "DiscoverTargetsConfig",
-    "EventsConfig",
-    "KubernetesConfig",
-    "Setting",
-    "bounded_duration",
-    "load_config",
-    "nothing_to_follow",
-    "parse_duration",
-    "parse_listen",
-    "unknown_env",
-]

@@ -10,9 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from ..sources.discover import DEFAULT_CONTAINER_FILTER, DEFAULT_NAMESPACE_FILTER, DEFAULT_POD_FILTER
-from .settings import DEFAULT_LISTEN, DEFAULT_PORT, default
-
-__all__ = ["DEFAULT_LISTEN", "DEFAULT_PORT", "Config", "DiscoverTargetsConfig", "EventsConfig", "KubernetesConfig"]
+from .settings import default
 
 
 @dataclass(frozen=True, slots=True)

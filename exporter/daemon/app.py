@@ -21,10 +21,15 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, BinaryIO
 
 from ..catalog import Catalog
-from ..config import SETTINGS, Config, nothing_to_follow
+from ..config.load import nothing_to_follow
+from ..config.model import Config
+from ..config.settings import SETTINGS
 from ..events.sink import EventSink
 from ..events.store import EventStore
-from ..metrics import EventCounts, ExporterCollector, fatal_kinds, group_family, label_names_for
+from ..metrics.collector import ExporterCollector
+from ..metrics.events import EventCounts, fatal_kinds
+from ..metrics.groups import group_family
+from ..metrics.names import label_names_for
 from ..sources.stdin import StdinPump
 from .loop import Loop, Service
 from .receiver import Receiver
@@ -35,7 +40,7 @@ from .targets import TargetSet
 if TYPE_CHECKING:
     from prometheus_client.core import Metric
 
-    from ..kubeevents import EventPoster
+    from ..kubeevents.poster import EventPoster
     from ..sources.nodetargets import NodeTargets
 
 log = logging.getLogger(__name__)

@@ -12,9 +12,9 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from ..config import Config
+from ..config.model import Config
 from ..sources.discover import FilterTimeouts, KubernetesFilter
-from ..sources.tail import TailPosition
+from ..sources.fileid import TailPosition
 from .logsource import LogSource
 
 

@@ -14,7 +14,8 @@ from typing import Any
 
 from ..detect.evidence import Evidence
 from ..detect.pipeline import Pipeline
-from ..sources.tail import TRUNCATED, FileTailer, TailPosition, TailReset
+from ..sources.fileid import TRUNCATED, TailPosition, TailReset
+from ..sources.tail import FileTailer
 from .lazypipe import LazyPipeline
 
 # A record with no new line for this long is complete (a traceback cut mid-write). One that looks whole (a

@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
-from ..config import Config
+from ..config.model import Config
 from ..events.store import Health
 from ..sources.stdin import StdinPump
 from .health import HealthWatch

@@ -7,7 +7,7 @@ reads what was published last, so it never waits for the loop, and its cost does
 
 from __future__ import annotations
 
-from ..metrics import SourceStats
+from ..metrics.sources import SourceStats
 from .logsource import LogSource
 from .sourceset import SourceSet, add_stats
 

@@ -20,17 +20,20 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..catalog import Catalog
-from ..config import Config
+from ..config.model import Config
 from ..detect.evidence import HOLD_LINES, Evidence, probe
 from ..detect.match import Matcher
 from ..detect.model import OomEvent
 from ..detect.pipeline import Pipeline
 from ..events.sink import Context, EventSink
-from ..metrics import KUBERNETES_LABELS, EventCounts, SourceStats
+from ..metrics.events import EventCounts
+from ..metrics.names import KUBERNETES_LABELS
+from ..metrics.sources import SourceStats
 from ..sources.discover import FilterTimeouts, KubernetesFilter, dirs_to_watch, discover_pods, expand
+from ..sources.fileid import TailPosition
 from ..sources.handles import HandleBudget, handle_bound
 from ..sources.otlpspool import FILE_DIR, POD_DIR
-from ..sources.tail import FileTailer, TailPosition
+from ..sources.tail import FileTailer
 from .found import discovery_problem, kubernetes_filter, restore, saved_but_missing, source_name
 from .lazypipe import LazyPipeline
 from .logsource import LogSource

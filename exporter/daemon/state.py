@@ -23,7 +23,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from ..events.store import EventStore
-from ..metrics import EventCounts
+from ..metrics.events import EventCounts
 from .sourceset import SourceSet
 
 log = logging.getLogger(__name__)

@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
 
-from ..config import Config
+from ..config.model import Config
 from ..events.sink import Context
 from ..sources.scrape import ScrapeLoop, TargetScraper
 

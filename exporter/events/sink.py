@@ -25,7 +25,7 @@ from ..detect.model import OomEvent
 from .redact import redact_excerpt, redact_line
 
 if TYPE_CHECKING:  # `scan` imports this module and needs neither: prometheus_client costs 60-80 ms of start-up
-    from ..metrics import EventCounts
+    from ..metrics.events import EventCounts
     from .store import EventStore
 
 log = logging.getLogger(__name__)

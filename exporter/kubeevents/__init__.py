@@ -18,14 +18,12 @@ from prometheus_client.core import CounterMetricFamily
 from prometheus_client.registry import Collector
 
 from ..catalog import Catalog
-from ..config import Config
+from ..config.model import Config
 from ..sources.kubeclient import ApiClient
 from .correlate import Correlator
 from .ledger import Ledger
 from .poster import RESULTS, EventPoster
 from .text import node_name
-
-__all__ = ["RESULTS", "EventPoster", "EventsCollector", "event_poster"]
 
 
 def event_poster(config: Config, catalog: Catalog, env: Mapping[str, str] | None = None) -> EventPoster | None:

@@ -17,8 +17,8 @@ from dataclasses import dataclass
 from ..catalog import Catalog
 from ..detect.model import OomEvent
 from ..events.sink import explanation
-from ..render import RenderOptions, runbook_page_url
 from ..render.alertspec import RETRACTIONS_HIGH, alert_name
+from ..render.options import RenderOptions, runbook_page_url
 from ..sources.discover import PodLogRef, pod_log_ref
 
 MESSAGE_LIMIT = 1023  # bytes: events.k8s.io/v1 refuses a note of 1 kB or more (core v1 takes it, kubectl wraps it)

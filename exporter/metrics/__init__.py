@@ -17,18 +17,3 @@ cannot start at a value), the paging kinds are zero-initialised per source from 
 disappear once its logs are gone past the retention; and a scrape of 10,000 followed files must not walk 10,000
 sources or wait for the loop. Each family keeps its lines encoded, so a scrape only joins bytes.
 """
-
-from __future__ import annotations
-
-from .collector import SERVER_ARGS, TARGET_VALUES, ExporterCollector, TargetView, target_families
-from .events import EventCounts, fatal_kinds
-from .exposition import PageRegistry
-from .groups import GROUP_INFO, GROUP_LABELS, group_family
-from .names import FILE_LABELS, KUBERNETES_LABELS, NAMESPACE, SELF, Labels, label_names_for
-from .sources import SourceStats, SourceTable
-
-__all__ = [
-    "FILE_LABELS", "GROUP_INFO", "GROUP_LABELS", "KUBERNETES_LABELS", "NAMESPACE", "SELF", "SERVER_ARGS",
-    "TARGET_VALUES", "EventCounts", "ExporterCollector", "Labels", "PageRegistry", "SourceStats", "SourceTable",
-    "TargetView", "fatal_kinds", "group_family", "label_names_for", "target_families",
-]  # fmt: skip

@@ -16,42 +16,10 @@ from pathlib import Path
 
 from ..catalog import Catalog, default_catalog_path
 from .options import (
-    DASHBOARD_URL_VARIABLES,
-    DEFAULT_RUNBOOK_BASE_URL,
-    DEFAULT_RUNBOOK_URL_TEMPLATE,
-    DOCS_REF,
-    GENERATED_NOTE,
-    OVERVIEW_DASHBOARD_UID,
     Files,
     Renderer,
     RenderOptions,
-    runbook_base_for,
-    runbook_kind_url,
-    runbook_page_url,
-    runbook_template_problem,
 )
-
-__all__ = [
-    "DASHBOARD_URL_VARIABLES",
-    "DEFAULT_RUNBOOK_BASE_URL",
-    "DEFAULT_RUNBOOK_URL_TEMPLATE",
-    "DOCS_REF",
-    "GENERATED_NOTE",
-    "OVERVIEW_DASHBOARD_UID",
-    "Files",
-    "RenderOptions",
-    "Renderer",
-    "checkout_files",
-    "is_checkout",
-    "render_all",
-    "renderers",
-    "runbook_base_for",
-    "runbook_kind_url",
-    "runbook_page_url",
-    "runbook_template_problem",
-    "stale_files",
-    "write_files",
-]
 
 
 def renderers() -> list[Renderer]:

@@ -24,48 +24,18 @@ import yaml
 
 from ..catalog import Catalog, OomKind
 from .alertspec import (
-    CRASH_LOOP,
     EXPORTER_DOWN,
     EXPORTER_GROUP,
-    NAME_RE,
     NEAR_FULL,
     NO_LOGS,
     OOM_GROUP,
-    RETRACTIONS_HIGH,
-    STATE_ERRORS,
-    TARGET_DOWN,
     AlertSpec,
     RecordSpec,
-    alert_name,
 )
 from .guard_alerts import exporter_down_alert, guard_records, no_logs_alert, state_errors_alert, target_down_alert
 from .oom_alerts import crash_loop_alert, fatal_alert, near_full_alert, non_fatal_alert, oom_records, retraction_alert
 from .options import GENERATED_NOTE, Files, RenderOptions
 from .promql import SOURCE_LABELS, Scope
-
-__all__ = [
-    "ALERTMANAGER_PATH",
-    "CRASH_LOOP",
-    "EXPORTER_DOWN",
-    "NAME_RE",
-    "NEAR_FULL",
-    "NO_LOGS",
-    "RECEIVERS",
-    "RETRACTIONS_HIGH",
-    "RULES_PATH",
-    "SOURCE_LABELS",
-    "STATE_ERRORS",
-    "TARGET_DOWN",
-    "AlertSpec",
-    "RecordSpec",
-    "alert_name",
-    "alert_pack",
-    "alertmanager_example",
-    "recording_rules",
-    "render_alerts",
-    "retraction_kind",
-    "rules_file",
-]  # fmt: skip
 
 RULES_PATH = "alerts/sglang-oom.rules.yaml"
 ALERTMANAGER_PATH = "alerts/alertmanager.example.yml"

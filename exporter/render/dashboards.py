@@ -15,7 +15,7 @@ import json
 from collections.abc import Mapping
 
 from ..catalog import Catalog
-from ..metrics import GROUP_INFO
+from ..metrics.groups import GROUP_INFO
 from . import grafana as g
 from .options import (
     DASHBOARD_URL_VARIABLES,

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from ..config import parse_duration
+from ..config.values import parse_duration
 from .alertspec import (
     EXPORTER_DOWN,
     EXPORTER_GROUP,

@@ -14,8 +14,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ..catalog import OomKind
-from ..config import parse_duration
-from ..metrics import GROUP_INFO
+from ..config.values import parse_duration
+from ..metrics.groups import GROUP_INFO
 from .alertspec import (
     CRASH_LOOP,
     NEAR_FULL,

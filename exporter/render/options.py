@@ -1,6 +1,6 @@
 """Render options and the constants every renderer shares: the runbook links, the dashboard's uid and
-variables, the generated-file note. The renderers import them from here, and the package re-exports them, so
-that no renderer imports the package that imports it (tests/test_architecture.py)."""
+variables, the generated-file note. Everyone imports them from here (the package does not re-export them), so
+no renderer imports the package that imports it (tests/test_architecture.py)."""
 
 from __future__ import annotations
 

@@ -9,8 +9,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ..config import parse_duration
-from ..metrics import FILE_LABELS, GROUP_INFO, KUBERNETES_LABELS
+from ..config.values import parse_duration
+from ..metrics.groups import GROUP_INFO
+from ..metrics.names import FILE_LABELS, KUBERNETES_LABELS
 
 # What OOM alerts group by: every source label of either scheme (a missing one is empty), so both work.
 SOURCE_LABELS: tuple[str, ...] = (*KUBERNETES_LABELS, *FILE_LABELS)

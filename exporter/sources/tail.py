@@ -29,7 +29,6 @@ from .fileid import (
     DELETED,
     FINGERPRINT_BYTES,
     RECREATED,
-    RESET_REASONS,
     ROTATED,
     TRUNCATED,
     TailChunk,
@@ -43,12 +42,6 @@ from .fileid import (
     open_binary,
 )
 from .handles import HandleBudget
-
-# Re-exported: the tailer's consumers import its value types from here.
-__all__ = [
-    "DELETED", "FINGERPRINT_BYTES", "RECREATED", "RESET_REASONS", "ROTATED", "TRUNCATED", "FileTailer",
-    "TailChunk", "TailItem", "TailPosition", "TailReset", "TailStats", "fingerprint", "open_binary",
-]  # fmt: skip
 
 log = logging.getLogger(__name__)
 

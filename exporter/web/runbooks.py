@@ -51,7 +51,7 @@ class RunbookPages:
 
 def _markdown_pages(catalog: Catalog) -> dict[str, str]:
     """{file name: markdown} of docs/runbooks/ as `render` writes it for this catalog."""
-    from ..render import RenderOptions
+    from ..render.options import RenderOptions
     from ..render.runbooks import RUNBOOK_DIR, render_runbooks
 
     files = render_runbooks(catalog, RenderOptions(), {})

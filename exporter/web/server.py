@@ -26,8 +26,8 @@ from prometheus_client.registry import Collector
 from ..catalog import Catalog
 from ..events.store import EventStore, Health
 from ..metrics.names import SELF
-from .httpd import EVICT_AFTER, LISTEN_BACKLOG, MAX_CONNECTIONS, MAX_HEAD_BYTES, REQUEST_TIMEOUT, HTTPServer
-from .routes import DEFAULT_LIMIT, MAX_LIMIT, Response, Routes
+from .httpd import MAX_CONNECTIONS, REQUEST_TIMEOUT, HTTPServer
+from .routes import Response, Routes
 from .webconfig import BasicAuth, WebConfig
 
 if TYPE_CHECKING:
@@ -36,10 +36,6 @@ if TYPE_CHECKING:
 
 _LOG = logging.getLogger(__name__)
 THREAD_FAILURE_HEALTH_SECONDS = 60.0  # /healthz is not ok for this long after a connection thread failed to start
-__all__ = [  # tests and serve import these
-    "DEFAULT_LIMIT", "EVICT_AFTER", "LISTEN_BACKLOG", "MAX_CONNECTIONS", "MAX_HEAD_BYTES", "MAX_LIMIT",
-    "ExporterServer",
-]  # fmt: skip
 
 
 class ExporterServer:

@@ -13,7 +13,8 @@ from typing import Any
 
 import pytest
 
-from sglang_oom_exporter.config import Config, load_config
+from sglang_oom_exporter.config.load import load_config
+from sglang_oom_exporter.config.model import Config
 from sglang_oom_exporter.daemon.app import App
 from tests.support.helpers import CATALOG, Clock
 from tests.support.logs import BLOCK, append

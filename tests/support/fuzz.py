@@ -10,7 +10,7 @@ import itertools
 
 from hypothesis import strategies as st
 
-from sglang_oom_exporter.scan import scan_stream
+from sglang_oom_exporter.scan.serial import scan_stream
 from tests.support.helpers import CATALOG, MATCHER, scan_bytes, summary
 from tests.support.logs import COMPOSE_FRAGMENTS, FRAGMENTS
 

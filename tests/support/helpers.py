@@ -22,7 +22,7 @@ import yaml
 from sglang_oom_exporter.catalog import load_catalog
 from sglang_oom_exporter.detect.match import Matcher
 from sglang_oom_exporter.detect.model import OomEvent
-from sglang_oom_exporter.scan import scan_stream
+from sglang_oom_exporter.scan.serial import scan_stream
 
 CATALOG = load_catalog()
 MATCHER = Matcher(CATALOG)
