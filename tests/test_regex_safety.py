@@ -81,12 +81,12 @@ STDLIB_CHECK = r"""
 import string, sys
 from sglang_oom_exporter.sources import discover
 from sglang_oom_exporter.web import webconfig
-from sglang_oom_exporter.render import alerts
+from sglang_oom_exporter.render import alertspec
 from sglang_oom_exporter.catalog import vocabulary, alert_fields
 from sglang_oom_exporter.config import values
 units = [c for c in string.printable if c not in "\n\r\x0b\x0c"] + ["1.", ".1", "-1", ".gz", "0-", "T1"]
 names = [(discover._ROTATED_NAME, 255), (discover._POD_LOG_NAME, 255), (webconfig._BCRYPT_RE, 4096),
-         (alerts.NAME_RE, 4096), (vocabulary.ID_RE, 4096), (alert_fields._PROM_DURATION, 4096),
+         (alertspec.NAME_RE, 4096), (vocabulary.ID_RE, 4096), (alert_fields._PROM_DURATION, 4096),
          (values._DURATION, 4096), (values.URL, 4096)]  # _DURATION_PART only sees what _DURATION accepted
 for pattern, size in names:
     for unit in units:
