@@ -1,6 +1,7 @@
-"""The package's structure: its imports run one way, and no module reads another's private names.
+"""The package's structure: its imports run one way, no module reads another's private names, and
+docs/architecture.md, the one code map, has a line for every module and none for a module that is gone.
 
-Both tests read the source with `ast` rather than importing it, so an import inside a function (the usual way
+The import tests read the source with `ast` rather than importing it, so an import inside a function (the usual way
 to hide a cycle from Python) counts exactly like one at the top of a module. Known violations are listed
 below by name; a new one fails, and so does a listed one that has gone (so the lists only shrink).
 """
@@ -8,6 +9,7 @@ below by name; a new one fails, and so does a listed one that has gone (so the l
 from __future__ import annotations
 
 import ast
+import re
 from collections.abc import Iterator, Mapping, Set
 from pathlib import Path
 
@@ -283,6 +285,40 @@ def test_the_borrowed_import_finder() -> None:
     text = f"from {PKG}.web.server import ExporterServer, MAX_HEAD_BYTES\nfrom {PKG}.web.httpd import MAX_HEAD_BYTES\n"
     path = TESTS / "test_x.py"
     assert list(borrowed_imports(path, text, known)) == [f"tests/test_x.py:1: MAX_HEAD_BYTES from {PKG}.web.server"]
+
+
+# --------------------------------------------------------------------------------------------------- the code map
+
+MAP = SRC.parent / "docs" / "architecture.md"
+
+
+def mapped_modules(text: str) -> list[str]:
+    """The modules the map's "Every module" section names, in order: one `- `path`: what it is` line each."""
+    section = text.split("\n## Every module\n", 1)[1].split("\n## ", 1)[0]
+    return re.findall(r"^- `([^`]+)`:", section, flags=re.M)
+
+
+def test_the_map_reader() -> None:
+    text = "# A\n- `x.py`: no\n## Every module\n\n**`a/`**\n- `a/b.py`: b\n  `c.py`: no\n- `d.py`: d\n## Next\n- `e.py`: e\n"
+    assert mapped_modules(text) == ["a/b.py", "d.py"]
+
+
+def test_the_code_map_has_one_line_for_every_module_and_none_for_a_module_that_is_gone() -> None:
+    """docs/architecture.md is the one code map: every .py under exporter/ (package __init__.py files and
+    __main__.py too) has exactly one line in it, and every line names a module that exists."""
+    listed = mapped_modules(MAP.read_text(encoding="utf-8"))
+    present = {str(p.relative_to(SRC)) for p in SRC.rglob("*.py")}
+    assert sorted({m for m in listed if listed.count(m) > 1}) == [], "listed twice in docs/architecture.md"
+    assert sorted(present - set(listed)) == [], "modules missing from docs/architecture.md's Every module"
+    assert sorted(set(listed) - present) == [], "docs/architecture.md lists modules that do not exist"
+
+
+def test_every_python_file_the_map_names_exists() -> None:
+    """The prose and the pictures name modules too (`daemon/lazypipe.py`, `tests/test_architecture.py`): each
+    backquoted path ending in .py is a file under exporter/ or the repository root."""
+    named = set(re.findall(r"`([\w./]+\.py)`", MAP.read_text(encoding="utf-8")))
+    assert len(named) > 100
+    assert sorted(n for n in named if not (SRC / n).is_file() and not (SRC.parent / n).is_file()) == []
 
 
 # ---------------------------------------------------------------------------------------------- the tests' harness

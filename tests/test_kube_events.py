@@ -30,7 +30,7 @@ from sglang_oom_exporter.render.options import DEFAULT_RUNBOOK_BASE_URL
 from sglang_oom_exporter.sources.kubeclient import ApiClient
 from tests.support.app import config_from_text
 from tests.support.fake_kubeapi import pod
-from tests.support.helpers import CATALOG, Clock, openssl_cert, scan_bytes, wait_until
+from tests.support.helpers import CATALOG, Clock, load_toml, openssl_cert, scan_bytes, wait_until
 from tests.support.kubeapi import NODE, api_client, fake_api
 
 ROOT = "/var/log/pods"
@@ -443,10 +443,8 @@ def test_the_app_offers_live_events_and_a_reload_keeps_the_events_setting(tmp_pa
 
 def test_every_subpackage_is_packaged():
     """pyproject lists packages by name: one missing from the list is missing from the wheel and the image."""
-    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
-
     root = Path(__file__).resolve().parent.parent
-    listed = set(tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    listed = set(load_toml(root / "pyproject.toml")["tool"]["setuptools"]["packages"])
     found = {"sglang_oom_exporter"} | {
         f"sglang_oom_exporter.{d.name}" for d in (root / "exporter").iterdir() if (d / "__init__.py").is_file()
     }

@@ -20,7 +20,7 @@ from sglang_oom_exporter.render.options import DEFAULT_RUNBOOK_BASE_URL, DOCS_RE
 from sglang_oom_exporter.render.projecturl import read_project_url
 from sglang_oom_exporter.web.runbooks import github_slug
 from tests.support.helm import CHART, ROOT, helm, helm_with_values
-from tests.support.helpers import CATALOG
+from tests.support.helpers import CATALOG, load_toml
 
 RULES = ROOT / "alerts" / "sglang-oom.rules.yaml"
 BLOB = f"{PROJECT_URL}/blob/{DOCS_REF}/"
@@ -124,9 +124,8 @@ def _markdown_links(path: Path) -> list[str]:
 
 
 def test_the_project_url_is_declared_once_in_pyproject_and_the_package_carries_that_one():
-    tomllib = pytest.importorskip("tomllib", reason="tomllib needs Python 3.11")
     text = (ROOT / "pyproject.toml").read_text()
-    assert tomllib.loads(text)["project"]["urls"] == {"Homepage": PROJECT_URL}
+    assert load_toml(ROOT / "pyproject.toml")["project"]["urls"] == {"Homepage": PROJECT_URL}
     assert read_project_url(text) == PROJECT_URL
     assert f"{PROJECT_URL}/blob/main/docs/runbooks" == DEFAULT_RUNBOOK_BASE_URL
     # No module but the generated one spells the URL out.

@@ -11,6 +11,7 @@ import os
 import shutil
 import socket
 import subprocess
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -44,6 +45,17 @@ def _parsed_yaml(path: str) -> Any:
 def load_yaml(path: str | Path) -> Any:
     """A YAML file parsed once per process, handed out as a copy each call (tests edit what they get)."""
     return copy.deepcopy(_parsed_yaml(str(path)))
+
+
+def load_toml(path: Path) -> dict[str, Any]:
+    """A TOML file (pyproject.toml), read with tomllib, or on Python 3.10 with tomli, its backport (a dev
+    dependency there), so that no test skips on the oldest Python that requires-python allows."""
+    if sys.version_info >= (3, 11):
+        import tomllib
+    else:
+        import tomli as tomllib
+    with path.open("rb") as fh:
+        return tomllib.load(fh)
 
 
 def dump_yaml(data: object) -> str:
