@@ -3,6 +3,7 @@ dedupe and crash recovery (sources/otlpspool.py), and the endpoint's overload an
 
 from __future__ import annotations
 
+import base64
 import os
 
 import pytest
@@ -220,3 +221,57 @@ def test_a_source_idle_for_the_retention_and_read_to_its_end_is_removed(tmp_path
     assert (tmp_path / live).exists()
     assert spool.removed_sources == 1
     assert spool.disk_bytes() == _disk(tmp_path)
+
+
+class _Keeps:
+    def __init__(self) -> None:
+        self.batches: list = []
+
+    def accept(self, batch):
+        self.batches.append(batch)
+
+
+def test_the_web_configs_tls_and_basic_auth_guard_the_otlp_port_for_the_sdk_exporter(tmp_path, monkeypatch):
+    bcrypt = pytest.importorskip("bcrypt", reason="basic auth needs the bcrypt package")
+    from opentelemetry.exporter.otlp.proto.http._log_exporter import OTLPLogExporter
+
+    from sglang_oom_exporter.web.webconfig import load_web_config
+    from tests.support.helpers import openssl_cert
+    from tests.support.otlp import pod_resource, records
+
+    for name in ("REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE"):  # requests takes these over the exporter's own CA file
+        monkeypatch.delenv(name, raising=False)
+    cert, key = openssl_cert(tmp_path)
+    hashed = bcrypt.hashpw(b"s3cret", bcrypt.gensalt(rounds=4)).decode()
+    path = tmp_path / "web-config.yml"
+    path.write_text(
+        f"tls_server_config: {{cert_file: {cert}, key_file: {key}}}\nbasic_auth_users: {{agent: {hashed}}}\n"
+    )
+    kept = _Keeps()
+    server = OtlpServer(("127.0.0.1", 0), kept, web_config=load_web_config(str(path)))
+    server.start()
+    batch = records(pod_resource("llm", "sglang-0"), [b"one", b"two"])
+    url = f"https://127.0.0.1:{server.port}/v1/logs"
+
+    def send(password: str) -> str:
+        token = base64.b64encode(f"agent:{password}".encode()).decode()
+        sender = OTLPLogExporter(endpoint=url, certificate_file=str(cert), timeout=10,
+                                 headers={"Authorization": f"Basic {token}"})  # fmt: skip
+        try:
+            return str(sender.export(batch).name)
+        finally:
+            sender.shutdown()
+
+    try:
+        assert send("wrong") == "FAILURE"
+        assert send("s3cret") == "SUCCESS"
+        assert [[x.data for x in b["pods/llm_sglang-0_u1/server/0.log"]] for b in kept.batches] == [
+            [b"one\n", b"two\n"]
+        ]
+        # Plain HTTP on the TLS port gets no answer the shipper could take for a 200.
+        with pytest.raises(OSError, match=r"Connection reset|Remote end closed|EOF|timed out"):
+            post(f"http://127.0.0.1:{server.port}", b"{}", {"Content-Type": JSON})
+        assert server.stats.failures == {"unauthorized": 1}
+        assert server.stats.requests == {"401": 1, "200": 1}
+    finally:
+        server.stop()
