@@ -5,6 +5,10 @@ directory; its pod counts an OOM written to a pod log, runs with the rendered se
 kernel's view of the process: uid, capabilities, no_new_privs, seccomp, read-only mounts), and keeps its count
 across a pod restart (the pod deleted and played again, with an OOM written while it was down).
 
+Receiver: the chart's `mode: receiver` Deployment's pod, run as rendered (uid 65532, read-only root filesystem,
+no hostPath, only its configMap and emptyDir volumes), receives a golden log from the OpenTelemetry SDK's own
+OTLP/HTTP exporter on loopback (in two batches, the second retried) and counts exactly its expected events.
+
 Sidecar: the chart README's sidecar snippet, beside a stand-in SGLang container (tests/support/fake_sglang.py run in the
 same image in place of launch_server, behind the snippet's own script: FIFO, rotating log writer, SIGTERM trap)
 that serves SGLang's /metrics and /get_server_info; an OOM it logs reaches the exporter's /events, /metrics and
@@ -52,10 +56,12 @@ import yaml
 
 from sglang_oom_exporter import __version__
 from tests.support.daemon import settle
+from tests.support.golden import load_expected
 from tests.support.helm import CHART, helm
 from tests.support.helpers import free_port, openssl_cert, wait_until
 from tests.support.image import Served
 from tests.support.logs import append, cri, oom_block
+from tests.support.otlp import export, log_lines, pod_resource, records
 from tests.support.podman import mount_options, proc_status
 from tests.support.sglang_data import INFO
 from tests.support.sidecar import container as named_container
@@ -160,13 +166,19 @@ def daemonset_pod(tmp_path: Path, image: str, pods: Path, state: Path, prefix: s
         "daemonset": {"logsHostPath": str(pods), "stateHostPath": str(state)},
         **(values or {}),
     })  # fmt: skip
-    (config_map,) = [d for d in docs if d["kind"] == "ConfigMap"]
-    (ds,) = [d for d in docs if d["kind"] == "DaemonSet"]
-    template = ds["spec"]["template"]
-    pod, probes = playable({"apiVersion": "v1", "kind": "Pod",
-                            "metadata": {**template["metadata"], "name": f"{prefix}-{port}"},
-                            "spec": template["spec"]})  # fmt: skip
+    config_map, ds, pod, probes = workload_pod(docs, "DaemonSet", f"{prefix}-{port}")
     return port, config_map, ds, pod, probes
+
+
+def workload_pod(docs: list[dict], kind: str, name: str) -> tuple[dict, dict, dict, list[tuple[str, int]]]:
+    """The rendered ConfigMap, the workload of this kind, its pod template as a playable Pod of this name, and
+    the (path, port) of its HTTP probes."""
+    (config_map,) = [d for d in docs if d["kind"] == "ConfigMap"]
+    (workload,) = [d for d in docs if d["kind"] == kind]
+    template = workload["spec"]["template"]
+    pod, probes = playable({"apiVersion": "v1", "kind": "Pod", "metadata": {**template["metadata"], "name": name},
+                            "spec": template["spec"]})  # fmt: skip
+    return config_map, workload, pod, probes
 
 
 # --------------------------------------------------------------------------------------------------- DaemonSet
@@ -283,6 +295,64 @@ def test_daemonset_pod_serves_tls_and_basic_auth_from_the_web_config_secret(podm
     finally:
         podman("pod", "rm", "--force", "--time=0", name, check=False, timeout=120)
         podman("secret", "rm", secret["metadata"]["name"], check=False)
+
+
+# ---------------------------------------------------------------------------------------------------- receiver
+
+
+def test_receiver_pod_runs_unprivileged_and_counts_golden_records_sent_by_the_sdk(podman, image, tmp_path):
+    port, otlp = free_port(), free_port()
+    while otlp == port:
+        otlp = free_port()
+    repository, tag = image.rsplit(":", 1)
+    docs = helm_template(tmp_path, {
+        "mode": "receiver",
+        "image": {"repository": repository, "tag": tag},
+        "port": port,
+        "receiver": {"port": otlp},
+        "extraArgs": [f"--listen=127.0.0.1:{port}", f"--otlp-listen=127.0.0.1:{otlp}"],
+    })  # fmt: skip
+    config_map, _, pod, probes = workload_pod(docs, "Deployment", f"soe-receiver-{port}")
+    # podman 4.3 makes an emptyDir a named volume that every pod naming it shares: this pod's own.
+    for volume in pod["spec"]["volumes"]:
+        for mount in pod["spec"]["containers"][0]["volumeMounts"]:
+            if mount["name"] == volume["name"]:
+                mount["name"] = f"{volume['name']}-{port}"
+        volume["name"] = f"{volume['name']}-{port}"
+    assert not [v for v in pod["spec"]["volumes"] if "hostPath" in v]
+    assert {next(iter(set(v) - {"name"})) for v in pod["spec"]["volumes"]} == {"configMap", "emptyDir"}
+    name = pod["metadata"]["name"]
+    (container,) = pod["spec"]["containers"]
+    served = Served(port, podman, f"{name}-oom-exporter")
+    golden = HERE / "data" / "logs" / "cuda_oom_three_texts.log"
+    expected = {k: n for k, n in load_expected(str(golden))["counts"].items() if n}
+    lines = log_lines(golden.read_bytes())
+    try:
+        play(podman, tmp_path, [config_map, pod])
+        wait_until(served.started, timeout=60, what="the receiver pod")
+        assert_runs_as_rendered(podman, f"{name}-oom-exporter", pod["spec"]["securityContext"],
+                                container["securityContext"], container["volumeMounts"])  # fmt: skip
+        assert proc_status(podman.pid(f"{name}-oom-exporter"))["Uid"].split() == ["65532"] * 4
+        probe_paths_answer(probes)
+        url = f"http://127.0.0.1:{otlp}"
+        half = len(lines) // 2
+        resource = pod_resource("llm", "sglang-0")
+        assert export(url, records(resource, lines[:half])) == "SUCCESS"
+        assert export(url, records(resource, lines[half:], first=half)) == "SUCCESS"
+        assert export(url, records(resource, lines[half:], first=half)) == "SUCCESS"  # a retried batch
+        labels = {"namespace": "llm", "pod": "sglang-0", "container": "server"}
+        for kind, n in expected.items():
+            settle(served, n, kind)
+        assert {k: served.count(k, **labels) for k in expected} == expected
+        m = served.metrics("sglang_oom_exporter_otlp_log_records")
+        assert m[("sglang_oom_exporter_otlp_log_records_total", (("result", "spooled"),))] == len(lines)
+        assert m[("sglang_oom_exporter_otlp_log_records_total", (("result", "duplicate"),))] == len(lines) - half
+        assert stop_pod(podman, name) == {"oom-exporter": 0}
+    finally:
+        podman("pod", "rm", "--force", "--time=0", name, check=False, timeout=120)
+        for volume in pod["spec"]["volumes"]:
+            if "emptyDir" in volume:
+                podman("volume", "rm", "--force", volume["name"], check=False)
 
 
 # ----------------------------------------------------------------------------------------------------- sidecar
