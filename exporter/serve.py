@@ -127,7 +127,8 @@ def _otlp_server(app: App, registry: PageRegistry, web: WebConfig | None) -> Otl
             raise ValueError(f"otlp_bearer_token_file: {config.otlp_bearer_token_file} is empty")
     otlp = OtlpServer(parse_listen(config.otlp_listen), receiver, web_config=web, bearer_token=token,
                       max_request_bytes=config.otlp_max_request_kib * 1024)  # fmt: skip
-    registry.register(OtlpCollector(otlp, lambda: (receiver.written, receiver.duplicates)))
+    registry.register(OtlpCollector(otlp, lambda: (receiver.written, receiver.duplicates, receiver.filtered),
+                                    receiver.spool.disk_bytes))  # fmt: skip
     return otlp
 
 

@@ -5,6 +5,10 @@ directory; its pod counts an OOM written to a pod log, runs with the rendered se
 kernel's view of the process: uid, capabilities, no_new_privs, seccomp, read-only mounts), and keeps its count
 across a pod restart (the pod deleted and played again, with an OOM written while it was down).
 
+Receiver: the chart's `mode: receiver` Deployment's pod, run as rendered (uid 65532, read-only root filesystem,
+no hostPath, only its configMap and emptyDir volumes), receives a golden log from the OpenTelemetry SDK's own
+OTLP/HTTP exporter on loopback (in two batches, the second retried) and counts exactly its expected events.
+
 Sidecar: the chart README's sidecar snippet, beside a stand-in SGLang container (tests/support/fake_sglang.py run in the
 same image in place of launch_server, behind the snippet's own script: FIFO, rotating log writer, SIGTERM trap)
 that serves SGLang's /metrics and /get_server_info; an OOM it logs reaches the exporter's /events, /metrics and
@@ -24,28 +28,40 @@ What is changed before playing, and why (podman 4.3, Debian 12's, and this sandb
     label-value limit to annotations ("value length exceeds Kubernetetes max 63"); Kubernetes does not;
   - the sidecar pod's volumes get names of their own: podman 4.3 makes an emptyDir a named volume that every
     pod naming it shares; it runs no lifecycle hooks either, so the test runs the exporter's preStop command
-    with `podman exec` as the kubelet would, before that container's SIGTERM.
+    with `podman exec` as the kubelet would, before that container's SIGTERM;
+  - a secret volume gets `optional: false` spelt out: podman 4.3 dereferences the unset field and panics
+    (Kubernetes defaults it to false); the Secret itself is a podman secret holding the Secret's manifest,
+    which is what podman 4.3's secret volumes read: they write each `data` value as it is, without the base64
+    decoding Kubernetes does (and ignore `stringData`), so the test's Secret holds the files' text there.
 """
 
 from __future__ import annotations
 
+import base64
+import http.client
 import json
 import shutil
+import socket
+import ssl
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 
+import bcrypt
 import pytest
 import yaml
 
 from sglang_oom_exporter import __version__
 from tests.support.daemon import settle
+from tests.support.golden import load_expected
 from tests.support.helm import CHART, helm
-from tests.support.helpers import free_port, wait_until
+from tests.support.helpers import free_port, openssl_cert, wait_until
 from tests.support.image import Served
 from tests.support.logs import append, cri, oom_block
+from tests.support.otlp import export, log_lines, pod_resource, records
 from tests.support.podman import mount_options, proc_status
 from tests.support.sglang_data import INFO
 from tests.support.sidecar import container as named_container
@@ -64,6 +80,9 @@ def playable(pod: dict) -> tuple[dict, list[tuple[str, int]]]:
     annotations = pod["metadata"].get("annotations") or {}
     for key in [k for k, v in annotations.items() if len(str(v)) > 63]:
         del annotations[key]
+    for volume in pod["spec"].get("volumes", []):
+        if "secret" in volume:
+            volume["secret"].setdefault("optional", False)
     probes = []
     for container in pod["spec"]["containers"]:
         named = {p["name"]: p["containerPort"] for p in container.pop("ports", []) if "name" in p}
@@ -134,6 +153,34 @@ def helm_template(tmp_path: Path, values: dict, *ci: str) -> list[dict]:
     return [d for d in yaml.safe_load_all(proc.stdout) if d]
 
 
+def daemonset_pod(tmp_path: Path, image: str, pods: Path, state: Path, prefix: str, values: dict | None = None):
+    """The chart's DaemonSet (release soe) rendered to read `pods` and keep its state in `state`, serving on a
+    free port, and its pod template as a playable Pod named <prefix>-<port>: (port, the ConfigMap, the
+    DaemonSet, the Pod, the (path, port) of its HTTP probes)."""
+    port = free_port()
+    repository, tag = image.rsplit(":", 1)
+    docs = helm_template(tmp_path, {
+        "image": {"repository": repository, "tag": tag},
+        "port": port,
+        "extraArgs": [f"--listen=127.0.0.1:{port}"],
+        "daemonset": {"logsHostPath": str(pods), "stateHostPath": str(state)},
+        **(values or {}),
+    })  # fmt: skip
+    config_map, ds, pod, probes = workload_pod(docs, "DaemonSet", f"{prefix}-{port}")
+    return port, config_map, ds, pod, probes
+
+
+def workload_pod(docs: list[dict], kind: str, name: str) -> tuple[dict, dict, dict, list[tuple[str, int]]]:
+    """The rendered ConfigMap, the workload of this kind, its pod template as a playable Pod of this name, and
+    the (path, port) of its HTTP probes."""
+    (config_map,) = [d for d in docs if d["kind"] == "ConfigMap"]
+    (workload,) = [d for d in docs if d["kind"] == kind]
+    template = workload["spec"]["template"]
+    pod, probes = playable({"apiVersion": "v1", "kind": "Pod", "metadata": {**template["metadata"], "name": name},
+                            "spec": template["spec"]})  # fmt: skip
+    return config_map, workload, pod, probes
+
+
 # --------------------------------------------------------------------------------------------------- DaemonSet
 
 
@@ -146,20 +193,8 @@ def test_daemonset_pod_counts_an_oom_keeps_it_across_a_restart_and_runs_as_rende
     coredns.parent.mkdir(parents=True)
     coredns.write_text(cri(oom_block()))  # the default filters skip kube-* namespaces
     state.mkdir()
-    port = free_port()
-    repository, tag = image.rsplit(":", 1)
-    docs = helm_template(tmp_path, {
-        "image": {"repository": repository, "tag": tag},
-        "port": port,
-        "extraArgs": [f"--listen=127.0.0.1:{port}"],
-        "daemonset": {"logsHostPath": str(pods), "stateHostPath": str(state)},
-    })  # fmt: skip
-    (config_map,) = [d for d in docs if d["kind"] == "ConfigMap"]
-    (ds,) = [d for d in docs if d["kind"] == "DaemonSet"]
-    template = ds["spec"]["template"]
-    name = f"soe-node-{port}"
-    pod, probes = playable({"apiVersion": "v1", "kind": "Pod", "metadata": {**template["metadata"], "name": name},
-                            "spec": template["spec"]})  # fmt: skip
+    port, config_map, _, pod, probes = daemonset_pod(tmp_path, image, pods, state, "soe-node")
+    name = pod["metadata"]["name"]
     (container,) = pod["spec"]["containers"]
     labels = {"namespace": "llm", "pod": "sglang-0", "container": "sglang"}
     served = Served(port, podman, f"{name}-oom-exporter")
@@ -190,6 +225,134 @@ def test_daemonset_pod_counts_an_oom_keeps_it_across_a_restart_and_runs_as_rende
         assert stop_pod(podman, name) == {"oom-exporter": 0}
     finally:
         podman("pod", "rm", "--force", "--time=0", name, check=False, timeout=120)
+
+
+def _get(url: str, context: ssl.SSLContext | None, auth: tuple[str, str] | None = None) -> tuple[int, str]:
+    """One GET: the status and the body (an HTTP error's too)."""
+    request = urllib.request.Request(url)  # noqa: S310 - the test's own https://127.0.0.1 URL
+    if auth is not None:
+        token = base64.b64encode(f"{auth[0]}:{auth[1]}".encode()).decode()
+        request.add_header("Authorization", f"Basic {token}")
+    try:
+        with urllib.request.urlopen(request, timeout=5, context=context) as r:  # noqa: S310 - as above
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
+
+
+def test_daemonset_pod_serves_tls_and_basic_auth_from_the_web_config_secret(podman, image, tmp_path):
+    pods, state = tmp_path / "pods", tmp_path / "state"
+    (pods / "llm_sglang-0_0d7c" / "sglang").mkdir(parents=True)
+    state.mkdir()
+    cert, key = openssl_cert(tmp_path)
+    password = "s3cret-scrape"  # noqa: S105 - a throwaway credential of this test
+    web_config = yaml.safe_dump({
+        "tls_server_config": {"cert_file": "tls.crt", "key_file": "tls.key"},  # beside the file, in the Secret
+        "basic_auth_users": {"prometheus": bcrypt.hashpw(password.encode(), bcrypt.gensalt(rounds=4)).decode()},
+    })  # fmt: skip
+    # The Secret as podman 4.3 reads it (module docstring): the files' text under `data`, not base64-encoded.
+    secret = {
+        "apiVersion": "v1", "kind": "Secret", "metadata": {"name": f"oom-web-{tmp_path.name[-8:].lower()}"},
+        "type": "Opaque",
+        "data": {"web-config.yml": web_config, "tls.crt": cert.read_text(), "tls.key": key.read_text()},
+    }  # fmt: skip
+    web = {"webConfig": {"secretName": secret["metadata"]["name"], "tls": True, "basicAuth": True}}
+    port, config_map, ds, pod, probes = daemonset_pod(tmp_path, image, pods, state, "soe-web", web)
+    name = pod["metadata"]["name"]
+    assert probes == []  # basic auth: TCP probes, which the test replays below
+    (container,) = pod["spec"]["containers"]
+    assert "--web-config=/etc/sglang-oom-exporter-web/web-config.yml" in container["args"]
+    trusted = ssl.create_default_context(cafile=str(cert))
+    url = f"https://127.0.0.1:{port}/metrics"
+    try:
+        secret_file = tmp_path / "secret.yaml"
+        secret_file.write_text(yaml.safe_dump(secret))
+        podman("secret", "create", secret["metadata"]["name"], str(secret_file))
+        play(podman, tmp_path, [config_map, pod])
+
+        def answers() -> tuple[int, str] | None:
+            try:
+                return _get(url, trusted)
+            except OSError:
+                Served(port, podman, f"{name}-oom-exporter").assert_running()
+                return None
+
+        # Over TLS, with the mounted certificate; without credentials, refused.
+        status, _ = wait_until(answers, timeout=60, what="the exporter to answer over TLS")
+        assert status == 401
+        status, body = _get(url, trusted, ("prometheus", password))
+        assert status == 200
+        assert "sglang_oom_exporter_build_info{" in body
+        assert _get(url, trusted, ("prometheus", "wrong"))[0] == 401
+        # Plain HTTP gets no page.
+        with pytest.raises((urllib.error.URLError, ConnectionError, http.client.HTTPException)):
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5)
+        # What the rendered TCP probes ask: the port accepts a connection.
+        for kind in ("readinessProbe", "livenessProbe"):
+            assert ds["spec"]["template"]["spec"]["containers"][0][kind]["tcpSocket"] == {"port": "metrics"}
+        socket.create_connection(("127.0.0.1", port), timeout=5).close()
+        assert stop_pod(podman, name) == {"oom-exporter": 0}
+    finally:
+        podman("pod", "rm", "--force", "--time=0", name, check=False, timeout=120)
+        podman("secret", "rm", secret["metadata"]["name"], check=False)
+
+
+# ---------------------------------------------------------------------------------------------------- receiver
+
+
+def test_receiver_pod_runs_unprivileged_and_counts_golden_records_sent_by_the_sdk(podman, image, tmp_path):
+    port, otlp = free_port(), free_port()
+    while otlp == port:
+        otlp = free_port()
+    repository, tag = image.rsplit(":", 1)
+    docs = helm_template(tmp_path, {
+        "mode": "receiver",
+        "image": {"repository": repository, "tag": tag},
+        "port": port,
+        "receiver": {"port": otlp},
+        "extraArgs": [f"--listen=127.0.0.1:{port}", f"--otlp-listen=127.0.0.1:{otlp}"],
+    })  # fmt: skip
+    config_map, _, pod, probes = workload_pod(docs, "Deployment", f"soe-receiver-{port}")
+    # podman 4.3 makes an emptyDir a named volume that every pod naming it shares: this pod's own.
+    for volume in pod["spec"]["volumes"]:
+        for mount in pod["spec"]["containers"][0]["volumeMounts"]:
+            if mount["name"] == volume["name"]:
+                mount["name"] = f"{volume['name']}-{port}"
+        volume["name"] = f"{volume['name']}-{port}"
+    assert not [v for v in pod["spec"]["volumes"] if "hostPath" in v]
+    assert {next(iter(set(v) - {"name"})) for v in pod["spec"]["volumes"]} == {"configMap", "emptyDir"}
+    name = pod["metadata"]["name"]
+    (container,) = pod["spec"]["containers"]
+    served = Served(port, podman, f"{name}-oom-exporter")
+    golden = HERE / "data" / "logs" / "cuda_oom_three_texts.log"
+    expected = {k: n for k, n in load_expected(str(golden))["counts"].items() if n}
+    lines = log_lines(golden.read_bytes())
+    try:
+        play(podman, tmp_path, [config_map, pod])
+        wait_until(served.started, timeout=60, what="the receiver pod")
+        assert_runs_as_rendered(podman, f"{name}-oom-exporter", pod["spec"]["securityContext"],
+                                container["securityContext"], container["volumeMounts"])  # fmt: skip
+        assert proc_status(podman.pid(f"{name}-oom-exporter"))["Uid"].split() == ["65532"] * 4
+        probe_paths_answer(probes)
+        url = f"http://127.0.0.1:{otlp}"
+        half = len(lines) // 2
+        resource = pod_resource("llm", "sglang-0")
+        assert export(url, records(resource, lines[:half])) == "SUCCESS"
+        assert export(url, records(resource, lines[half:], first=half)) == "SUCCESS"
+        assert export(url, records(resource, lines[half:], first=half)) == "SUCCESS"  # a retried batch
+        labels = {"namespace": "llm", "pod": "sglang-0", "container": "server"}
+        for kind, n in expected.items():
+            settle(served, n, kind)
+        assert {k: served.count(k, **labels) for k in expected} == expected
+        m = served.metrics("sglang_oom_exporter_otlp_log_records")
+        assert m[("sglang_oom_exporter_otlp_log_records_total", (("result", "spooled"),))] == len(lines)
+        assert m[("sglang_oom_exporter_otlp_log_records_total", (("result", "duplicate"),))] == len(lines) - half
+        assert stop_pod(podman, name) == {"oom-exporter": 0}
+    finally:
+        podman("pod", "rm", "--force", "--time=0", name, check=False, timeout=120)
+        for volume in pod["spec"]["volumes"]:
+            if "emptyDir" in volume:
+                podman("volume", "rm", "--force", volume["name"], check=False)
 
 
 # ----------------------------------------------------------------------------------------------------- sidecar

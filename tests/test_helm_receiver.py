@@ -81,10 +81,12 @@ def test_receiver_mode_is_an_unprivileged_deployment_that_the_restricted_profile
 
 def test_receiver_modes_config_is_what_serve_loads(tmp_path):
     docs = template(values={"mode": "receiver", "receiver": {"port": 14318, "maxRequestKiB": 512,
-                                                             "bearerTokenSecret": "otlp-token"}})  # fmt: skip
+                                                             "bearerTokenSecret": "otlp-token", "spoolSourceMiB": 64,
+                                                             "spoolRetention": "30m"}})  # fmt: skip
     raw = rendered_config(docs)
     assert raw == {"listen": ":9877", "state_dir": "/var/lib/sglang-oom-exporter", "log_level": "info",
-                   "otlp_listen": ":14318", "otlp_max_request_kib": 512,
+                   "otlp_listen": ":14318", "otlp_max_request_kib": 512, "otlp_spool_source_mib": 64,
+                   "otlp_spool_total_mib": 1536, "otlp_spool_retention": "30m",
                    "otlp_bearer_token_file": "/etc/sglang-oom-exporter-otlp/token"}  # fmt: skip
     path = tmp_path / "config.yaml"
     path.write_text(yaml.safe_dump(raw))
@@ -92,10 +94,27 @@ def test_receiver_modes_config_is_what_serve_loads(tmp_path):
     assert (config.otlp_listen, config.otlp_max_request_kib, config.state_dir) == (
         ":14318", 512, "/var/lib/sglang-oom-exporter",
     )  # fmt: skip
+    assert (config.otlp_spool_source_mib, config.otlp_spool_total_mib, config.otlp_spool_retention) == (
+        64,
+        1536,
+        1800.0,
+    )
+
+
+def test_the_receivers_volume_holds_the_spool_cap_and_the_state_file():
+    docs = template(values={"mode": "receiver"})
+    (deployment,) = [d for d in docs if d["kind"] == "Deployment"]
+    volumes = {v["name"]: v for v in deployment["spec"]["template"]["spec"]["volumes"]}
+    (mount,) = [m for m in deployment["spec"]["template"]["spec"]["containers"][0]["volumeMounts"]
+                if m["mountPath"] == "/var/lib/sglang-oom-exporter"]  # fmt: skip
+    assert volumes[mount["name"]]["emptyDir"] == {"sizeLimit": "2Gi"}
+    assert rendered_config(docs)["otlp_spool_total_mib"] == 1536  # 0.5Gi left for state.json and its rewrite
 
 
 @pytest.mark.parametrize(("values", "where"), [({"receiver": {"port": 0}}, "/receiver/port"),
-                                                ({"receiver": {"tokenSecret": "x"}}, "/receiver")])  # fmt: skip
+                                                ({"receiver": {"tokenSecret": "x"}}, "/receiver"),
+                                                ({"receiver": {"spoolRetention": "soon"}}, "/receiver/spoolRetention"),
+                                                ({"receiver": {"spoolTotalMiB": 0}}, "/receiver/spoolTotalMiB")])  # fmt: skip
 def test_receiver_values_are_checked_by_the_schema(values, where):
     assert where in template(values={"mode": "receiver", **values}, ok=False)
 

@@ -11,12 +11,14 @@ import gzip
 import os
 import signal
 import threading
+from pathlib import Path
 
 import pytest
 
 from tests.support.daemon import Daemon, caught_up
 from tests.support.golden import load_expected
 from tests.support.helpers import free_port, wait_until
+from tests.support.logs import oom_block
 from tests.support.otlp import export, exporter, json_request, log_lines, pod_resource, post, records
 
 HERE = os.path.dirname(__file__)
@@ -227,7 +229,59 @@ def test_each_bad_request_gets_its_status_a_reason_and_a_counter(tmp_path, daemo
     m = d.metrics("sglang_oom_exporter_otlp_request")
     failures = {dict(k[1])["reason"]: v for k, v in m.items() if k[0].endswith("failures_total")}
     assert failures == {"malformed": 4, "too_large": 2, "unsupported": 2, "unauthorized": 2, "not_found": 1,
-                        "method": 1, "overloaded": 0, "unavailable": 0}  # fmt: skip
+                        "method": 1, "overloaded": 0, "unavailable": 0, "spool_full": 0}  # fmt: skip
     codes = {dict(k[1])["code"]: v for k, v in m.items() if k[0] == "sglang_oom_exporter_otlp_requests_total"}
     assert codes == {"200": 1, "400": 4, "401": 2, "404": 1, "405": 1, "413": 2, "415": 2}
     assert sum(events(d).values()) == 0
+
+
+def _spool_bytes(state: str) -> int:
+    """Every byte under the spool, as the filesystem counts a file's size."""
+    root = os.path.join(state, "otlp")
+    return sum(os.path.getsize(os.path.join(d, n)) for d, _, names in os.walk(root) for n in names)
+
+
+@pytest.mark.timeout(300)
+def test_a_long_run_stays_under_the_spool_cap_and_a_restart_after_rotation_counts_each_oom_once(
+    tmp_path, daemon_factory
+):
+    state = str(tmp_path / "state")
+    caps = ("--otlp-spool-source-mib", "1", "--otlp-spool-total-mib", "2")
+    batches = []
+    for b in range(36):  # about 3.6 MiB in all: the 1 MiB cap of the pod's spool three and a half times over
+        filler = (f"[2026-03-14 22:00:00 TP0] Decode batch. #running-req: 1, #token: {4000 + b}, token usage: 0.05, "
+                  "gen throughput (token/s): 41.07, #queue-req: 0").encode()  # fmt: skip
+        batches.append([filler] * 700 + oom_block().encode().split(b"\n")[:-1])
+    resource = pod_resource("llm", "sglang-0")
+    d, url = receiver(daemon_factory, *caps, state_dir=state)
+    sent = 0
+    log = os.path.join(state, "otlp/pods/llm_sglang-0_u1/server/0.log")
+    for i, lines in enumerate(batches):
+        if i == 24:
+            # Read segments were dropped by now (no file of the pod's spool starts with the first batch): a restart
+            # after compaction, the last batch retried to the new process as a shipper without its 2xx would.
+            assert not any(Path(p).read_bytes().startswith(batches[0][0]) for p in glob.glob(log + "*"))
+            d.stop(signal.SIGKILL)
+            d, url = receiver(daemon_factory, *caps, state_dir=state)
+            assert export(url, records(resource, batches[i - 1], first=sent - len(batches[i - 1]))) == "SUCCESS"
+        assert export(url, records(resource, lines, first=sent)) == "SUCCESS", i
+        sent += len(lines)
+        assert _spool_bytes(state) <= 1024 * 1024
+    settled(d, len(batches))
+    assert events(d) == {labels("llm", "sglang-0", "prefill"): float(len(batches))}
+    m = d.metrics("sglang_oom_exporter_otlp")
+    assert m[("sglang_oom_exporter_otlp_log_records_total", (("result", "duplicate"),))] == len(batches[23])
+    assert m[("sglang_oom_exporter_otlp_spool_bytes", ())] == _spool_bytes(state)
+
+
+def test_records_of_a_source_the_filters_leave_out_are_counted_and_not_spooled(tmp_path, daemon_factory):
+    state = tmp_path / "state"
+    d, url = receiver(daemon_factory, state_dir=str(state))
+    lines = log_lines(open(TRACEBACK_CASE, "rb").read())
+    system = records(pod_resource("kube-system", "coredns-1"), [b"a kube-system line"] * 5)
+    assert export(url, system + records(pod_resource("llm", "sglang-0"), lines)) == "SUCCESS"
+    settled(d, expected_total(TRACEBACK_CASE))
+    assert sorted(os.listdir(state / "otlp" / "pods")) == ["llm_sglang-0_u1"]
+    m = d.metrics("sglang_oom_exporter_otlp_log_records")
+    assert m[("sglang_oom_exporter_otlp_log_records_total", (("result", "filtered"),))] == 5
+    assert m[("sglang_oom_exporter_otlp_log_records_total", (("result", "spooled"),))] == len(lines)

@@ -45,12 +45,16 @@ EXPECTED = {
     "otlp_listen": (None, "SGLANG_OOM_EXPORTER_OTLP_LISTEN", "--otlp-listen"),
     "otlp_max_request_kib": (8192, "SGLANG_OOM_EXPORTER_OTLP_MAX_REQUEST_KIB", "--otlp-max-request-kib"),
     "otlp_bearer_token_file": (None, "SGLANG_OOM_EXPORTER_OTLP_BEARER_TOKEN_FILE", "--otlp-bearer-token-file"),
+    "otlp_spool_source_mib": (256, "SGLANG_OOM_EXPORTER_OTLP_SPOOL_SOURCE_MIB", "--otlp-spool-source-mib"),
+    "otlp_spool_total_mib": (1536, "SGLANG_OOM_EXPORTER_OTLP_SPOOL_TOTAL_MIB", "--otlp-spool-total-mib"),
+    "otlp_spool_retention": (3600.0, "SGLANG_OOM_EXPORTER_OTLP_SPOOL_RETENTION", "--otlp-spool-retention"),
 }
 # The bounds a duration is refused outside of, as --check-config words them.
 BOUNDS = {
     "poll_interval": ("1ms", "1h"), "sweep_interval": ("1ms", "1d"), "discover_interval": ("1ms", "1d"),
     "state_interval": ("1ms", "1d"), "traceback_wait": ("1ms", "1h"), "evidence_wait": ("1ms", "1h"),
     "source_retention": ("1s", "365d"), "scrape_interval": ("1ms", "1d"), "scrape_timeout": ("1ms", "1h"),
+    "otlp_spool_retention": ("1s", "365d"),
 }  # fmt: skip
 # (a value to give, the value the Config then holds) per kind, none of them a default.
 GIVEN = {"duration": ("3s", 3.0), "bool": ("true", True), "int": ("7", 7), "choice": ("DEBUG", "debug"),
@@ -78,6 +82,7 @@ def test_the_table_holds_what_the_docs_promise():
         "traceback_wait": ("2.5s", ["1ms", "1h"]), "evidence_wait": ("1m", ["1ms", "1h"]),
         "source_retention": ("1h", ["1s", "365d"]),
         "scrape_interval": ("15s", ["1ms", "1d"]), "scrape_timeout": ("5s", ["1ms", "1h"]),
+        "otlp_spool_retention": ("1h", ["1s", "365d"]),
     }  # fmt: skip
     assert [s.name for s in SETTINGS if not s.scalar] == ["paths", "sources", "kubernetes", "config", "prefix_regex",
                                                           "targets"]  # fmt: skip
@@ -172,7 +177,7 @@ def test_serve_help_states_every_default(capsys, monkeypatch):
     # One block per option: its line, and the next when argparse puts a long option's help below it.
     blocks = {b.split()[0]: " ".join(b.split()) for b in re.split(r"\n(?=  -)", text.split("options:")[1]) if b.strip()}
     flagged = [s for s in SETTINGS if s.flag_name]
-    assert len(flagged) == 21
+    assert len(flagged) == 24
     for setting in flagged:
         block = blocks[str(setting.flag_name)]
         assert block.endswith(f"{setting.help} (default: {setting.shown_default})"), block
@@ -185,7 +190,7 @@ def test_serve_help_states_every_default(capsys, monkeypatch):
 def test_the_reference_page_has_a_row_per_setting_and_is_committed():
     text = page()
     rows = [line for line in text.splitlines() if line.startswith("| ") and not line.startswith("| file key")]
-    assert len(rows) == len(SETTINGS) == 26
+    assert len(rows) == len(SETTINGS) == 29
     assert (
         "| `poll_interval` | `--poll-interval` | `SGLANG_OOM_EXPORTER_POLL_INTERVAL` | `1s` | 1ms to 1h | applied | "
         "Loop tick, and the polling interval with --force-polling. |"

@@ -74,3 +74,6 @@ class Config:
     otlp_listen: str | None = default("otlp_listen")
     otlp_max_request_kib: int = default("otlp_max_request_kib")
     otlp_bearer_token_file: str | None = default("otlp_bearer_token_file")
+    otlp_spool_source_mib: int = default("otlp_spool_source_mib")
+    otlp_spool_total_mib: int = default("otlp_spool_total_mib")
+    otlp_spool_retention: float = default("otlp_spool_retention")

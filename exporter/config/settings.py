@@ -162,6 +162,15 @@ SETTINGS: tuple[Setting, ...] = (
             "before or after gzip", low=1, high=100_000, metavar="KIB", reload=False),
     Setting("otlp_bearer_token_file", "text", None, "also require 'Authorization: Bearer <token>' with the "
             "token in this file on OTLP requests", metavar="FILE", shown="none", reload=False),
+    Setting("otlp_spool_source_mib", "int", 256, "cap the OTLP spool of one source at this many MiB on disk; "
+            "a batch past it while its lines are unread gets 503", low=1, high=100_000, metavar="MIB",
+            reload=False, note="a source's log is rotated at a quarter of it and read segments are deleted "
+            "(docs/otlp.md); keep it above --otlp-max-request-kib"),
+    Setting("otlp_spool_total_mib", "int", 1536, "cap the OTLP spool of all sources at this many MiB on disk; "
+            "a batch past it gets 503", low=1, high=100_000, metavar="MIB", reload=False,
+            note="size the state volume above it (the chart's receiver.stateVolume)"),
+    _duration("otlp_spool_retention", 3600.0, 1.0, 365 * DAY, "remove a received source's spool once it got "
+              "no record for this long and was read to its end", reload=False),
 )  # fmt: skip
 # Bounds of durations inside a structured setting, by their key path.
 NESTED_DURATION_BOUNDS = {"discover_targets.interval": (1.0, DAY)}

@@ -91,7 +91,7 @@ class App:
         self.loop = Loop(config, self.sources, self.keeper, stdin=self.stdin, clock=clock, wall=wall)
         # The OTLP receiver's spool (its HTTP endpoint is web/otlp.py, which serve wires to it).
         spool = config.state_dir if config.otlp_listen else None  # load_config refuses the receiver without it
-        self.receiver = Receiver(spool, self.sources, self.loop, wake) if spool else None
+        self.receiver = Receiver(spool, self.sources, self.loop, wake, config) if spool else None
         self.reloads = dict.fromkeys(RELOAD_RESULTS, 0)
 
     def _node_targets(self, config: Config) -> NodeTargets | None:

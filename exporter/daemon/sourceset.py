@@ -29,7 +29,7 @@ from ..events.sink import Context, EventSink
 from ..metrics.events import EventCounts
 from ..metrics.names import KUBERNETES_LABELS
 from ..metrics.sources import SourceStats
-from ..sources.discover import FilterTimeouts, KubernetesFilter, dirs_to_watch, discover_pods, expand
+from ..sources.discover import FilterTimeouts, KubernetesFilter, dirs_to_watch, discover_pods, expand, pod_log_ref
 from ..sources.fileid import TailPosition
 from ..sources.handles import HandleBudget, handle_bound
 from ..sources.otlpspool import FILE_DIR, POD_DIR
@@ -175,6 +175,17 @@ class SourceSet:
         for path in expand([os.path.join(root, FILE_DIR, "*.log")]):
             found[path] = None
         return found
+
+    def follows_received(self, path: str) -> bool:
+        """Whether a spooled path would be followed: a container run the filters take, or any other source."""
+        root = self.received_root
+        if root is None:
+            return False
+        ref = pod_log_ref(os.path.join(root, POD_DIR), path)
+        if ref is None:
+            return True
+        flt = self._kfilter or KubernetesFilter()
+        return flt.matches_pod(ref.namespace, ref.pod) and flt.matches_container(ref.container)
 
     def watch_dirs(self) -> set[str]:
         """Directories whose events should wake the loop (the same set object until the sources change)."""

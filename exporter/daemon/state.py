@@ -204,6 +204,9 @@ class StateKeeper:
         self._due_since: float | None = None  # when an eager save became due (it may wait for events in flight)
         self.saves = 0
         self.errors = 0
+        # Called with the saved `files` entries once a save is durable (the OTLP spool drops what they show read).
+        self.on_saved: Callable[[Mapping[str, Any]], None] | None = None
+        self._requested = False  # another thread asked for a save soon (request_save)
 
     def load(self) -> None:
         """Continue from the state file, if there is a usable one; a bad one is a warning, not a crash."""
@@ -265,8 +268,14 @@ class StateKeeper:
         # A rotation, truncation, deletion or new file was seen: save now. A restart knows only the generations
         # in the state file; one born after the last save and rotated away while down was never read again, and
         # what was counted from a deleted one cannot be counted again. The same soon after an event is counted.
-        due = self._sources.generations() != self._saved_generations or (
-            since >= EVENT_SAVE_DELAY and self._saved_mark is not None and self._counts.total() != self._saved_mark[1]
+        due = (
+            self._requested
+            or self._sources.generations() != self._saved_generations
+            or (
+                since >= EVENT_SAVE_DELAY
+                and self._saved_mark is not None
+                and self._counts.total() != self._saved_mark[1]
+            )
         )
         if not due:
             return
@@ -275,10 +284,15 @@ class StateKeeper:
             return  # an event about to be counted (its rank window closing) goes into this save, and comes first
         self.save()
 
+    def request_save(self) -> None:
+        """Save at the loop's next look, as after a rotation (the OTLP spool waits for one to free disk)."""
+        self._requested = True
+
     def save(self, *, force: bool = True) -> None:
         """Write positions, counters and dedupe memory atomically; a failure is counted and logged."""
         if self._store is None:
             return
+        self._requested = False
         mark = (float(self._sources.bytes_read()), self._counts.total())
         generations = self._sources.generations()
         if not force and mark == self._saved_mark:
@@ -305,6 +319,9 @@ class StateKeeper:
         except (OSError, TypeError, ValueError) as exc:
             self._error(f"cannot save the state file: {exc}")
             self._failing = True
+        else:
+            if self.on_saved is not None:
+                self.on_saved(files)
         self._last_save = self._clock()
         self._save_cost = self._last_save - began
         self._due_since = None

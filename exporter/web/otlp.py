@@ -21,13 +21,13 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from http.server import BaseHTTPRequestHandler
 from typing import Any, Protocol
 
-from prometheus_client.core import CounterMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from .. import __version__
 from ..metrics.names import SELF
 from ..sources.otlp import JSON, PROTOBUF, OtlpError, decode, lines, media_type, response, status
-from ..sources.otlpspool import Line, SpoolError
+from ..sources.otlpspool import Line, SpoolError, SpoolFullError
 from .listen import ListeningServer
 from .webconfig import BasicAuth, WebConfig
 
@@ -143,6 +143,9 @@ class OtlpServer:
             except OtlpError as exc:
                 code = _UNIMPLEMENTED if exc.status == 415 else _INVALID_ARGUMENT
                 return self._fail(exc.status, kind, code, exc.reason)
+            except SpoolFullError as exc:
+                _LOG.warning("otlp: the spool is full (answered 503, the shipper retries): %s", exc)
+                return self._fail(503, kind, _UNAVAILABLE, f"the spool is full: {exc}", "spool_full")
             except SpoolError as exc:
                 _LOG.warning("otlp: cannot spool a request (answered 503, the shipper retries): %s", exc)
                 return self._fail(503, kind, _UNAVAILABLE, f"cannot store the records: {exc}")
@@ -151,8 +154,8 @@ class OtlpServer:
         finally:
             self._slots.release()
 
-    def _fail(self, code: int, kind: str, rpc: int, reason: str) -> tuple[int, bytes, str]:
-        self.stats.count(code, _REASONS.get(code, "other"))
+    def _fail(self, code: int, kind: str, rpc: int, reason: str, why: str = "") -> tuple[int, bytes, str]:
+        self.stats.count(code, why or _REASONS.get(code, "other"))
         _LOG.debug("otlp: answered %d: %s", code, reason)
         return code, status(kind, rpc, reason), kind
 
@@ -252,15 +255,21 @@ class _Server(ListeningServer):
 class OtlpCollector(Collector):
     """The receiver's numbers for /metrics: requests by status code, failures by reason, records and bytes."""
 
-    def __init__(self, server: OtlpServer, received: Callable[[], tuple[int, int]]) -> None:
+    def __init__(
+        self,
+        server: OtlpServer,
+        received: Callable[[], tuple[int, int, int]],
+        spool_bytes: Callable[[], int] | None = None,
+    ) -> None:
         self._server = server
-        self._received = received  # (lines written to the spool, retried copies skipped)
+        self._received = received  # (lines written to the spool, retried copies skipped, filtered out)
+        self._spool_bytes = spool_bytes  # the spool's disk use
 
     def describe(self) -> Iterable[CounterMetricFamily]:
         """Nothing up front: the registry then never calls collect() at registration."""
         return []
 
-    def collect(self) -> Iterable[CounterMetricFamily]:
+    def collect(self) -> Iterable[CounterMetricFamily | GaugeMetricFamily]:
         """The counters, zero-initialised for the statuses a shipper most needs to see."""
         stats = self._server.stats
         with stats.lock:
@@ -274,15 +283,19 @@ class OtlpCollector(Collector):
         family = CounterMetricFamily(f"{SELF}_otlp_request_failures", "OTLP/HTTP log requests refused, by reason "
                                      "(malformed, too_large, unsupported, unauthorized, overloaded, unavailable, ...).",
                                      labels=["reason"])  # fmt: skip
-        for reason in sorted({"malformed", "too_large", "overloaded", "unavailable", *failures}):
+        for reason in sorted({"malformed", "too_large", "overloaded", "unavailable", "spool_full", *failures}):
             family.add_metric([reason], failures.get(reason, 0))
         yield family
-        written, duplicates = self._received()
+        written, duplicates, filtered = self._received()
         family = CounterMetricFamily(f"{SELF}_otlp_log_records", "OTLP log records received in accepted requests: "
-                                     "spooled, or skipped as a retried copy of one spooled before.",
-                                     labels=["result"])  # fmt: skip
+                                     "spooled, skipped as a retried copy of one spooled before, or filtered out "
+                                     "(a source the filters leave out).", labels=["result"])  # fmt: skip
         family.add_metric(["spooled"], written)
         family.add_metric(["duplicate"], duplicates)
+        family.add_metric(["filtered"], filtered)
         yield family
         yield CounterMetricFamily(f"{SELF}_otlp_received_bytes", "OTLP/HTTP request body bytes read (as sent).",
                                   value=nbytes)  # fmt: skip
+        if self._spool_bytes is not None:
+            yield GaugeMetricFamily(f"{SELF}_otlp_spool_bytes", "Bytes the OTLP spool takes on disk (logs, rotated "
+                                    "segments, identity files).", value=self._spool_bytes())  # fmt: skip
