@@ -329,6 +329,7 @@ class FakeWaker:
     def __init__(self) -> None:
         self.timeouts: list[float | None] = []
         self.watched: list[set[str]] = []
+        self.quieted: list[set[str]] = []
 
     def wait(self, timeout: float | None) -> bool:
         self.timeouts.append(timeout)
@@ -342,6 +343,9 @@ class FakeWaker:
 
     def watch_dirs(self, dirs: set[str]) -> None:
         self.watched.append(set(dirs))
+
+    def quiet(self, dirs: set[str]) -> None:
+        self.quieted.append(set(dirs))
 
 
 def test_bytes_written_before_a_new_directory_is_watched_are_read_at_once(tmp_path):

@@ -134,6 +134,9 @@ class _Events:
     def watch_dirs(self, dirs: set[str]) -> None:
         pass
 
+    def quiet(self, dirs: set[str]) -> None:
+        pass
+
 
 def test_a_glob_match_flipping_with_a_directory_once_a_second_counts_every_generation(tmp_path):
     # A glob's new match is followed only once a discovery finds it. A requested discovery ran at most once a

@@ -143,3 +143,46 @@ def test_stop_is_idempotent_and_works_before_start(log_dir):
     waker.stop()
     waker.stop()
     # The autouse guard in conftest.py fails this test if any watchdog thread is still alive.
+
+
+def test_an_append_in_a_quiet_directory_is_noted_without_waking_the_loop(tmp_path):
+    quiet, loud = str(tmp_path / "foreign"), str(tmp_path / "sglang")
+    waker = Waker()
+    waker.quiet({quiet})
+    waker.note(quiet, modified=True)
+    assert waker.wait(0) is False  # read on the loop's next tick, not now
+    waker.note(loud, modified=True)
+    assert waker.wait(0) is True
+    assert waker.take_changed() == {quiet, loud}
+    waker.note(quiet, created=True)  # a new file (a rotation, a restart's next n.log) wakes the loop at once
+    assert waker.wait(0) is True
+    waker.note(quiet, gone=True)
+    assert waker.wait(0) is True
+    waker.quiet(set())
+    waker.note(quiet, modified=True)
+    assert waker.wait(0) is True
+
+
+def test_inotify_appends_in_a_quiet_directory_wake_nobody_but_are_taken_with_the_next_wake(tmp_path):
+    quiet, loud = tmp_path / "foreign", tmp_path / "sglang"
+    quiet.mkdir()
+    loud.mkdir()
+    append(quiet / "0.log")
+    append(loud / "0.log")
+    waker = Waker()
+    waker.start()
+    try:
+        waker.watch_dirs({str(quiet), str(loud)})
+        waker.quiet({str(quiet)})
+        append(quiet / "0.log")
+        assert waker.wait(0.3) is False
+        append(loud / "0.log")  # inotify hands events over in order: the quiet append was noted before this one
+        assert woke_within(waker)
+        changed: set[str] = set()
+        end = time.monotonic() + DEADLINE_SECONDS
+        while str(loud) not in changed and time.monotonic() < end:
+            changed |= waker.take_changed() or set()
+            waker.wait(0.05)
+        assert changed == {str(quiet), str(loud)}
+    finally:
+        waker.stop()

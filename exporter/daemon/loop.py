@@ -66,6 +66,7 @@ class Wakeups(Protocol):
     def take_changed(self) -> set[str] | None: ...
     def take_created(self) -> bool: ...
     def watch_dirs(self, dirs: set[str]) -> None: ...
+    def quiet(self, dirs: set[str]) -> None: ...
 
 
 class Loop:
@@ -98,6 +99,7 @@ class Loop:
         self._last_error_log = -1e18
         self._reload_requested = threading.Event()
         self._watched: set[str] | None = None
+        self._quiet: set[str] | None = None  # directories whose appends do not wake the loop (read on its tick)
         # Not ready until run() has saved the starting positions. True from construction: serve binds the HTTP
         # edge and starts services before run() primes the files, and /healthz must say `starting` meanwhile.
         self._starting = True
@@ -308,6 +310,10 @@ class Loop:
             # Bytes written before a directory's watch was in place raised no event: look there once more.
             self.mark_changed(dirs - (self._watched or set()))
             self._watched = dirs
+        quiet = self.sources.quiet_dirs()
+        if quiet is not self._quiet:
+            waker.quiet(quiet)
+            self._quiet = quiet
         waker.wait(self.next_timeout())
         if self._reload_requested.is_set():
             self._reload_requested.clear()

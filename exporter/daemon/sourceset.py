@@ -98,6 +98,7 @@ class SourceSet:
         self._bad_positions = 0  # saved positions that could not be used (a state error)
         self._discovered_once = False
         self._watch_dirs: set[str] | None = None
+        self._quiet_dirs: set[str] | None = None
         # Series of sources a reload let go: (kept until, the page's scrape count then), by label values.
         self._released: dict[tuple[str, ...], tuple[float, int]] = {}
         self._filter_timeouts = FilterTimeouts()  # one for every filter a reload builds: a counter never goes back
@@ -144,7 +145,7 @@ class SourceSet:
                     taken.add(name)
                     known = (("", "", name) if self._pod_labels() else (name,), {"source": name})
                 self._by_path[path] = self._new_source(path, *known)
-                self._watch_dirs = None
+                self._watch_dirs = self._quiet_dirs = None
                 new.append(path)
             self._discovered_once = True
             self._problem = discovery_problem(self.config, found, STDIN in self._by_path or bool(self.received_root))
@@ -202,6 +203,20 @@ class SourceSet:
             self._watch_dirs = dirs
             return dirs
 
+    def quiet_dirs(self) -> set[str]:
+        """Directories whose every file is a source not (yet) shown to be SGLang (detect/evidence.py): the loop
+        reads those on its tick, not on each append (the same set object until the sources or their evidence
+        change)."""
+        with self._lock:
+            if self._quiet_dirs is None:
+                quiet: set[str] = set()
+                loud: set[str] = set()
+                for path, source in self._by_path.items():
+                    if path != STDIN:
+                        (loud if source.evidence.sglang else quiet).add(source.directory)
+                self._quiet_dirs = quiet - loud
+            return self._quiet_dirs
+
     def reconfigure(self, config: Config, catalog: Catalog) -> None:
         """Apply a reloaded config and catalog to every file source, as a restart would, exactly once.
 
@@ -216,7 +231,7 @@ class SourceSet:
             self._matcher = Matcher(catalog)
             self._matcher.numbers_dropped = dropped  # a counter: never goes back
             self._kfilter = kubernetes_filter(config, self._filter_timeouts)
-            self._watch_dirs = None
+            self._watch_dirs = self._quiet_dirs = None
             wanted = set(expand(config.paths))
             k = config.kubernetes
             if k is not None and self._kfilter is not None:
@@ -257,7 +272,7 @@ class SourceSet:
         if source.tailer is not None:
             source.tailer.close()
         del self._by_path[path]
-        self._watch_dirs = None
+        self._watch_dirs = self._quiet_dirs = None
         if not any(s.directory == source.directory for s in self._by_path.values()):
             self._sglang_dirs.discard(source.directory)  # the pod is gone (kubelet keeps a live pod's last run)
 
@@ -453,6 +468,7 @@ class SourceSet:
     def _identified(self, source: LogSource) -> None:
         """A source showed SGLang: its series start, and the container's other runs and generations follow suit."""
         self.counts.ensure(source.labels)
+        self._quiet_dirs = None
         if source.path == STDIN or "namespace" not in source.label_map or source.directory in self._sglang_dirs:
             return
         self._sglang_dirs.add(source.directory)

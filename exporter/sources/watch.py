@@ -62,7 +62,9 @@ class _WakeHandler(FileSystemEventHandler):
             # A deleted or moved-away watched directory takes its inotify watch with it.
             self._waker.note(src, gone=event.event_type in _GONE)
         else:
-            self._waker.note(os.path.dirname(src), created=event.event_type in _NEW)
+            self._waker.note(
+                os.path.dirname(src), created=event.event_type in _NEW, modified=event.event_type == "modified"
+            )
 
 
 class Waker:
@@ -79,6 +81,8 @@ class Waker:
         self._gone: set[str] = set()
         self._created = False  # a file was created or moved in since the last take_created()
         self._wanted: set[str] = set()
+        # Directories whose appends wake nobody: noted for the loop's next pass (daemon/loop.py, quiet_dirs).
+        self._quiet: frozenset[str] = frozenset()
         # dir -> (watch handle, (st_dev, st_ino) at schedule time), to notice a deleted and recreated dir.
         self._watches: dict[str, tuple[Any, tuple[int, int]]] = {}
         self._handler = _WakeHandler(self)
@@ -142,12 +146,21 @@ class Waker:
         if self._observer is not None:
             self._sync()
 
+    def quiet(self, dirs: set[str]) -> None:
+        """Appends in these directories are noted for the loop's next pass but wake nobody; a file created, moved
+        or deleted there still wakes the loop. For directories whose files are read on the loop's own tick anyway
+        (another program's container logs: daemon/loop.py), where one wake per write would cost more than the
+        reading (a node's other containers write most of its log lines, one write and one event per line)."""
+        self._quiet = frozenset(os.path.abspath(d) for d in dirs)
+
     @property
     def watched(self) -> set[str]:
         """Directories with a live watch now."""
         return set(self._watches)
 
-    def note(self, directory: str, *, gone: bool = False, created: bool = False) -> None:
+    def note(self, directory: str, *, gone: bool = False, created: bool = False, modified: bool = False) -> None:
+        """Something changed in this directory: record it for take_changed(), and wake the loop unless it is only
+        an append in a quiet directory."""
         with self._lock:
             self._created = self._created or created
             if gone:
@@ -156,6 +169,8 @@ class Waker:
                 self._changed.add(directory)
                 if len(self._changed) > _MAX_CHANGED_DIRS:
                     self._changed = None
+        if modified and directory in self._quiet:
+            return
         self._event.set()
 
     def _sync(self) -> None:
