@@ -435,7 +435,7 @@ def test_sidecar_snippet_beside_a_stand_in_sglang_pages_the_flag_suggestion(podm
         wait_until(lambda: _metric(served, "sglang_oom_target_up", target=target) == 1.0, timeout=60,
                  what="the exporter to scrape the stand-in SGLang")  # fmt: skip
         wait_until(lambda: _metric(served, "sglang_oom_target_server_arg", target=target, arg="chunked_prefill_size")
-                 == INFO["chunked_prefill_size"], what="the server args", timeout=15.0)  # fmt: skip
+                 == INFO["chunked_prefill_size"], what="the server args", timeout=60.0)  # fmt: skip
         probe_paths_answer(probes)
 
         with urllib.request.urlopen(f"http://127.0.0.1:{sglang_port}/fake/oom", timeout=5) as r:
@@ -486,6 +486,8 @@ def test_sidecar_snippet_bounds_its_log_stops_in_seconds_and_counts_every_oom(po
     try:
         play(podman, tmp_path, [sidecar.pod])
         wait_until(served.started, timeout=60, what="the sidecar")
+        up = lambda: _metric(served, "sglang_oom_target_up", target=sidecar.target) == 1.0  # noqa: E731
+        wait_until(up, timeout=60, what="the stand-in SGLang to answer")  # it may start after the exporter
         # Sustained output, 10 times the cap at 256 KiB/s (a generation lives about 250 ms), an OOM after each
         # cap's worth: the volume never holds more than the live file and 3 generations of at most the cap each.
         for _ in range(floods):
