@@ -38,6 +38,7 @@ What is changed before playing, and why (podman 4.3, Debian 12's, and this sandb
 from __future__ import annotations
 
 import base64
+import fcntl
 import http.client
 import json
 import shutil
@@ -48,6 +49,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 
 import bcrypt
@@ -153,6 +155,18 @@ def helm_template(tmp_path: Path, values: dict, *ci: str) -> list[dict]:
     return [d for d in yaml.safe_load_all(proc.stdout) if d]
 
 
+@pytest.fixture
+def node_turn(tmp_path: Path) -> Iterator[None]:
+    """A DaemonSet runs one pod per node: the tests that play its pod on this host's network take turns (two at
+    once, on two xdist workers, left one of them counting nothing), through a lock all workers share."""
+    with (tmp_path.parent.parent / "daemonset-pod.lock").open("a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
 def daemonset_pod(tmp_path: Path, image: str, pods: Path, state: Path, prefix: str, values: dict | None = None):
     """The chart's DaemonSet (release soe) rendered to read `pods` and keep its state in `state`, serving on a
     free port, and its pod template as a playable Pod named <prefix>-<port>: (port, the ConfigMap, the
@@ -178,13 +192,22 @@ def workload_pod(docs: list[dict], kind: str, name: str) -> tuple[dict, dict, di
     template = workload["spec"]["template"]
     pod, probes = playable({"apiVersion": "v1", "kind": "Pod", "metadata": {**template["metadata"], "name": name},
                             "spec": template["spec"]})  # fmt: skip
+    # podman 4.3 makes an emptyDir a named volume that every pod naming it shares (and a second play of that
+    # name fails while the first pod lives): this pod's own names, so tests on other workers never collide.
+    for volume in pod["spec"].get("volumes", []):
+        if "emptyDir" in volume:
+            for container in pod["spec"]["containers"]:
+                for mount in container.get("volumeMounts", []):
+                    if mount["name"] == volume["name"]:
+                        mount["name"] = f"{volume['name']}-{name}"
+            volume["name"] = f"{volume['name']}-{name}"
     return config_map, workload, pod, probes
 
 
 # --------------------------------------------------------------------------------------------------- DaemonSet
 
 
-def test_daemonset_pod_counts_an_oom_keeps_it_across_a_restart_and_runs_as_rendered(podman, image, tmp_path):
+def test_daemonset_pod_counts_an_oom_keeps_it_across_a_restart_and_runs_as_rendered(podman, image, tmp_path, node_turn):
     pods, state = tmp_path / "pods", tmp_path / "state"
     log = pods / "llm_sglang-0_0d7c" / "sglang" / "0.log"
     log.parent.mkdir(parents=True)
@@ -240,7 +263,7 @@ def _get(url: str, context: ssl.SSLContext | None, auth: tuple[str, str] | None 
         return exc.code, exc.read().decode()
 
 
-def test_daemonset_pod_serves_tls_and_basic_auth_from_the_web_config_secret(podman, image, tmp_path):
+def test_daemonset_pod_serves_tls_and_basic_auth_from_the_web_config_secret(podman, image, tmp_path, node_turn):
     pods, state = tmp_path / "pods", tmp_path / "state"
     (pods / "llm_sglang-0_0d7c" / "sglang").mkdir(parents=True)
     state.mkdir()
@@ -313,12 +336,6 @@ def test_receiver_pod_runs_unprivileged_and_counts_golden_records_sent_by_the_sd
         "extraArgs": [f"--listen=127.0.0.1:{port}", f"--otlp-listen=127.0.0.1:{otlp}"],
     })  # fmt: skip
     config_map, _, pod, probes = workload_pod(docs, "Deployment", f"soe-receiver-{port}")
-    # podman 4.3 makes an emptyDir a named volume that every pod naming it shares: this pod's own.
-    for volume in pod["spec"]["volumes"]:
-        for mount in pod["spec"]["containers"][0]["volumeMounts"]:
-            if mount["name"] == volume["name"]:
-                mount["name"] = f"{volume['name']}-{port}"
-        volume["name"] = f"{volume['name']}-{port}"
     assert not [v for v in pod["spec"]["volumes"] if "hostPath" in v]
     assert {next(iter(set(v) - {"name"})) for v in pod["spec"]["volumes"]} == {"configMap", "emptyDir"}
     name = pod["metadata"]["name"]
