@@ -192,16 +192,20 @@ def workload_pod(docs: list[dict], kind: str, name: str) -> tuple[dict, dict, di
     template = workload["spec"]["template"]
     pod, probes = playable({"apiVersion": "v1", "kind": "Pod", "metadata": {**template["metadata"], "name": name},
                             "spec": template["spec"]})  # fmt: skip
-    # podman 4.3 makes an emptyDir a named volume that every pod naming it shares (and a second play of that
-    # name fails while the first pod lives): this pod's own names, so tests on other workers never collide.
-    for volume in pod["spec"].get("volumes", []):
-        if "emptyDir" in volume:
-            for container in pod["spec"]["containers"]:
-                for mount in container.get("volumeMounts", []):
-                    if mount["name"] == volume["name"]:
-                        mount["name"] = f"{volume['name']}-{name}"
-            volume["name"] = f"{volume['name']}-{name}"
+    own_volume_names(pod, name, [v for v in pod["spec"].get("volumes", []) if "emptyDir" in v])
     return config_map, workload, pod, probes
+
+
+def own_volume_names(pod: dict, suffix: str, volumes: list[dict]) -> None:
+    """Give these volumes of the pod (and their mounts) names of the pod's own. podman 4.3 makes an emptyDir a
+    named volume that every pod naming it shares (a second play of that name fails while the first pod lives),
+    so tests on other workers would collide."""
+    for volume in volumes:
+        for container in pod["spec"]["containers"]:
+            for mount in container.get("volumeMounts", []):
+                if mount["name"] == volume["name"]:
+                    mount["name"] = f"{volume['name']}-{suffix}"
+        volume["name"] = f"{volume['name']}-{suffix}"
 
 
 # --------------------------------------------------------------------------------------------------- DaemonSet
@@ -404,13 +408,7 @@ class SidecarPod:
         sglang["volumeMounts"].append({"name": "fake-sglang", "mountPath": "/opt/fake-sglang", "readOnly": True})
         for item in sglang["env"]:
             item["value"] = (env or {}).get(item["name"], item["value"])
-        # podman 4.3 makes an emptyDir a named volume shared by every pod that names it: one of this pod's own.
-        for volume in pod["spec"]["volumes"]:
-            for c in pod["spec"]["containers"]:
-                for mount in c["volumeMounts"]:
-                    if mount["name"] == volume["name"]:
-                        mount["name"] = f"{volume['name']}-{self.port}"
-            volume["name"] = f"{volume['name']}-{self.port}"
+        own_volume_names(pod, str(self.port), pod["spec"]["volumes"])
         pod["spec"]["volumes"].append({"name": "fake-sglang",
                                        "hostPath": {"path": str(fake_dir), "type": "Directory"}})  # fmt: skip
         exporter["image"] = image
