@@ -18,6 +18,7 @@ from sglang_oom_exporter.daemon.app import App
 from sglang_oom_exporter.daemon.logsource import LogSource
 from sglang_oom_exporter.daemon.state import StateStore
 from sglang_oom_exporter.scan.run import scan_paths
+from sglang_oom_exporter.sources.otlpspool import Line
 from tests.support.app import config_fields, make_app, run_app
 from tests.support.helpers import CATALOG
 from tests.support.logs import BLOCK, append
@@ -379,3 +380,19 @@ def test_the_loop_wakes_when_a_quiet_file_closes_its_records(tmp_path):
     app.loop.step()  # read: the record stays open until a second of quiet
     clock.now += 0.9
     assert app.loop.next_timeout() == pytest.approx(0.1)  # not the 0.2 s busy tick: the close is due sooner
+
+
+def test_a_received_new_source_is_followed_before_the_answer_not_at_the_next_discovery(tmp_path):
+    # Until a source reads them, acknowledged lines show nowhere in the daemon's report (lag, pending, busy):
+    # left to the next discovery (up to a second later), a daemon would say it had caught up while they waited.
+    app, clock = make_app(tmp_path, otlp_listen="127.0.0.1:0")
+    run_app(app, clock, 1)
+    assert app.receiver is not None
+    rel = "pods/llm_sglang-0_u1/server/0.log"
+    lines = [Line(text.encode() + b"\n", bytes([n]) * 16) for n, text in enumerate(BLOCK.format(s=7).splitlines())]
+    assert app.receiver.accept({rel: lines}).written == 3
+    assert app.sources.get(app.receiver.spool.path(rel)) is not None
+    app.loop.step()  # the same instant: no discovery is due, the source is read anyway
+    assert (app.loop.pending, app.loop.busy) == (1, 1)  # the block waits for the other ranks of its tick
+    run_app(app, clock, 2)
+    assert app.counts.total("decode") == 1

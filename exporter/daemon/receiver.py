@@ -1,6 +1,6 @@
 """The OTLP receiver's daemon side: received lines go to the spool, and the loop reads the spool like pod logs.
 
-    web/otlp.py --accept(lines by spool path)--> Spool.append (durable) --> the loop: discover, tail, detect
+    web/otlp.py --accept(lines by spool path)--> Spool.append (durable), a new file followed --> the loop: tail, detect
 
 The spool lives in the state directory (<state_dir>/otlp). A container run's lines are a file in the kubelet's
 layout, so the source set names its series exactly as it names /var/log/pods ones, and the rest of the daemon
@@ -58,6 +58,9 @@ class Receiver:
         try:
             with self._sources.locked():
                 written, duplicates, new = self.spool.append(wanted)
+                # Followed before the 2xx: a file left to the next discovery would let the daemon report itself
+                # caught up (no lag, nothing pending) while the lines it just acknowledged wait unread.
+                self._sources.follow_received(new)
                 self.written += written
                 self.duplicates += duplicates
                 self.filtered += filtered
@@ -71,8 +74,6 @@ class Receiver:
                 self._wake()
         if written:
             self._loop.mark_changed({os.path.dirname(self.spool.path(rel)) for rel in wanted})
-            if new:
-                self._loop.request_discover()
             self._wake()
         return Accepted(written, duplicates, filtered)
 

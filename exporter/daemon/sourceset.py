@@ -29,7 +29,15 @@ from ..events.sink import Context, EventSink
 from ..metrics.events import EventCounts
 from ..metrics.names import KUBERNETES_LABELS
 from ..metrics.sources import SourceStats
-from ..sources.discover import FilterTimeouts, KubernetesFilter, dirs_to_watch, discover_pods, expand, pod_log_ref
+from ..sources.discover import (
+    FilterTimeouts,
+    KubernetesFilter,
+    PodLogRef,
+    dirs_to_watch,
+    discover_pods,
+    expand,
+    pod_log_ref,
+)
 from ..sources.fileid import TailPosition
 from ..sources.handles import HandleBudget, handle_bound
 from ..sources.otlpspool import FILE_DIR, POD_DIR
@@ -121,12 +129,8 @@ class SourceSet:
         k = self.config.kubernetes
         if k is not None and self._kfilter is not None:
             for ref in discover_pods(k.logs_root, self._kfilter):
-                found[ref.path] = (
-                    (ref.namespace, ref.pod, ref.container),
-                    {"namespace": ref.namespace, "pod": ref.pod, "container": ref.container},
-                )
+                found[ref.path] = _pod_source(ref)
         found.update(self._received())
-        new = []
         with self._lock:
             # One stat per file at discovery's pace; a glob or a pod log only matches files that exist.
             self._waiting = sorted(p for p, known in found.items() if known is None and not os.path.exists(p))
@@ -134,23 +138,36 @@ class SourceSet:
                 # Renamed away while the daemon was down and not recreated yet: follow it now, so that its
                 # rotated generation is drained from the saved position, not only once a new file appears.
                 found[path] = None
-            taken: set[str] | None = None  # source names in use, built once per discovery (not once per file)
-            for path, known in found.items():
-                if path in self._by_path:
-                    continue
-                if known is None:
-                    if taken is None:
-                        taken = {s.label_map.get("source", "") for s in self._by_path.values()}
-                    name = source_name(self.config.names, path, taken)
-                    taken.add(name)
-                    known = (("", "", name) if self._pod_labels() else (name,), {"source": name})
-                self._by_path[path] = self._new_source(path, *known)
-                self._watch_dirs = self._quiet_dirs = None
-                new.append(path)
+            new = self._adopt(found)
             self._discovered_once = True
             self._problem = discovery_problem(self.config, found, STDIN in self._by_path or bool(self.received_root))
             self._retire(self._clock(), set(found))
         return new
+
+    def _adopt(self, found: Mapping[str, tuple[tuple[str, ...], dict[str, str]] | None]) -> list[str]:
+        """Follow the found paths not followed yet, each named once (the caller holds the lock); the new ones."""
+        new = []
+        taken: set[str] | None = None  # source names in use, built once per call (not once per file)
+        for path, known in found.items():
+            if path in self._by_path:
+                continue
+            if known is None:
+                if taken is None:
+                    taken = {s.label_map.get("source", "") for s in self._by_path.values()}
+                name = source_name(self.config.names, path, taken)
+                taken.add(name)
+                known = (("", "", name) if self._pod_labels() else (name,), {"source": name})
+            self._by_path[path] = self._new_source(path, *known)
+            self._watch_dirs = self._quiet_dirs = None
+            new.append(path)
+        return new
+
+    def follow_received(self, paths: list[str]) -> list[str]:
+        """Follow spooled files the receiver just made, before it answers: until a source reads them, nothing in
+        the daemon's own report (lag, pending, busy) shows that their lines wait. The new ones."""
+        pods = os.path.join(self.received_root or "", POD_DIR)
+        with self._lock:
+            return self._adopt({path: _pod_source(pod_log_ref(pods, path)) for path in paths})
 
     def add_stdin(self) -> LogSource:
         """The stdin source (fed by the loop from the stdin pump, not by a tailer)."""
@@ -171,8 +188,7 @@ class SourceSet:
         found: dict[str, tuple[tuple[str, ...], dict[str, str]] | None] = {}
         pod_filter = self._kfilter or KubernetesFilter(timeouts=self._filter_timeouts)
         for ref in discover_pods(os.path.join(root, POD_DIR), pod_filter):
-            labels = {"namespace": ref.namespace, "pod": ref.pod, "container": ref.container}
-            found[ref.path] = ((ref.namespace, ref.pod, ref.container), labels)
+            found[ref.path] = _pod_source(ref)
         for path in expand([os.path.join(root, FILE_DIR, "*.log")]):
             found[path] = None
         return found
@@ -545,3 +561,14 @@ def add_stats(s: SourceStats, source: LogSource) -> None:
             s.lag_bytes += source.lag_bytes()
         if t.last_read_wall_time is not None:
             s.last_read = max(s.last_read or 0.0, t.last_read_wall_time)
+
+
+def _pod_source(ref: PodLogRef | None) -> tuple[tuple[str, ...], dict[str, str]] | None:
+    """A container log's series labels (namespace, pod, container) as discovery names them; None for a plain file."""
+    if ref is None:
+        return None
+    return (ref.namespace, ref.pod, ref.container), {
+        "namespace": ref.namespace,
+        "pod": ref.pod,
+        "container": ref.container,
+    }
