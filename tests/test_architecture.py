@@ -321,6 +321,24 @@ def test_every_python_file_the_map_names_exists() -> None:
     assert sorted(n for n in named if not (SRC / n).is_file() and not (SRC.parent / n).is_file()) == []
 
 
+def modules_named_in_package_docstrings() -> dict[str, list[str]]:
+    """Each package's __init__.py -> the modules of that package its docstring names (`loop.py`, `poster.py`)."""
+    out: dict[str, list[str]] = {}
+    for init in sorted(SRC.rglob("__init__.py")):
+        doc = ast.get_docstring(ast.parse(init.read_text(encoding="utf-8"))) or ""
+        own = {p.name for p in init.parent.glob("*.py")}
+        named = sorted({n for n in re.findall(r"\b(\w+\.py)\b", doc) if n in own})
+        if named:
+            out[str(init.relative_to(SRC))] = named
+    return out
+
+
+def test_no_package_docstring_keeps_a_map_of_its_own() -> None:
+    """A package's docstring says what the package is; its modules are listed once, in docs/architecture.md, so a
+    second list cannot drift from it."""
+    assert modules_named_in_package_docstrings() == {}
+
+
 # ---------------------------------------------------------------------------------------------- the tests' harness
 
 TESTS = SRC.parent / "tests"

@@ -2,12 +2,8 @@
 
 Everything downstream (matcher, metrics, suggestions, alerts, runbooks, dashboards) reads kinds from here. This
 package is the one way in: code outside catalog/ imports these names from `sglang_oom_exporter.catalog`, and the
-closed lists an entry may use from `catalog.vocabulary` (tests/test_architecture.py checks).
-
-  loader.py        reads a catalog file (the tree from yamltree.py) and hands it to validate.py
-  model.py         the values: Catalog, OomKind, Pattern, RemediationStep
-  validate.py      the top level and the roles; kind_fields.py each kind, alert_fields.py the alert blocks
-  vocabulary.py    the closed lists (event fields, severities, phases, suggestion rules, pools)
+closed lists an entry may use from `catalog.vocabulary` (tests/test_architecture.py checks). Its modules, one line
+each, are in docs/architecture.md, the one code map.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
-"""The live daemon behind `serve`: source set, loop, state keeper and targets, wired in app.py.
+"""The live daemon behind `serve`: the source set, the loop, the state keeper and the targets, wired by App.
 
-loop.py starts the daemon's threads (serve binds the HTTP edge first). The daemon feeds bytes from `sources`
+The loop starts the daemon's threads (serve binds the HTTP edge first). The daemon feeds bytes from `sources`
 into `detect` pipelines, and events through `events` (the sink, shared with `scan`) into `metrics` and the
-store that `web` serves.
+store that `web` serves. Its modules are in docs/architecture.md, the one code map.
 """

@@ -1,10 +1,10 @@
 """Kubernetes Events (opt-in, `kubernetes.events`): one Warning Event on the SGLang pod per counted OOM, so
 `kubectl describe pod` says why SGLang died and what to change. docs/kubernetes-events.md is the user's page.
 
-    EventSink.record (counting thread) --offer--> EventPoster (poster.py: its thread, queue, ledger, API calls)
-        text.py      the object, reason (the alert name) and message of an OOM's Event (pure)
-        correlate.py create / patch the count / rate-limit, as client-go's recorder does (pure)
-        ledger.py    the OOMs already taken, on disk: a restart never posts one twice
+    EventSink.record (counting thread) --offer--> EventPoster (its thread, queue, ledger, API calls)
+
+The Event's text and the create-or-patch decision are pure; the ledger on disk means a restart never posts one
+OOM twice. The modules are in docs/architecture.md, the one code map.
 
 Imported only when the setting is on: a plain `serve` never loads it (tests/test_serve_startup.py).
 """

@@ -1,11 +1,8 @@
 """Every metric name and label of the exporter, the cached page they are served from, and the collector.
 
-names.py (namespace, label names), exposition.py (the cached page: families encoded as they change, joined per
-scrape), events.py (the counters the exporter owns), sources.py (read statistics the loop publishes),
-collector.py (what a scrape yields besides the page: targets, build info, the loop's numbers).
-
-Sits at the end of the pipeline: OomEvents are recorded into EventCounts, the loop publishes each file's read
-statistics into SourceTable as it reads them, and /metrics joins the cached bytes. A sample:
+It sits at the end of the pipeline: OomEvents are recorded into EventCounts, the loop publishes each file's
+read statistics into SourceTable as it reads them, and /metrics joins the cached bytes (its modules are in
+docs/architecture.md, the one code map). A sample:
 
     # HELP sglang_oom_events_total SGLang OOM events seen in the logs, one per server-level failure.
     # TYPE sglang_oom_events_total counter

@@ -1,4 +1,4 @@
-"""The offline `scan`: serial.py (one input through one pipeline), parallel.py and join.py (`--jobs N`: files in
-worker processes, big files cut into ranges and joined exactly), report.py (the result and its text and JSON),
-run.py (scan_paths, which picks serial or parallel). Each name is imported from the module that defines it.
+"""The offline `scan`: one input through one pipeline, or (`--jobs N`) files in worker processes and big files
+cut into ranges joined exactly, then the text or JSON report. Each name is imported from the module that defines
+it; the modules are in docs/architecture.md, the one code map.
 """
