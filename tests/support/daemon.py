@@ -138,11 +138,20 @@ class Daemon:
             if stream:
                 stream.close()
 
+    def log_tail(self, size: int = 3000) -> str:
+        """The end of what the daemon has logged so far (a failed wait's explanation), without waiting for it."""
+        if self.proc is None or self.proc.stderr is None:
+            return ""
+        if self.proc.poll() is not None:
+            return self.stderr()[-size:]
+        os.set_blocking(self.proc.stderr.fileno(), False)
+        return (self.proc.stderr.read() or b"").decode(errors="replace")[-size:]
+
     def stderr(self) -> str:
         if self.proc is None or self.proc.poll() is None:
             return ""
         assert self.proc.stderr is not None
-        return self.proc.stderr.read().decode(errors="replace")
+        return (self.proc.stderr.read() or b"").decode(errors="replace")
 
 
 def caught_up(daemon: Daemon) -> float | None:
@@ -169,7 +178,10 @@ def settle(daemon: Daemon, expected: float, kind: str = "prefill") -> None:
     record or unread bytes, and the daemon reports all three. The deadlines are hang guards (a wait returns
     as soon as its condition holds): 15 s ran out for a daemon in a podman pod at load average 6.
     """
-    wait_until(lambda: daemon.total(kind) >= expected, what=f"{kind} total {expected}", timeout=60.0)
+    try:
+        wait_until(lambda: daemon.total(kind) >= expected, what=f"{kind} total {expected}", timeout=60.0)
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}; the daemon's log ends:\n{daemon.log_tail()}") from None
     first: list[float] = []
 
     def passed_a_whole_pass() -> bool:

@@ -142,8 +142,36 @@ def wait_until(condition: Callable[[], Any], *, timeout: float, what: str, inter
         time.sleep(interval)
 
 
+def _port_slice() -> range:
+    """This xdist worker's own ports, below the kernel's ephemeral range: a port the kernel hands out for `bind(0)`
+    or for any outgoing connection can be taken between the test asking and its server (a podman pod, seconds
+    later) binding it, which failed a pod with "Address already in use" on a loaded CI machine."""
+    try:
+        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32768
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw")
+    slices = max(1, (low - 10000) // PORTS_PER_WORKER)
+    start = 10000 + (int(worker) if worker.isdigit() else 0) % slices * PORTS_PER_WORKER
+    return range(start, start + PORTS_PER_WORKER)
+
+
+PORTS_PER_WORKER = 400
+_next_port = 0
+
+
 def free_port() -> int:
-    """A TCP port free on 127.0.0.1 a moment ago (the tests' servers and daemons listen on loopback only)."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+    """A TCP port free on 127.0.0.1 now, that nothing but this worker's next calls will be given: ports are handed
+    out in turn from the worker's own slice (`_port_slice`), skipping any that is bound."""
+    global _next_port
+    ports = _port_slice()
+    for _ in range(len(ports)):
+        port = ports[_next_port % len(ports)]
+        _next_port += 1
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise AssertionError(f"no free port in {ports}")

@@ -18,6 +18,10 @@ class Served(Daemon):
         self.podman = podman
         self.container = container
 
+    def log_tail(self, size: int = 3000) -> str:
+        """The end of the container's log."""
+        return str(self.podman("logs", self.container, check=False).stderr[-size:])
+
     def assert_running(self) -> None:
         """Fail, with the container's log, if the container is no longer running."""
         state = self.podman("inspect", "--format={{.State.Status}}", self.container).stdout.strip()
