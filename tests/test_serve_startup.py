@@ -28,6 +28,7 @@ ON_DEMAND = {
     "sglang_oom_exporter.kubeevents": "kubernetes.events",
     "sglang_oom_exporter.kubeevents.poster": "kubernetes.events",
     "sglang_oom_exporter.render.alertspec": "kubernetes.events (the Events' reasons are the alert names)",
+    "watchdog.observers": "--force-polling (or a system without inotify)",
     "watchdog.observers.polling": "--force-polling",
     "sglang_oom_exporter.sources.sglang_metrics": "an SGLang target to scrape",
     "prometheus_client.parser": "an SGLang target to scrape",
@@ -67,5 +68,9 @@ def test_a_plain_serve_imports_nothing_only_some_settings_need(tmp_path):
     assert code == 0
     modules = _imported((tmp_path / "stderr").read_text())
     # The log is read: the command, the HTTP edge and the file watcher it always needs are in it.
-    assert {"sglang_oom_exporter.serve", "sglang_oom_exporter.web.server", "watchdog.observers"} <= modules
+    assert {
+        "sglang_oom_exporter.serve",
+        "sglang_oom_exporter.web.server",
+        "sglang_oom_exporter.sources.inotify",
+    } <= modules
     assert {name: why for name, why in ON_DEMAND.items() if name in modules} == {}

@@ -186,3 +186,81 @@ def test_inotify_appends_in_a_quiet_directory_wake_nobody_but_are_taken_with_the
         assert changed == {str(quiet), str(loud)}
     finally:
         waker.stop()
+
+
+def changed_until(waker, directory, deadline=DEADLINE_SECONDS):
+    """Every directory take_changed() names until `directory` is among them (or the deadline passes)."""
+    seen: set[str] = set()
+    end = time.monotonic() + deadline
+    while directory not in seen and time.monotonic() < end:
+        waker.wait(0.05)
+        taken = waker.take_changed()
+        seen |= {"*"} if taken is None else taken
+    return seen
+
+
+@pytest.fixture
+def pod_root(tmp_path):
+    """A pod log root, and a started recursive Waker (inotify) watching it, stopped after the test."""
+    root = tmp_path / "pods"
+    root.mkdir()
+    made = Waker(recursive=True)
+    made.start()
+    yield root, made
+    made.stop()
+
+
+def test_a_recursive_root_watches_the_pod_directories_that_were_there_before(pod_root):
+    root, waker = pod_root
+    container = root / "llm_sglang-0_uid" / "sglang"
+    container.mkdir(parents=True)
+    waker.watch_dirs({str(root)})
+    assert waker.watched == {str(root)}
+    append(container / "0.log")
+    assert str(container) in changed_until(waker, str(container))
+
+
+def test_files_made_in_a_new_directory_before_its_watch_are_noted_as_created(pod_root):
+    # mkdir -p and the first write can both land before the reader adds the new directory's watch: the
+    # directories found then are noted as created, so the loop discovers and reads them without an event.
+    root, waker = pod_root
+    waker.watch_dirs({str(root)})
+    container = root / "llm_sglang-1_uid" / "sglang"
+    container.mkdir(parents=True)
+    append(container / "0.log")
+    assert str(container) in changed_until(waker, str(container))
+    assert waker.take_created() is True
+
+
+def test_an_overflowed_event_queue_means_look_everywhere():
+    waker = Waker()
+    waker.take_changed()
+    waker.overflowed()
+    assert waker.wait(0) is True
+    assert waker.take_changed() is None
+    assert waker.take_created() is True  # a glob's new match may be among the lost events: discover too
+    assert waker.take_changed() == set()
+
+
+def test_a_burst_of_writes_to_one_file_is_read_as_a_few_events(tmp_path, monkeypatch):
+    # The reader lets a batch gather, and the kernel merges a file's repeated writes meanwhile: a thousand
+    # appends cost a few events, not a thousand (watchdog made an object for each and passed it across threads).
+    from sglang_oom_exporter.sources import inotify
+
+    seen: list[int] = []
+    dispatch = inotify.Watches._dispatch
+    monkeypatch.setattr(
+        inotify.Watches, "_dispatch", lambda self, events: (seen.append(len(events)), dispatch(self, events))
+    )
+    (tmp_path / "0.log").write_bytes(b"")
+    waker = Waker()
+    waker.start()
+    try:
+        waker.watch_dirs({str(tmp_path)})
+        with open(tmp_path / "0.log", "ab", buffering=0) as fh:
+            for _ in range(1000):
+                fh.write(b"x\n")
+        assert str(tmp_path) in changed_until(waker, str(tmp_path))
+    finally:
+        waker.stop()
+    assert 1 <= sum(seen) < 1000

@@ -220,3 +220,12 @@ def find_rotated(path: str, pos: TailPosition) -> str | None:
         if matches(sibling, pos):
             return sibling
     return None
+
+
+def dir_identity(directory: str) -> tuple[int, int] | None:
+    """A directory's (st_dev, st_ino), to notice it deleted and made again under its name; None when missing."""
+    try:
+        st = os.stat(directory)
+    except OSError:
+        return None
+    return (st.st_dev, st.st_ino)

@@ -1,19 +1,22 @@
-"""Wake-ups for the tailers: watchdog glue that sits beside tail.py, before any bytes are read.
+"""Wake-ups for the tailers, before any bytes are read: inotify on Linux (inotify.py), else watchdog.
 
-    inotify (or PollingObserver) event --> Waker (threading.Event) --> app loop calls FileTailer.poll()
+    inotify (inotify.py; watchdog's Observer or PollingObserver) event --> Waker (threading.Event)
+        --> app loop calls FileTailer.poll()
 
 File events are wake-ups, not data: the event only says "poll now", the tailers find out what changed.
 So a lost or coalesced event costs latency, never bytes, and the app's slow safety poll (a timeout on
 wait()) bounds that latency. force_polling switches to watchdog's PollingObserver for network and
-overlay filesystems, where inotify misses writes made by other hosts or layers.
+overlay filesystems, where inotify misses writes made by other hosts or layers; off Linux, watchdog's Observer
+(FSEvents, kqueue, ReadDirectoryChangesW) watches.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import sys
 import threading
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from watchdog.events import (
     DirCreatedEvent,
@@ -26,7 +29,11 @@ from watchdog.events import (
     FileSystemEvent,
     FileSystemEventHandler,
 )
-from watchdog.observers import Observer
+
+from .fileid import dir_identity as _identity
+
+if TYPE_CHECKING:
+    from .inotify import Watches
 
 log = logging.getLogger(__name__)
 
@@ -86,11 +93,19 @@ class Waker:
         # dir -> (watch handle, (st_dev, st_ino) at schedule time), to notice a deleted and recreated dir.
         self._watches: dict[str, tuple[Any, tuple[int, int]]] = {}
         self._handler = _WakeHandler(self)
-        self._observer: Any = None
+        self._observer: Any = None  # watchdog's, with force_polling or off Linux
+        self._inotify: Watches | None = None  # on Linux
 
     def start(self) -> None:
         """Start the observer thread(s) and watch the directories asked for so far."""
-        if self._observer is not None:
+        if self._observer is not None or self._inotify is not None:
+            return
+        if not self.force_polling and sys.platform.startswith("linux"):
+            from .inotify import Note, Watches  # Linux only: inotify_simple is installed there
+
+            self._inotify = Watches(Note(self.note, self.overflowed), recursive=self.recursive)
+            self._inotify.start()
+            self._inotify.sync(self._wanted, set())
             return
         # Built here, not in __init__: the inotify observer starts a reader thread when constructed.
         if self.force_polling:
@@ -98,12 +113,19 @@ class Waker:
 
             self._observer = PollingObserver(timeout=self.polling_interval)
         else:
+            from watchdog.observers import Observer  # off Linux only
+
             self._observer = Observer()
         self._observer.start()
         self._sync()
 
     def stop(self) -> None:
         """Stop and join every watchdog thread; safe to call twice or before start()."""
+        watches, self._inotify = self._inotify, None
+        if watches is not None:
+            if not watches.stop(_STOP_TIMEOUT):
+                log.warning("file watcher did not stop within %.0fs", _STOP_TIMEOUT)
+            self._event.set()  # release a loop still waiting, so it can see the shutdown
         observer, self._observer = self._observer, None
         self._watches.clear()
         if observer is None:
@@ -143,7 +165,11 @@ class Waker:
     def watch_dirs(self, dirs: set[str]) -> None:
         """Watch exactly these directories (added, removed, re-watched when recreated); missing ones later."""
         self._wanted = {os.path.abspath(d) for d in dirs}
-        if self._observer is not None:
+        if self._inotify is not None:
+            with self._lock:
+                gone, self._gone = self._gone, set()
+            self._inotify.sync(self._wanted, gone)
+        elif self._observer is not None:
             self._sync()
 
     def quiet(self, dirs: set[str]) -> None:
@@ -156,6 +182,8 @@ class Waker:
     @property
     def watched(self) -> set[str]:
         """Directories with a live watch now."""
+        if self._inotify is not None:
+            return set(self._inotify.watched)
         return set(self._watches)
 
     def note(self, directory: str, *, gone: bool = False, created: bool = False, modified: bool = False) -> None:
@@ -171,6 +199,13 @@ class Waker:
                     self._changed = None
         if modified and directory in self._quiet:
             return
+        self._event.set()
+
+    def overflowed(self) -> None:
+        """The kernel's event queue overflowed: events were lost, so every followed file is looked at."""
+        with self._lock:
+            self._changed = None
+            self._created = True
         self._event.set()
 
     def _sync(self) -> None:
@@ -201,11 +236,3 @@ class Waker:
             self._observer.unschedule(watch)
         except (KeyError, OSError) as exc:
             log.debug("unwatch failed dir=%s error=%s", directory, exc)
-
-
-def _identity(directory: str) -> tuple[int, int] | None:
-    try:
-        st = os.stat(directory)
-    except OSError:
-        return None
-    return (st.st_dev, st.st_ino)
