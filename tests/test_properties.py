@@ -67,6 +67,16 @@ def test_another_service_never_ends_splits_or_joins_an_sglang_record(parts, data
     assert what(scan_bytes(b"".join(mixed), prefilter=False)) == reference
 
 
+def test_compose_status_lines_inside_a_record_leave_its_window_open():
+    # Hypothesis's find: compose's own lines carry no service prefix, and three of them after a detail line
+    # used up the four-line window, so the record lost its "Try to allocate" numbers.
+    anchor = b"sglang-1  | [2026-03-14 22:07:33 TP0] Out of memory. Try to lower your batch size.\n"
+    detail, numbers = b"sglang-1  |  0 [] r=1\n", b"sglang-1  | Try to allocate 96 tokens.\n"
+    mixed = anchor + detail + b"sglang-1 exited with code 137\n" * 3 + numbers
+    (event,) = scan_bytes(mixed)
+    assert (event.kind, event.numbers) == ("unknown", {"requested_tokens": 96})
+
+
 @functools.cache
 def _sample_events() -> tuple[tuple[str, bool, tuple[str, ...], str], ...]:
     """The sample's events read in one piece: the same for every example below, so scanned once."""

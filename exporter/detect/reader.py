@@ -220,12 +220,15 @@ class LineReader:
         return self._after_short if self._extender_re.search(line) else 0
 
     def _advance_window(self, line: bytes, is_hit: bool) -> None:
-        """One line of the window went by: a line of another wrapper stream leaves the window as it was."""
+        """One line of the window went by: a line of another wrapper stream, or a bare line in a window a
+        wrapped line armed, leaves the window as it was."""
         tag: bytes | None = None
         known = False
         if not is_hit and self._armed is not None and self._foreign < MAX_FOREIGN_LINES:
             tag, known = wrapper_stream(line), True
-            if tag is not None and tag != self._armed:
+            # A bare line in a window armed by a wrapped one is not the record's stream either: in compose
+            # output it is compose's own ("sglang-1 exited with code 137"), which prefixes every service line.
+            if tag != self._armed:
                 self._foreign += 1
                 return
         after = self._window_after(line, is_hit)
