@@ -264,3 +264,27 @@ def test_a_burst_of_writes_to_one_file_is_read_as_a_few_events(tmp_path, monkeyp
     finally:
         waker.stop()
     assert 1 <= sum(seen) < 1000
+
+
+def test_watches_the_kernel_refuses_are_warned_about_once(tmp_path, monkeypatch, caplog):
+    # A node past fs.inotify.max_user_watches refuses every new directory: one warning, not one per directory.
+    import errno
+
+    from sglang_oom_exporter.sources import inotify
+
+    def refuse(self, path, mask):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(inotify.INotify, "add_watch", refuse)
+    for name in ("a", "b", "c"):
+        (tmp_path / name).mkdir()
+    waker = Waker()
+    waker.start()
+    try:
+        with caplog.at_level("DEBUG", logger="sglang_oom_exporter.sources.inotify"):
+            waker.watch_dirs({str(tmp_path / n) for n in ("a", "b", "c")})
+        assert waker.watched == set()
+        refusals = [r for r in caplog.records if "cannot watch" in r.getMessage()]
+        assert [r.levelname for r in refusals] == ["WARNING", "DEBUG", "DEBUG"]
+    finally:
+        waker.stop()

@@ -63,6 +63,7 @@ class Watches:
         self._lock = threading.Lock()
         self._paths: dict[int, str] = {}  # watch descriptor -> directory
         self._wds: dict[str, int] = {}  # directory -> watch descriptor
+        self._refused = 0  # watches the kernel refused (fs.inotify.max_user_watches, permissions)
         self._roots: dict[str, tuple[int, int]] = {}  # wanted directories -> (st_dev, st_ino) when watched
         self._stop_r, self._stop_w = os.pipe()
         self._thread = threading.Thread(target=self._run, name="inotify", daemon=True)
@@ -159,7 +160,11 @@ class Watches:
         try:
             wd = int(self._inotify.add_watch(directory, MASK))
         except OSError as exc:
-            log.warning("cannot watch dir=%s error=%s; relying on the safety poll", directory, exc)
+            # Said once: a node past fs.inotify.max_user_watches refuses every new directory alike.
+            self._refused += 1
+            level = logging.WARNING if self._refused == 1 else logging.DEBUG
+            log.log(level, "cannot watch dir=%s error=%s refused=%d; relying on the safety poll (further refusals "
+                    "are logged at debug)", directory, exc, self._refused)  # fmt: skip
             return None
         self._paths[wd] = directory
         self._wds[directory] = wd
