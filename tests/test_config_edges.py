@@ -55,6 +55,21 @@ def test_check_config_refuses_an_absurd_poll_interval():
     assert "--poll-interval: '99999999999999h' must be between 1ms and 1h" in proc.stderr
 
 
+def test_check_config_refuses_an_otlp_spool_cap_that_cannot_hold_two_requests(tmp_path):
+    # Under it, a full batch would be refused with 503 on every retry while the one before it is unread.
+    proc = subprocess.run([sys.executable, "-m", "sglang_oom_exporter", "serve", "--check-config", "--otlp-listen",
+                           "127.0.0.1:0", "--state-dir", str(tmp_path), "--otlp-max-request-kib", "8192",
+                           "--otlp-spool-source-mib", "15"], capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert proc.returncode == 1
+    assert (
+        "otlp_spool_source_mib: 15 MiB cannot hold two requests of --otlp-max-request-kib 8192 (at least 16 MiB)"
+        in (proc.stderr)
+    )
+    assert "otlp_spool_total_mib" not in proc.stderr
+    ok = subprocess.run([*proc.args[:-1], "16"], capture_output=True, text=True, timeout=60)
+    assert ok.returncode == 0, ok.stderr
+
+
 def test_unknown_prefixed_variables_are_named():
     env = {"SGLANG_OOM_EXPORTER_LISTN": ":1", "SGLANG_OOM_EXPORTER_LISTEN": ":1", "SGLANG_OOM_EXPORTER_PATHS": "a",
            "SGLANG_OOM_EXPORTER_SGLANG_URL": "http://x", "SGLANG_OOM_EXPORTER_CONFIG": "c", "HOME": "/root",

@@ -246,7 +246,7 @@ def test_a_long_run_stays_under_the_spool_cap_and_a_restart_after_rotation_count
     tmp_path, daemon_factory
 ):
     state = str(tmp_path / "state")
-    caps = ("--otlp-spool-source-mib", "1", "--otlp-spool-total-mib", "2")
+    caps = ("--otlp-spool-source-mib", "1", "--otlp-spool-total-mib", "2", "--otlp-max-request-kib", "512")
     batches = []
     for b in range(36):  # about 3.6 MiB in all: the 1 MiB cap of the pod's spool three and a half times over
         filler = (f"[2026-03-14 22:00:00 TP0] Decode batch. #running-req: 1, #token: {4000 + b}, token usage: 0.05, "

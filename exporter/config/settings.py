@@ -165,7 +165,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("otlp_spool_source_mib", "int", 256, "cap the OTLP spool of one source at this many MiB on disk; "
             "a batch past it while its lines are unread gets 503", low=1, high=100_000, metavar="MIB",
             reload=False, note="a source's log is rotated at a quarter of it and read segments are deleted "
-            "(docs/otlp.md); keep it above --otlp-max-request-kib"),
+            "(docs/otlp.md); serve refuses a cap below two requests of --otlp-max-request-kib"),
     Setting("otlp_spool_total_mib", "int", 1536, "cap the OTLP spool of all sources at this many MiB on disk; "
             "a batch past it gets 503", low=1, high=100_000, metavar="MIB", reload=False,
             note="size the state volume above it (the chart's receiver.stateVolume)"),
