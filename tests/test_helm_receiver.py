@@ -119,6 +119,14 @@ def test_receiver_values_are_checked_by_the_schema(values, where):
     assert where in template(values={"mode": "receiver", **values}, ok=False)
 
 
+def test_a_spool_cap_that_cannot_hold_two_requests_is_refused_at_install():
+    out = template(values={"mode": "receiver", "receiver": {"maxRequestKiB": 8192, "spoolSourceMiB": 15}}, ok=False)
+    assert "receiver.spoolSourceMiB: 15 MiB cannot hold two requests of receiver.maxRequestKiB 8192" in out
+    assert "at least 16 MiB" in out
+    docs = template(values={"mode": "receiver", "receiver": {"maxRequestKiB": 8192, "spoolSourceMiB": 16}})
+    assert rendered_config(docs)["otlp_spool_source_mib"] == 16
+
+
 def test_the_notes_and_docs_give_collector_configs_that_parse_and_point_at_the_service():
     proc = helm_with_values([helm(), "install", "t", str(CHART), "-n", "monitoring", "--dry-run=client"], (),
                             {"mode": "receiver"})  # fmt: skip

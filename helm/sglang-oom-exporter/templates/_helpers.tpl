@@ -95,6 +95,19 @@ ghcr.io/sglang-oom-exporter/sglang-oom-exporter
 {{- printf "%s-%s" .Release.Namespace (include "sglang-oom-exporter.fullname" .) | trunc 63 | trimSuffix "-" }}
 {{- end }}
 
+{{/* A spool cap below two of the largest requests would answer a full batch 503 on every retry (serve refuses it
+too, but only once the pod runs). */}}
+{{- define "sglang-oom-exporter.checkSpoolCaps" -}}
+{{- $r := .Values.receiver | default dict }}
+{{- $need := mul 2 ($r.maxRequestKiB | default 8192) }}
+{{- range $key := list "spoolSourceMiB" "spoolTotalMiB" }}
+{{- $mib := index $r $key | default (ternary 256 1536 (eq $key "spoolSourceMiB")) }}
+{{- if lt (mul $mib 1024) $need }}
+{{- fail (printf "receiver.%s: %v MiB cannot hold two requests of receiver.maxRequestKiB %v: a full batch would get 503 on every retry. Raise it to at least %v MiB or lower maxRequestKiB." $key $mib ($r.maxRequestKiB | default 8192) (div (add $need 1023) 1024)) }}
+{{- end }}
+{{- end }}
+{{- end }}
+
 {{/* Both monitors on would scrape every exporter twice and double every count. */}}
 {{- define "sglang-oom-exporter.checkMonitors" -}}
 {{- if and ((.Values.serviceMonitor | default dict).enabled) ((.Values.podMonitor | default dict).enabled) }}
