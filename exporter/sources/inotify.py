@@ -148,7 +148,9 @@ class Watches:
                 path = os.path.join(directory, os.fsdecode(event.name))
                 if is_dir and self.recursive and mask & _NEW:
                     # Files made in a new directory before its watch was in place raised no event: noted below.
-                    for made in [path, *self._add_below(path, include_self=True)]:
+                    if path not in self._wds:
+                        self._add(path)
+                    for made in [path, *self._add_below(path)]:
                         self._notify.note(made, created=True)
                 if is_dir and mask & (flags.DELETE | flags.MOVED_FROM):
                     self._notify.note(path, gone=True)
@@ -170,11 +172,9 @@ class Watches:
         self._wds[directory] = wd
         return wd
 
-    def _add_below(self, top: str, include_self: bool = False) -> list[str]:
-        """Watch every directory below top (and top itself when asked); the directories newly watched."""
+    def _add_below(self, top: str) -> list[str]:
+        """Watch every directory below top; the directories newly watched."""
         added = []
-        if include_self and top not in self._wds and self._add(top) is not None:
-            added.append(top)
         for dirpath, dirnames, _files in os.walk(top):
             for name in dirnames:
                 path = os.path.join(dirpath, name)

@@ -105,7 +105,7 @@ class Waker:
 
             self._inotify = Watches(Note(self.note, self.overflowed), recursive=self.recursive)
             self._inotify.start()
-            self._inotify.sync(self._wanted, set())
+            self._sync()
             return
         # Built here, not in __init__: the inotify observer starts a reader thread when constructed.
         if self.force_polling:
@@ -120,19 +120,19 @@ class Waker:
         self._sync()
 
     def stop(self) -> None:
-        """Stop and join every watchdog thread; safe to call twice or before start()."""
+        """Stop and join the watcher's thread(s); safe to call twice or before start()."""
         watches, self._inotify = self._inotify, None
-        if watches is not None:
-            if not watches.stop(_STOP_TIMEOUT):
-                log.warning("file watcher did not stop within %.0fs", _STOP_TIMEOUT)
-            self._event.set()  # release a loop still waiting, so it can see the shutdown
         observer, self._observer = self._observer, None
         self._watches.clear()
-        if observer is None:
+        if watches is not None:
+            stopped = watches.stop(_STOP_TIMEOUT)
+        elif observer is not None:
+            observer.stop()
+            observer.join(_STOP_TIMEOUT)
+            stopped = not observer.is_alive()
+        else:
             return
-        observer.stop()
-        observer.join(_STOP_TIMEOUT)
-        if observer.is_alive():
+        if not stopped:
             log.warning("file watcher did not stop within %.0fs", _STOP_TIMEOUT)
         self._event.set()  # release a loop still waiting, so it can see the shutdown
 
@@ -165,11 +165,7 @@ class Waker:
     def watch_dirs(self, dirs: set[str]) -> None:
         """Watch exactly these directories (added, removed, re-watched when recreated); missing ones later."""
         self._wanted = {os.path.abspath(d) for d in dirs}
-        if self._inotify is not None:
-            with self._lock:
-                gone, self._gone = self._gone, set()
-            self._inotify.sync(self._wanted, gone)
-        elif self._observer is not None:
+        if self._inotify is not None or self._observer is not None:
             self._sync()
 
     def quiet(self, dirs: set[str]) -> None:
@@ -211,6 +207,9 @@ class Waker:
     def _sync(self) -> None:
         with self._lock:
             gone, self._gone = self._gone, set()
+        if self._inotify is not None:
+            self._inotify.sync(self._wanted, gone)
+            return
         # A watch dies with its directory, and a recreated directory may even reuse the inode, so
         # the emitter's own state and the deletion events count as much as the identity check.
         stopped = {e.watch for e in list(self._observer.emitters) if e.stopped_event.is_set()}
