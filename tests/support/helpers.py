@@ -142,6 +142,7 @@ def wait_until(condition: Callable[[], Any], *, timeout: float, what: str, inter
         time.sleep(interval)
 
 
+@functools.cache
 def _port_slice() -> range:
     """This xdist worker's own ports, below the kernel's ephemeral range: a port the kernel hands out for `bind(0)`
     or for any outgoing connection can be taken between the test asking and its server (a podman pod, seconds

@@ -99,11 +99,11 @@ ghcr.io/sglang-oom-exporter/sglang-oom-exporter
 too, but only once the pod runs). */}}
 {{- define "sglang-oom-exporter.checkSpoolCaps" -}}
 {{- $r := .Values.receiver | default dict }}
-{{- $need := mul 2 ($r.maxRequestKiB | default 8192) }}
-{{- range $key := list "spoolSourceMiB" "spoolTotalMiB" }}
-{{- $mib := index $r $key | default (ternary 256 1536 (eq $key "spoolSourceMiB")) }}
-{{- if lt (mul $mib 1024) $need }}
-{{- fail (printf "receiver.%s: %v MiB cannot hold two requests of receiver.maxRequestKiB %v: a full batch would get 503 on every retry. Raise it to at least %v MiB or lower maxRequestKiB." $key $mib ($r.maxRequestKiB | default 8192) (div (add $need 1023) 1024)) }}
+{{- $kib := $r.maxRequestKiB | default 8192 }}
+{{- $caps := dict "spoolSourceMiB" ($r.spoolSourceMiB | default 256) "spoolTotalMiB" ($r.spoolTotalMiB | default 1536) }}
+{{- range $key, $mib := $caps }}
+{{- if lt (mul $mib 1024) (mul 2 $kib) }}
+{{- fail (printf "receiver.%s: %v MiB cannot hold two requests of receiver.maxRequestKiB %v: a full batch would get 503 on every retry. Raise it to at least %v MiB or lower maxRequestKiB." $key $mib $kib (div (add (mul 2 $kib) 1023) 1024)) }}
 {{- end }}
 {{- end }}
 {{- end }}
