@@ -26,8 +26,10 @@ What is changed before playing, and why (podman 4.3, Debian 12's, and this sandb
     machine lacks. The test requests each probe's path itself instead;
   - annotation values over 63 characters (the chart's checksum/config) are dropped: podman 4.3 applies the
     label-value limit to annotations ("value length exceeds Kubernetetes max 63"); Kubernetes does not;
-  - the sidecar pod's volumes get names of their own: podman 4.3 makes an emptyDir a named volume that every
-    pod naming it shares; it runs no lifecycle hooks either, so the test runs the exporter's preStop command
+  - the pods' emptyDir volumes and ConfigMaps get names of their own: podman 4.3 makes an emptyDir, and a
+    ConfigMap a pod mounts, a named volume that every pod naming it shares and that outlives the pod (a receiver's
+    config, left behind or played beside it, was a DaemonSet pod's config: it counted nothing, and held the
+    receiver's port); the test removes those volumes with its pod. podman runs no lifecycle hooks either, so the test runs the exporter's preStop command
     with `podman exec` as the kubelet would, before that container's SIGTERM;
   - a secret volume gets `optional: false` spelt out: podman 4.3 dereferences the unset field and panics
     (Kubernetes defaults it to false); the Secret itself is a podman secret holding the Secret's manifest,
@@ -193,7 +195,34 @@ def workload_pod(docs: list[dict], kind: str, name: str) -> tuple[dict, dict, di
     pod, probes = playable({"apiVersion": "v1", "kind": "Pod", "metadata": {**template["metadata"], "name": name},
                             "spec": template["spec"]})  # fmt: skip
     own_volume_names(pod, name, [v for v in pod["spec"].get("volumes", []) if "emptyDir" in v])
+    config_map = own_config_map(config_map, pod, name)
     return config_map, workload, pod, probes
+
+
+def own_config_map(config_map: dict, pod: dict, suffix: str) -> dict:
+    """The ConfigMap under a name of the pod's own, and the pod's configMap volumes pointed at it: podman 4.3
+    keeps a mounted ConfigMap as a named volume of the ConfigMap's name, which the next pod naming it reuses."""
+    own = f"{config_map['metadata']['name']}-{suffix}"
+    for volume in pod["spec"].get("volumes", []):
+        if volume.get("configMap", {}).get("name") == config_map["metadata"]["name"]:
+            volume["configMap"]["name"] = own
+    return {**config_map, "metadata": {**config_map["metadata"], "name": own}}
+
+
+def assert_own_config(podman, config_map: dict) -> None:
+    """The volume podman made of the ConfigMap holds this ConfigMap's files, as rendered."""
+    root = Path(podman("volume", "inspect", "--format={{.Mountpoint}}", config_map["metadata"]["name"]).stdout.strip())
+    assert {f: (root / f).read_text() for f in config_map["data"]} == config_map["data"]
+
+
+def remove_pod(podman, pod: dict) -> None:
+    """Remove the pod and the named volumes podman made for it (its emptyDirs and its ConfigMaps)."""
+    podman("pod", "rm", "--force", "--time=0", pod["metadata"]["name"], check=False, timeout=120)
+    for volume in pod["spec"].get("volumes", []):
+        if "emptyDir" in volume:
+            podman("volume", "rm", "--force", volume["name"], check=False)
+        elif "configMap" in volume:
+            podman("volume", "rm", "--force", volume["configMap"]["name"], check=False)
 
 
 def own_volume_names(pod: dict, suffix: str, volumes: list[dict]) -> None:
@@ -228,6 +257,7 @@ def test_daemonset_pod_counts_an_oom_keeps_it_across_a_restart_and_runs_as_rende
     try:
         play(podman, tmp_path, [config_map, pod])
         wait_until(served.started, timeout=60, what="the DaemonSet pod")
+        assert_own_config(podman, config_map)
         assert_runs_as_rendered(podman, f"{name}-oom-exporter", pod["spec"]["securityContext"],
                                 container["securityContext"], container["volumeMounts"])  # fmt: skip
         (inspected,) = json.loads(podman("inspect", f"{name}-oom-exporter").stdout)
@@ -251,7 +281,7 @@ def test_daemonset_pod_counts_an_oom_keeps_it_across_a_restart_and_runs_as_rende
         assert served.count(**labels) == 2
         assert stop_pod(podman, name) == {"oom-exporter": 0}
     finally:
-        podman("pod", "rm", "--force", "--time=0", name, check=False, timeout=120)
+        remove_pod(podman, pod)
 
 
 def _get(url: str, context: ssl.SSLContext | None, auth: tuple[str, str] | None = None) -> tuple[int, str]:
@@ -320,7 +350,7 @@ def test_daemonset_pod_serves_tls_and_basic_auth_from_the_web_config_secret(podm
         socket.create_connection(("127.0.0.1", port), timeout=5).close()
         assert stop_pod(podman, name) == {"oom-exporter": 0}
     finally:
-        podman("pod", "rm", "--force", "--time=0", name, check=False, timeout=120)
+        remove_pod(podman, pod)
         podman("secret", "rm", secret["metadata"]["name"], check=False)
 
 
@@ -351,6 +381,7 @@ def test_receiver_pod_runs_unprivileged_and_counts_golden_records_sent_by_the_sd
     try:
         play(podman, tmp_path, [config_map, pod])
         wait_until(served.started, timeout=60, what="the receiver pod")
+        assert_own_config(podman, config_map)
         assert_runs_as_rendered(podman, f"{name}-oom-exporter", pod["spec"]["securityContext"],
                                 container["securityContext"], container["volumeMounts"])  # fmt: skip
         assert proc_status(podman.pid(f"{name}-oom-exporter"))["Uid"].split() == ["65532"] * 4
@@ -370,10 +401,7 @@ def test_receiver_pod_runs_unprivileged_and_counts_golden_records_sent_by_the_sd
         assert m[("sglang_oom_exporter_otlp_log_records_total", (("result", "duplicate"),))] == len(lines) - half
         assert stop_pod(podman, name) == {"oom-exporter": 0}
     finally:
-        podman("pod", "rm", "--force", "--time=0", name, check=False, timeout=120)
-        for volume in pod["spec"]["volumes"]:
-            if "emptyDir" in volume:
-                podman("volume", "rm", "--force", volume["name"], check=False)
+        remove_pod(podman, pod)
 
 
 # ----------------------------------------------------------------------------------------------------- sidecar
