@@ -113,3 +113,28 @@ def test_pid_1_exits_with_sglangs_status_when_sglang_dies_by_itself(tmp_path):
     assert done.returncode == 3
     assert log.read_text() == "RuntimeError: Prefill out of memory.\n"
     assert (tmp_path / "sglang.log.closed").is_file()
+
+
+def test_pid_1_exits_with_sglangs_status_when_sglang_is_gone_before_the_trap_returns(tmp_path):
+    # The interleaving a loaded node gives: SIGTERM interrupts `wait` (its status is then 128 + 15, the signal's),
+    # and SGLang has exited and been reaped before the loop looks again. A `kill` that returns only once the
+    # stand-in is gone makes that order certain; PID 1 must still report the stand-in's 0, not 143.
+    log = tmp_path / "sglang.log"
+    slow_kill = (
+        'kill() { builtin kill "$@"; local rc=$?; if [ "$1" = -TERM ]; then '
+        'while builtin kill -0 "$2" 2>/dev/null; do sleep 0.01; done; fi; return "$rc"; }\n'
+    )
+    script = slow_kill + with_stand_in(SGLANG["args"][0], STAND_IN).replace(LOG, str(log))
+    proc = subprocess.Popen(["bash", "-c", script], env={**os.environ, **env(SGLANG)}, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE)  # fmt: skip
+    try:
+        wait_until(lambda: log.is_file() and log.read_text() == "ready\n", timeout=30, what="the stand-in's first line")
+        proc.send_signal(signal.SIGTERM)
+        _, stderr = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert (proc.returncode, stderr) == (0, b"")
+    assert log.read_text() == "ready\nlast line, written after SIGTERM\n"
+    assert (tmp_path / "sglang.log.closed").is_file()
