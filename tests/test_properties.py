@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from sglang_oom_exporter.cli import sample_path
 from tests.support.helpers import scan_bytes, summary
-from tests.support.logs import COMPOSE_FRAGMENTS, FRAGMENTS
+from tests.support.logs import COMPOSE_FRAGMENTS, CRI_FRAGMENTS, FRAGMENTS
 
 HERE = os.path.dirname(__file__)
 SAMPLE = open(sample_path(), "rb").read()
@@ -40,13 +40,20 @@ def test_prefilter_gives_the_same_events_as_reading_every_line(parts):
     assert summary(scan_bytes(data)) == summary(scan_bytes(data, prefilter=False))
 
 
+def _whole(events):
+    return [(e.kind, e.fatal, e.ranks, e.phase, e.location, e.offset, e.numbers, e.excerpt) for e in events]
+
+
+@pytest.mark.parametrize("fragments", [COMPOSE_FRAGMENTS, CRI_FRAGMENTS], ids=["compose", "cri"])
 @settings(max_examples=150, deadline=None)
-@given(st.lists(st.sampled_from(COMPOSE_FRAGMENTS), max_size=80), st.integers(min_value=1, max_value=257))
-def test_compose_interleaving_gives_the_same_events_with_or_without_prefilter_and_any_chunking(parts, chunk):
-    data = b"".join(parts)
-    reference = summary(scan_bytes(data, prefilter=False))
-    assert summary(scan_bytes(data)) == reference
-    assert summary(scan_bytes(data, chunk=chunk)) == reference
+@given(parts=st.data(), chunk=st.integers(min_value=1, max_value=257))
+def test_interleaved_streams_give_the_same_events_with_or_without_prefilter_and_any_chunking(fragments, parts, chunk):
+    # In the window, a CRI line of a stream with nothing open downstream is only counted (the reader asks the
+    # pipeline): every event, its numbers, its first line and its excerpt must be what reading every line gives.
+    data = b"".join(parts.draw(st.lists(st.sampled_from(fragments), max_size=80)))
+    reference = _whole(scan_bytes(data, prefilter=False))
+    assert _whole(scan_bytes(data)) == reference
+    assert _whole(scan_bytes(data, chunk=chunk)) == reference
 
 
 FOREIGN = COMPOSE_FRAGMENTS[-4:]

@@ -6,7 +6,7 @@ import io
 
 import pytest
 
-from sglang_oom_exporter.detect.decode import wrapper_stream
+from sglang_oom_exporter.detect.decode import Decoder, cri_full_stream, wrapper_stream
 from sglang_oom_exporter.detect.finder import BytesFinder, make_finder, minimal_literals
 from sglang_oom_exporter.detect.model import Gap, RawLine
 from sglang_oom_exporter.detect.reader import LineReader
@@ -162,3 +162,52 @@ def test_an_open_cri_span_holds_the_window_whether_or_not_its_opener_is_a_search
     # The anchor (21), the P record (22), the six other-stream lines the open span holds (23-28), its F (29).
     assert [i.lineno for i in items if isinstance(i, RawLine)] == list(range(21, 30))
     assert sum(i.lines for i in items if isinstance(i, Gap)) == len(lines) - 9
+
+
+@pytest.mark.parametrize(
+    ("line", "stream"),
+    [
+        (b"2026-03-14T22:07:33.118204551Z stdout F 10.0.0.1 - GET /", "stdout"),
+        (b"2026-03-14T22:07:33+01:00 stderr F", "stderr"),  # an empty record
+        (b"2026-03-14T22:07:33Z stdout P Prefill out", None),  # a partial record joins the next
+        (b"2026-03-14T22:07:33Z stdout P", None),
+        (b"2026-03-14T22:07:33Z stdout Fx", None),
+        (b"2026-03-14 stdout F not a time", None),
+        (b"2026-03-14T22:07:33Z stdout F text\r", "stdout"),
+        (b"2026-03-14T22:07:33Z stdout F\r", None),  # "$" does not match before a CR: the decoder's regex fails
+        (b'{"log":"x\\n","stream":"stdout"}', None),
+        (b"sglang-1  | 2026-03-14T22:07:33Z stdout F x", None),
+    ],
+)
+def test_cri_full_stream_names_only_what_the_decoder_reads_as_that_streams_full_record(line, stream):
+    assert cri_full_stream(line) == stream
+    decoded = Decoder().decode(RawLine(1, line))
+    if stream is not None:
+        assert decoded is not None
+        assert decoded.stream == stream
+
+
+def test_a_quiet_streams_lines_in_the_window_are_counted_not_passed():
+    # A CUDA OOM traceback on stderr holds the window open across stdout's lines; stdout has nothing open
+    # downstream, so its 40 lines are only counted, while stderr's own lines and every hit still pass.
+    t = "2026-03-14T22:07:33.1Z"
+    lines = [f"{t} stderr F Traceback (most recent call last):"]
+    lines += [f"{t} stdout F GET /items/{i} 200" for i in range(20)]
+    lines += [f'{t} stderr F   File "/workspace/train.py", line 88, in <module>', f"{t} stderr F     loss.backward()"]
+    lines += [f"{t} stdout F GET /items/{i} 200" for i in range(20)]
+    lines += [f"{t} stdout F Prefill out of memory.", f"{t} stderr F RuntimeError: boom"]
+    asked: list[str] = []
+
+    def quiet(stream: str) -> bool:
+        asked.append(stream)
+        return stream == "stdout"
+
+    reader = LineReader(
+        ["ut of memory", "Traceback"], openers=["Traceback"], extenders=['File "'], before=0, quiet=quiet
+    )
+    items = [*reader.feed(("\n".join(lines) + "\n").encode()), *reader.finish()]
+    assert [i.lineno for i in items if isinstance(i, RawLine)] == [1, 22, 23, 44, 45]
+    assert reader.quiet_lines == 40
+    assert not any(isinstance(i, Gap) for i in items)
+    assert reader.lines_read == len(lines) == 45
+    assert (asked.count("stdout"), asked.count("stderr")) == (40, 3)  # hits are never asked about

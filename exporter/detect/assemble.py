@@ -144,6 +144,11 @@ class Assembler:
         """No record open."""
         return not self._open
 
+    def quiet(self, stream: str) -> bool:
+        """No record of this stream is open: a line of it that no literal hit can only be dropped (it cannot
+        start a record, and there is none for it to join or to close)."""
+        return all(key[0] != stream for key in self._open)
+
     def resume_point(self) -> tuple[int, int] | None:
         """(offset, lineno) of the oldest record still open, if any."""
         return min(((r.offset, r.lineno) for r in self._open.values()), default=None)

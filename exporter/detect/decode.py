@@ -31,11 +31,15 @@ CRI_FULL = "F"
 CRI_PARTIAL_LITERALS = tuple(f" {s} {CRI_PARTIAL} " for s in CRI_STREAMS)
 CRI_SPANS = tuple((f" {s} {CRI_PARTIAL} ", f" {s} {CRI_FULL} ") for s in CRI_STREAMS)
 _CRI_STREAM_WORDS = tuple(f"{s} ".encode() for s in CRI_STREAMS)
+_CRI_TIME = r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?(?:Z|[+-]\d\d:?\d\d)"
+_CRI_STREAM = "|".join(CRI_STREAMS)
 _CRI = regex.compile(
-    r"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?(?:Z|[+-]\d\d:?\d\d)) "
-    rf"({'|'.join(CRI_STREAMS)}) ([{CRI_PARTIAL}{CRI_FULL}])(?: (.*))?$",
+    rf"^({_CRI_TIME}) ({_CRI_STREAM}) ([{CRI_PARTIAL}{CRI_FULL}])(?: (.*))?$",
     regex.DOTALL,
 )
+# The same head in bytes, for a full record only: an ASCII match here is a match of _CRI (not the reverse: str's
+# \d also takes other scripts' digits), so a line it names is one Decoder.decode reads as that stream's F record.
+_CRI_FULL_B = regex.compile(rf"^{_CRI_TIME} ({_CRI_STREAM}) {CRI_FULL}(?: |$)".encode())
 _CI_TIME = regex.compile(r"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d+Z) ")
 _COMPOSE = regex.compile(r"^([\w.-]+) +\| ?")
 _ANSI = regex.compile(r"\x1b\[[0-9;]*[A-Za-z]")
@@ -69,6 +73,10 @@ class Decoder:
     def idle(self) -> bool:
         """No CRI partial record waiting for the rest of its line."""
         return not self._partials
+
+    def quiet(self, stream: str) -> bool:
+        """No CRI partial record of this stream waits for the rest of its line."""
+        return stream not in self._partials
 
     def reset(self) -> None:
         """Forget partial records (a gap or a new file generation broke the sequence)."""
@@ -111,6 +119,15 @@ class Decoder:
         stream = stream_value if isinstance(stream_value, str) else ""
         ts = time_value if isinstance(time_value, str) else None
         return LogLine(lineno, _tail(line), stream, ts, raw.offset)
+
+
+def cri_full_stream(data: bytes) -> str | None:
+    """The stream of a raw line that Decoder.decode reads as a CRI full (F) record; None for any other line
+    (a partial record, another format, or one this cheap test cannot vouch for)."""
+    if not data[:1].isdigit():
+        return None
+    m = _CRI_FULL_B.match(data)
+    return None if m is None else m.group(1).decode()
 
 
 def unwrap(data: bytes) -> str:

@@ -79,6 +79,7 @@ class Pipeline:
             spans=CRI_SPANS,
             finder=finder,
             prefilter=prefilter,
+            quiet=self._quiet,
         )
         self._decoder = Decoder()
         prefixes = PrefixParser(extra_prefixes)
@@ -209,6 +210,11 @@ class Pipeline:
             json_errors=self._decoder.json_errors,
             foreign_events=self._foreign,
         )
+
+    def _quiet(self, stream: str) -> bool:
+        """The reader's question for a line in its window that no literal hit: nothing of this stream is being
+        joined. The reader's items are consumed one by one, so the answer is about the lines before it."""
+        return self._decoder.quiet(stream) and self._assembler.quiet(stream)
 
     def _lines(self, items: Iterable[RawLine | Gap]) -> None:
         decoder, assembler = self._decoder, self._assembler

@@ -6,18 +6,21 @@ hit line and a few lines behind it (and, if asked, `before` lines ahead of it). 
 (a frame, a detail line) keep the window open without being searched for, so a traceback of any depth passes
 through whole. A line of another wrapper stream (a compose service, a CRI or docker stream) than the record's
 neither extends nor uses up the window, so a web UI's lines mixed into a block or a traceback never cut it
-short. Every other line is only counted, as a Gap. `scan` and `serve` share this path, so a file read in one
+short. A CRI line in the window that no literal hit is only counted when its stream has nothing open downstream
+(the pipeline answers `quiet`): it could neither start a record nor join or close one, and the hundreds of a
+web server's stdout lines held inside another program's stderr traceback cost no decoding. Every other line is
+only counted, as a Gap. `scan` and `serve` share this path, so a file read in one
 piece, in 1-byte pieces, or with the prefilter off gives the same events (property-tested).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 import regex
 
 from ..detect.model import Gap, RawLine
-from .decode import wrapper_stream
+from .decode import cri_full_stream, wrapper_stream
 
 # make_finder is looked up here at call time: tests swap it for one finder.
 from .finder import literal_set, make_finder
@@ -51,6 +54,7 @@ class LineReader:
         after_short: int = DEFAULT_AFTER_SHORT,
         before: int | None = None,
         max_line: int = MAX_LINE,
+        quiet: Callable[[str], bool] | None = None,
     ) -> None:
         literals_ = literal_set(tuple(literals), tuple(openers), tuple(extenders), tuple(spans))
         self._openers, self._extenders, searched, self._opener_re, self._extender_re, self._openers_hit = literals_
@@ -65,6 +69,10 @@ class LineReader:
         self._after_short = after_short
         self._before = DEFAULT_BEFORE if before is None else before
         self._max_line = max_line
+        # Asked of a line in the window that no literal hit: is its stream's record state empty downstream (no
+        # record open, no partial line)? Then the line can change nothing there and is only counted.
+        self._quiet = quiet
+        self.quiet_lines = 0
         self._partial = bytearray()
         self._truncating = False  # discarding the tail of an over-long line until its newline
         self._window = 0  # lines still to pass through after the last hit
@@ -269,13 +277,18 @@ class LineReader:
             if self._window > 0:
                 end = buf.find(b"\n", pos, hi)
                 line = self._line(buf, pos, end)
+                pos = end + 1
                 if self._prefilter:
                     is_hit = h < len(hits) and hits[h] < end
                     self._advance_window(line.data, is_hit)
                     spans = self._spans and (is_hit or self._open_spans or not self._openers_hit)
                     if spans and self._span_holds(line.data):
                         self._window = max(self._window, 1)
-                pos = end + 1
+                    if not is_hit and self._quiet is not None:
+                        stream = cri_full_stream(line.data)
+                        if stream is not None and self._quiet(stream):
+                            self.quiet_lines += 1
+                            continue
                 yield line
                 continue
             if h == len(hits):

@@ -69,6 +69,30 @@ COMPOSE_FRAGMENTS = [b"sglang-1  | " + f for f in FRAGMENTS if not f.startswith(
     b"sglang-1 exited with code 137\n",
 ]
 
+# The same records as a CRI log on either stream, with partial records and another program's lines on stdout: a
+# node's container beside its own web server. Drawn so that one stream's record is open while the other's lines
+# pass, the reader's window armed by either.
+_CRI_T = b"2026-03-14T22:07:33.1Z"
+CRI_FRAGMENTS = [
+    _CRI_T + b" " + stream + b" F " + f
+    for f in FRAGMENTS
+    if not f.startswith((b"2026-03-14T", b"\r"))
+    for stream in (b"stdout", b"stderr")
+] + [
+    _CRI_T + b" stdout P [2026-03-14 22:07:33 TP0] Prefill out\n",
+    _CRI_T + b" stdout F  of memory. Try to lower your batch size.\n",
+    _CRI_T + b" stderr P Try to alloc\n",
+    _CRI_T + b" stderr F ate 7 tokens.\n",
+    _CRI_T + b" stdout P\n",  # an empty partial record: no literal in it
+    _CRI_T + b" stdout F\n",
+    _CRI_T + b' stdout F 10.0.0.1 - - [14/Mar/2026:22:07:33 +0000] "GET /v1/models HTTP/1.1" 200 91\n',
+    _CRI_T + b' stdout F {"level": "info", "msg": "request served", "ms": 12}\n',
+    _CRI_T + b" stdout F 2026-03-14 22:07:33,101 INFO trainer: step 9 loss=0.1\n",
+    _CRI_T + b" stderr F torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB.\n",
+    _CRI_T + b'2 stdout F   File "/workspace/train.py", line 88, in <module>\n',
+    b"2026-03-14 stdout F not a CRI record\n",
+]
+
 
 _SECOND = [0]
 
