@@ -27,10 +27,11 @@ What is changed before playing, and why (podman 4.3, Debian 12's, and this sandb
   - annotation values over 63 characters (the chart's checksum/config) are dropped: podman 4.3 applies the
     label-value limit to annotations ("value length exceeds Kubernetetes max 63"); Kubernetes does not;
   - the pods' emptyDir volumes and ConfigMaps get names of their own: podman 4.3 makes an emptyDir, and a
-    ConfigMap a pod mounts, a named volume that every pod naming it shares and that outlives the pod (a receiver's
-    config, left behind or played beside it, was a DaemonSet pod's config: it counted nothing, and held the
-    receiver's port); the test removes those volumes with its pod. podman runs no lifecycle hooks either, so the test runs the exporter's preStop command
-    with `podman exec` as the kubelet would, before that container's SIGTERM;
+    ConfigMap a pod mounts, a named volume that every pod naming it shares and that outlives the pod (a
+    receiver's config, left behind or played beside it, was a DaemonSet pod's config: it counted nothing, and
+    held the receiver's port); the test removes those volumes with its pod. podman runs no lifecycle hooks
+    either, so the test runs the exporter's preStop command with `podman exec` as the kubelet would, before
+    that container's SIGTERM;
   - a secret volume gets `optional: false` spelt out: podman 4.3 dereferences the unset field and panics
     (Kubernetes defaults it to false); the Secret itself is a podman secret holding the Secret's manifest,
     which is what podman 4.3's secret volumes read: they write each `data` value as it is, without the base64
@@ -508,7 +509,7 @@ def test_sidecar_snippet_beside_a_stand_in_sglang_pages_the_flag_suggestion(podm
         podman("stop", "--time=30", f"{name}-oom-exporter", timeout=120)
         assert podman("inspect", "--format={{.State.ExitCode}}", f"{name}-oom-exporter").stdout.strip() == "0"
     finally:
-        podman("pod", "rm", "--force", "--time=0", name, check=False, timeout=120)
+        remove_pod(podman, pod)
 
 
 def _log_sizes(podman, sglang: str) -> dict[str, int]:
@@ -572,7 +573,7 @@ def test_sidecar_snippet_bounds_its_log_stops_in_seconds_and_counts_every_oom(po
         assert total_seconds < 20, total_seconds
         assert podman("logs", sglang).stdout.endswith("Received sigterm; shutting down.\n")
     finally:
-        podman("pod", "rm", "--force", "--time=0", name, check=False, timeout=120)
+        remove_pod(podman, sidecar.pod)
 
 
 def _metric(served: Served, name: str, **labels: str) -> float | None:
