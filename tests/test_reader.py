@@ -164,6 +164,45 @@ def test_an_open_cri_span_holds_the_window_whether_or_not_its_opener_is_a_search
     assert sum(i.lines for i in items if isinstance(i, Gap)) == len(lines) - 9
 
 
+def test_two_streams_records_open_at_once_each_keep_their_own_window():
+    # Hypothesis's find: an OOM on stderr, then one on stdout whose lines used up the one window, so stderr's
+    # record lost its "Try to allocate" line. Each stream now has its own window.
+    t = b"2026-03-14T22:07:33.1Z"
+    anchor = b" F [2026-03-14 22:07:33 TP0] Out of memory. Try to lower your batch size.\n"
+    data = t + b" stderr" + anchor + t + b" stdout" + anchor + (t + b" stdout F \n") * 3
+    data += t + b" stdout F step 1\n" + t + b" stderr F Try to allocate 96 tokens.\n"
+    for prefilter in (False, True):
+        got = sorted((e.location, e.numbers.get("requested_tokens")) for e in scan_bytes(data, prefilter=prefilter))
+        assert got == [("t.log:1", 96), ("t.log:2", None)], prefilter
+
+
+@pytest.mark.parametrize("wrap", [b"", b"sglang-1  | ", b"2026-03-14T22:07:33.1Z stdout F "])
+def test_noise_lines_a_record_skips_do_not_use_up_its_window(wrap):
+    # Hypothesis's find: four radix-cache dump lines after an anchor used up its window; the assembler skips
+    # such lines, so the record takes the detail line after them.
+    lines = [b"[2026-03-14 22:07:33 TP0] Out of memory. Try to lower your batch size.", *[b" 0 [] r=1"] * 6,
+             b"#tokens: 61420", b"Try to allocate 96 tokens."]  # fmt: skip
+    data = b"".join(wrap + line + b"\n" for line in lines)
+    for prefilter in (False, True):
+        assert [(e.location, e.numbers) for e in scan_bytes(data, prefilter=prefilter)] == [
+            ("t.log:1", {"requested_tokens": 96})
+        ], prefilter
+
+
+@pytest.mark.parametrize("noise", [0, 300])
+def test_an_empty_cri_partial_ahead_of_an_anchor_starts_its_record_with_the_prefilter_too(noise):
+    # "stdout P" with no text (a write that began with its newline) joins the next stdout record: the event's
+    # first line is the partial's, as reading every line gives, even with other-stream lines in between.
+    t = b"2026-03-14T22:07:33.1Z"
+    head = b"".join(t + b" stdout F GET /%d 200\n" % i for i in range(5))
+    between = b"".join(t + b" stderr F step %d\n" % i for i in range(noise))
+    anchor = t + b" stdout F [2026-03-14 22:07:33 TP0] Out of memory. Try to lower your batch size.\n"
+    data = head + t + b" stdout P\n" + between + anchor
+    for prefilter in (False, True):
+        got = [(e.kind, e.location, e.offset) for e in scan_bytes(data, prefilter=prefilter)]
+        assert got == [("unknown", "t.log:6", len(head))], prefilter
+
+
 @pytest.mark.parametrize(
     ("line", "stream"),
     [

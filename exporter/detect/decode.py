@@ -27,9 +27,11 @@ CRI_STREAMS = ("stdout", "stderr")
 CRI_PARTIAL = "P"
 CRI_FULL = "F"
 # A CRI partial record can cut an anchor in two ("Out of mem" | "ory."): no piece holds the literal, so
-# every partial record is a hit of its own; they are rare (long lines, or a write without its newline).
-CRI_PARTIAL_LITERALS = tuple(f" {s} {CRI_PARTIAL} " for s in CRI_STREAMS)
-CRI_SPANS = tuple((f" {s} {CRI_PARTIAL} ", f" {s} {CRI_FULL} ") for s in CRI_STREAMS)
+# every partial record is a hit of its own; they are rare (long lines, or a write without its newline). No
+# space after the tag: an empty partial ("... stdout P", a write that began with its newline) joins the next
+# record too, and the record's first line is then the partial's.
+CRI_PARTIAL_LITERALS = tuple(f" {s} {CRI_PARTIAL}" for s in CRI_STREAMS)
+CRI_SPANS = tuple((f" {s} {CRI_PARTIAL}", f" {s} {CRI_FULL} ") for s in CRI_STREAMS)
 _CRI_STREAM_WORDS = tuple(f"{s} ".encode() for s in CRI_STREAMS)
 _CRI_TIME = r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?(?:Z|[+-]\d\d:?\d\d)"
 _CRI_STREAM = "|".join(CRI_STREAMS)
@@ -40,6 +42,9 @@ _CRI = regex.compile(
 # The same head in bytes, for a full record only: an ASCII match here is a match of _CRI (not the reverse: str's
 # \d also takes other scripts' digits), so a line it names is one Decoder.decode reads as that stream's F record.
 _CRI_FULL_B = regex.compile(rf"^{_CRI_TIME} ({_CRI_STREAM}) {CRI_FULL}(?: |$)".encode())
+# Either tag: the stream of a line Decoder.decode reads as a CRI record (a line that only looks like one, with a
+# date but no RFC 3339 time, is a plain line there, of no stream).
+_CRI_HEAD_B = regex.compile(rf"^{_CRI_TIME} ({_CRI_STREAM}) [{CRI_PARTIAL}{CRI_FULL}](?: |$)".encode())
 _CI_TIME = regex.compile(r"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d+Z) ")
 _COMPOSE = regex.compile(r"^([\w.-]+) +\| ?")
 _ANSI = regex.compile(r"\x1b\[[0-9;]*[A-Za-z]")
@@ -162,8 +167,8 @@ def wrapper_stream(line: bytes) -> bytes | None:
     """The wrapper stream of a raw line: its compose service, CRI stream or docker json stream; None if bare."""
     first = line[:1]
     if first.isdigit():
-        sp = line.find(b" ", 0, 48)
-        if sp > 0 and line[sp + 1 : sp + 8] in _CRI_STREAM_WORDS:
+        sp = line.find(b" ", 0, 48)  # the cheap test first: most digit-led lines of a CRI log are CRI records
+        if sp > 0 and line[sp + 1 : sp + 8] in _CRI_STREAM_WORDS and _CRI_HEAD_B.match(line) is not None:
             return line[sp + 1 : sp + 7]
     elif first == b"{":
         i = line.rfind(b'"stream":"')

@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 from ..catalog import Catalog
-from ..detect.assemble import DETAIL_LITERALS, TRACEBACK_OPENERS, Assembler
+from ..detect.assemble import DETAIL_LITERALS, NOISE_IN_RAW, TRACEBACK_OPENERS, Assembler
 from ..detect.decode import CRI_PARTIAL_LITERALS, CRI_SPANS, Decoder
 from ..detect.dedupe import Deduper
 from ..detect.evidence import Evidence, EvidenceScanner, Held
@@ -80,6 +80,7 @@ class Pipeline:
             finder=finder,
             prefilter=prefilter,
             quiet=self._quiet,
+            fillers=NOISE_IN_RAW,
         )
         self._decoder = Decoder()
         prefixes = PrefixParser(extra_prefixes)

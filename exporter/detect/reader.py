@@ -15,6 +15,7 @@ piece, in 1-byte pieces, or with the prefilter off gives the same events (proper
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Iterator, Sequence
 
 import regex
@@ -28,7 +29,7 @@ from .finder import literal_set, make_finder
 DEFAULT_AFTER = 32  # after a traceback opens: its header lines; each frame line then extends the window
 DEFAULT_AFTER_SHORT = 4  # after an anchor or detail line: the next detail line, or the closing blank line
 # No look-back by default: a record starts at its anchor line whatever came before it, and a CRI partial record
-# ahead of an anchor is a hit of its own (the pipeline searches for " stdout P "). Four look-back lines cost 30 %
+# ahead of an anchor is a hit of its own (the pipeline searches for " stdout P"). Four look-back lines cost 30 %
 # of a scan's CPU on a log with a retraction line every 1,250 lines, for the same events (tests/test_scan_lookback.py).
 DEFAULT_BEFORE = 0
 MAX_SPAN_LINES = 100_000  # an unclosed span (a cut file) stops holding the window open after this many lines
@@ -55,7 +56,11 @@ class LineReader:
         before: int | None = None,
         max_line: int = MAX_LINE,
         quiet: Callable[[str], bool] | None = None,
+        fillers: tuple[re.Pattern[bytes], regex.Pattern[bytes]] | None = None,
     ) -> None:
+        """fillers: (a quick necessary test, the test): a line in the window they both find (anywhere) neither
+        extends nor uses it up, as a line of another stream does (the assembler's noise lines, which a record
+        skips)."""
         literals_ = literal_set(tuple(literals), tuple(openers), tuple(extenders), tuple(spans))
         self._openers, self._extenders, searched, self._opener_re, self._extender_re, self._openers_hit = literals_
         # A span (a CRI partial record up to its stream's F record) keeps the window open until it closes,
@@ -72,12 +77,15 @@ class LineReader:
         # Asked of a line in the window that no literal hit: is its stream's record state empty downstream (no
         # record open, no partial line)? Then the line can change nothing there and is only counted.
         self._quiet = quiet
+        self._fillers = fillers
         self.quiet_lines = 0
         self._partial = bytearray()
         self._truncating = False  # discarding the tail of an over-long line until its newline
-        self._window = 0  # lines still to pass through after the last hit
-        self._armed: bytes | None = None  # wrapper stream of the line that last armed the window
-        self._foreign = 0  # other-stream lines held since then
+        self._window = 0  # lines still to pass through after the last hit of a bare line (or a look-back, a span)
+        # Each wrapper stream's own window, armed by its lines: two streams' records open at once (an OOM on
+        # stderr while stdout logs its own) each get their lines, whatever the other writes in between.
+        self._streams: dict[bytes, int] = {}
+        self._foreign = 0  # lines of no armed stream held since a stream was last armed
         self._held: list[RawLine] = []  # the last few skipped lines, for a later hit's look-back
         self._earlier_generations = 0
         self._pos = 0  # file offset of the next byte fed
@@ -97,6 +105,7 @@ class LineReader:
         reader fed the same last lines would hold."""
         return (
             self._window == 0
+            and not self._streams
             and not self._open_spans
             and self._span_lines == 0
             and not self._partial
@@ -149,7 +158,8 @@ class LineReader:
             yield Gap(len(self._held))
             self._held = []
         self._window = 0
-        self._armed, self._foreign = None, 0
+        self._streams.clear()
+        self._foreign = 0
 
     def reset(self, offset: int = 0, lineno: int = 1) -> Iterator[RawLine | Gap]:
         """A new file generation follows (rotation, truncation, a restart resuming mid-file): flush, and
@@ -228,23 +238,57 @@ class LineReader:
         return self._after_short if self._extender_re.search(line) else 0
 
     def _advance_window(self, line: bytes, is_hit: bool) -> None:
-        """One line of the window went by: a line of another wrapper stream, or a bare line in a window a
-        wrapped line armed, leaves the window as it was."""
-        tag: bytes | None = None
-        known = False
-        if not is_hit and self._armed is not None and self._foreign < MAX_FOREIGN_LINES:
-            tag, known = wrapper_stream(line), True
+        """One line of the window went by. A line of a stream no wrapped line armed, or a bare line while
+        wrapped ones are armed, leaves every window as it was; a line of an armed stream uses up its own."""
+        streams = self._streams
+        if not streams:
+            if self._filler(line, is_hit):
+                return
+            after = self._window_after(line, is_hit)
+            self._window = max(self._window - 1, after)
+            if after:  # only a line that arms the window needs its stream (and a plain line has none: cheap)
+                tag = wrapper_stream(line)
+                if tag is not None:
+                    streams[tag] = after
+                    self._window = 0
+                self._foreign = 0
+            return
+        tag = wrapper_stream(line)
+        left = streams.get(tag) if tag is not None else None
+        if left is None and not is_hit and self._foreign < MAX_FOREIGN_LINES:
             # A bare line in a window armed by a wrapped one is not the record's stream either: in compose
             # output it is compose's own ("sglang-1 exited with code 137"), which prefixes every service line.
-            if tag != self._armed:
-                self._foreign += 1
-                return
+            self._foreign += 1
+            return
+        if self._filler(line, is_hit):
+            return
         after = self._window_after(line, is_hit)
-        self._window = max(self._window - 1, after)
+        if left is None and not is_hit:  # past the bound of lines held: they use up every window again
+            for other in list(streams):
+                if streams[other] > 1:
+                    streams[other] -= 1
+                else:
+                    del streams[other]
+        # The bare window (a bare line's record, a look-back, an open span's one more line) goes by with every
+        # line counted.
+        self._window = max(self._window - 1, after if tag is None else 0)
+        if tag is not None and (left is not None or after):
+            if max((left or 0) - 1, after) > 0:
+                streams[tag] = max((left or 0) - 1, after)
+            else:
+                del streams[tag]
         if after:
-            # Only a line that arms the window needs its stream (and a plain line has none: cheap).
-            self._armed = tag if known else wrapper_stream(line)
             self._foreign = 0
+
+    def _filler(self, line: bytes, is_hit: bool) -> bool:
+        """A line the window holds without using it up (counted with the other streams' lines, to the same bound)."""
+        fillers = self._fillers
+        if is_hit or fillers is None or self._foreign >= MAX_FOREIGN_LINES or fillers[0].search(line) is None:
+            return False
+        if fillers[1].search(line) is None:
+            return False
+        self._foreign += 1
+        return True
 
     def _span_holds(self, line: bytes) -> bool:
         """Track open spans; True while one is open (and not past its bound)."""
@@ -274,7 +318,7 @@ class LineReader:
         while pos < hi:
             while h < len(hits) and hits[h] < pos:
                 h += 1
-            if self._window > 0:
+            if self._window > 0 or self._streams:
                 end = buf.find(b"\n", pos, hi)
                 line = self._line(buf, pos, end)
                 pos = end + 1
@@ -321,7 +365,6 @@ class LineReader:
         items.extend(held)
         # Pass through the look-back lines and the hit line; the hit line re-arms the window.
         self._window = walked + 1
-        self._armed = None
         return items, start
 
     def _skip_to_end(self, buf: bytes, pos: int, hi: int) -> Iterator[RawLine | Gap]:
