@@ -4,13 +4,14 @@ An OOM needs a handful of rare literals to be anywhere near it ("ut of memory", 
 searches each chunk for them in one pass (finder.py) and only splits the lines around a hit into RawLines: the
 hit line and a few lines behind it (and, if asked, `before` lines ahead of it). Lines that continue a record
 (a frame, a detail line) keep the window open without being searched for, so a traceback of any depth passes
-through whole. A line of another wrapper stream (a compose service, a CRI or docker stream) than the record's
-neither extends nor uses up the window, so a web UI's lines mixed into a block or a traceback never cut it
-short. A CRI line in the window that no literal hit is only counted when its stream has nothing open downstream
-(the pipeline answers `quiet`): it could neither start a record nor join or close one, and the hundreds of a
-web server's stdout lines held inside another program's stderr traceback cost no decoding. Every other line is
-only counted, as a Gap. `scan` and `serve` share this path, so a file read in one
-piece, in 1-byte pieces, or with the prefilter off gives the same events (property-tested).
+through whole. Each wrapper stream (a compose service, a CRI or docker stream) has its own window: a line of
+another stream than the record's neither extends nor uses it up, so a web UI's lines mixed into a block or a
+traceback never cut it short, nor do the lines a record skips (a radix-cache dump's). A CRI line in the window
+that no literal hit is only counted when its stream has nothing open downstream (the pipeline answers `quiet`):
+it could neither start a record nor join or close one, and the hundreds of a web server's stdout lines held
+inside another program's stderr traceback cost no decoding. Every other line is only counted, as a Gap. `scan`
+and `serve` share this path, so a file read in one piece, in 1-byte pieces, or with the prefilter off gives the
+same events (property-tested).
 """
 
 from __future__ import annotations
