@@ -249,9 +249,8 @@ class LineReader:
             self._window = max(self._window - 1, after)
             if after:  # only a line that arms the window needs its stream (and a plain line has none: cheap)
                 tag = wrapper_stream(line)
-                if tag is not None:
+                if tag is not None:  # the bare window goes on too: a bare record may still be open
                     streams[tag] = after
-                    self._window = 0
                 self._foreign = 0
             return
         tag = wrapper_stream(line)
