@@ -176,6 +176,24 @@ def test_two_streams_records_open_at_once_each_keep_their_own_window():
         assert got == [("t.log:1", 96), ("t.log:2", None)], prefilter
 
 
+NOISE_SAMPLES = [b" 0 [] r=1", b"  12 [3, 4] r=2", b" 5 6 fr=1", b"[7] 8 fr=0", b" [9] 1 full_lock=2",
+                 b"#tokens: 61420", b"#full_tokens: 5, #swa_tokens: 6", b"#full_tokens: 5, #mamba_num: 1"]  # fmt: skip
+
+
+@pytest.mark.parametrize("line", NOISE_SAMPLES)
+def test_every_noise_line_the_assembler_skips_passes_both_of_the_readers_tests(line):
+    import regex
+
+    from sglang_oom_exporter.detect.assemble import _NOISE, NOISE_IN_RAW, NOISE_LINES
+
+    assert _NOISE.match(line.decode()) is not None
+    quick, full = NOISE_IN_RAW
+    assert quick.search(b"x | " + line) is not None
+    assert full.search(b"x | " + line) is not None
+    (lit,) = {lit for rx, lit in NOISE_LINES if regex.match(rx, line.decode())}
+    assert lit.encode() in line
+
+
 @pytest.mark.parametrize("wrap", [b"", b"sglang-1  | ", b"2026-03-14T22:07:33.1Z stdout F "])
 def test_noise_lines_a_record_skips_do_not_use_up_its_window(wrap):
     # Hypothesis's find: four radix-cache dump lines after an anchor used up its window; the assembler skips

@@ -26,19 +26,24 @@ from ..detect.prefix import PrefixParser, starts_own
 
 MAX_RECORD_LINES = 400  # a record that grows past this is closed (a runaway traceback, not an OOM)
 
-# Lines a record skips (a radix-cache dump's node lines, its token totals): they neither end nor join it.
-_NOISE_TEXT = (
-    r"(?: +\d+ \[[\d, ]*\] r=\d+"
-    r"| +\d+ \d+ fr="
-    r"| *\[\d+\] \d+ (?:fr|full_lock)="
-    r"|#tokens: \d+"
-    r"|#full_tokens: \d+, #(?:swa_tokens|mamba_num): \d+)"
+# Lines a record skips (a radix-cache dump's node lines, its token totals): they neither end nor join it. In one
+# table: (the start of the line as a regex, a literal every such line holds).
+NOISE_LINES: tuple[tuple[str, str], ...] = (
+    (r" +\d+ \[[\d, ]*\] r=\d+", "] r="),
+    (r" +\d+ \d+ fr=", " fr="),
+    (r" *\[\d+\] \d+ fr=", " fr="),
+    (r" *\[\d+\] \d+ full_lock=", " full_lock="),
+    (r"#tokens: \d+", "tokens: "),
+    (r"#full_tokens: \d+, #(?:swa_tokens|mamba_num): \d+", "tokens: "),
 )
+_NOISE_TEXT = "(?:" + "|".join(rx for rx, _ in NOISE_LINES) + ")"
 _NOISE = regex.compile("^" + _NOISE_TEXT)
-# The same anywhere in a raw line (behind any container framing): a superset, for the reader, whose window such
-# lines must not use up (the record after them still takes its next detail line).
-# The first test is a quick necessary one: every alternative above holds one of its literals.
-NOISE_IN_RAW = (re.compile(rb"\] r=| fr=| full_lock=|tokens: "), regex.compile(_NOISE_TEXT.encode()))
+# The same anywhere in a raw line (behind any container framing), for the reader, whose window such lines must not
+# use up (the record after them still takes its next detail line): a quick test of the literals, then the regex.
+NOISE_IN_RAW = (
+    re.compile("|".join(sorted({re.escape(lit) for _, lit in NOISE_LINES})).encode()),
+    regex.compile(_NOISE_TEXT.encode()),
+)
 # The lines that open a traceback, in one table: (the whole line as a regex, a literal every such line holds).
 # A header alone opens a record here, so the reader must pass it too: the pipeline hands it TRACEBACK_OPENERS
 # ("Exception in ModelRpcClient:" / "... ControllerSingle:", facts 10.5).

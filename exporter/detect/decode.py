@@ -39,12 +39,11 @@ _CRI = regex.compile(
     rf"^({_CRI_TIME}) ({_CRI_STREAM}) ([{CRI_PARTIAL}{CRI_FULL}])(?: (.*))?$",
     regex.DOTALL,
 )
-# The same head in bytes, for a full record only: an ASCII match here is a match of _CRI (not the reverse: str's
-# \d also takes other scripts' digits), so a line it names is one Decoder.decode reads as that stream's F record.
-_CRI_FULL_B = regex.compile(rf"^{_CRI_TIME} ({_CRI_STREAM}) {CRI_FULL}(?: |$)".encode())
-# Either tag: the stream of a line Decoder.decode reads as a CRI record (a line that only looks like one, with a
-# date but no RFC 3339 time, is a plain line there, of no stream).
-_CRI_HEAD_B = regex.compile(rf"^{_CRI_TIME} ({_CRI_STREAM}) [{CRI_PARTIAL}{CRI_FULL}](?: |$)".encode())
+# The same head in bytes, either tag: an ASCII match here is a match of _CRI (not the reverse: str's \d also
+# takes other scripts' digits), so a line it names is one Decoder.decode reads as that stream's record (a line that
+# only looks like one, with a date but no RFC 3339 time, is a plain line there, of no stream).
+_CRI_HEAD_B = regex.compile(rf"^{_CRI_TIME} ({_CRI_STREAM}) ([{CRI_PARTIAL}{CRI_FULL}])(?: |$)".encode())
+_CRI_FULL_TAG = CRI_FULL.encode()
 _CI_TIME = regex.compile(r"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d+Z) ")
 _COMPOSE = regex.compile(r"^([\w.-]+) +\| ?")
 _ANSI = regex.compile(r"\x1b\[[0-9;]*[A-Za-z]")
@@ -131,8 +130,8 @@ def cri_full_stream(data: bytes) -> str | None:
     (a partial record, another format, or one this cheap test cannot vouch for)."""
     if not data[:1].isdigit():
         return None
-    m = _CRI_FULL_B.match(data)
-    return None if m is None else m.group(1).decode()
+    m = _CRI_HEAD_B.match(data)
+    return None if m is None or m.group(2) != _CRI_FULL_TAG else m.group(1).decode()
 
 
 def unwrap(data: bytes) -> str:

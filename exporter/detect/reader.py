@@ -273,8 +273,9 @@ class LineReader:
         # line counted.
         self._window = max(self._window - 1, after if tag is None else 0)
         if tag is not None and (left is not None or after):
-            if max((left or 0) - 1, after) > 0:
-                streams[tag] = max((left or 0) - 1, after)
+            kept = max((left or 0) - 1, after)
+            if kept:
+                streams[tag] = kept
             else:
                 del streams[tag]
         if after:
