@@ -56,11 +56,11 @@ METRICS = METRICS_0_5_16 + (
             (b"hicache_host_total_tokens", b"gauge", b"", b"4000.0"),
             (b"evicted_tokens", b"counter", b"", b"10.0"),
             (b"hicache_prefetch_aux_alloc_failed_tokens", b"counter", b"", b"0.0"),
-            (b"prealloc_full_token_usage", b"gauge", b"", b"0.0"),
-            (b"prealloc_swa_token_usage", b"gauge", b"", b"0.0"),
+            (b"prealloc_full_token_usage", b"gauge", b"", b"0.25"),
+            (b"prealloc_swa_token_usage", b"gauge", b"", b"0.125"),
             (b"num_decode_prealloc_queue_reqs", b"gauge", b"", b"0.0"),
             (b"num_decode_transfer_queue_reqs", b"gauge", b"", b"0.0"),
-            (b"num_decode_host_receive_queue_reqs", b"gauge", b"", b"0.0"),
+            (b"num_decode_host_receive_queue_reqs", b"gauge", b"", b"3.0"),
             (b"num_decode_deferred_kv_release_reqs", b"gauge", b"", b"0.0"),
             (b"hicache_host_mamba_used_states", b"gauge", b"", b"10.0"),
             (b"hicache_host_mamba_total_states", b"gauge", b"", b"100.0"),
@@ -189,6 +189,13 @@ def test_oom_and_suggestion_panels_return_the_event_and_the_flag_change(stack):
     assert _series(prom, _grafana(usage_expr), "target") == {(fake.url,): 0.99}
     # The near-full alert's gauge reading: 1 - (15000 + 6000) / 240000, summed over the two DP groups.
     assert _series(prom, _grafana(promised_expr), "target") == {(fake.url,): pytest.approx(0.9125)}
+    # SGLang 0.5.23's series on their panels: the pre-allocated pool shares, the host-receive queue, and the host
+    # mamba pool's occupancy (10 of 100 state slots).
+    _, full_expr, swa_expr = _queries("PD decode: KV pool held for transfers")
+    assert _series(prom, _grafana(full_expr), "target") == {(fake.url,): 0.25}
+    assert _series(prom, _grafana(swa_expr), "target") == {(fake.url,): 0.125}
+    assert _series(prom, _grafana(_queries("PD decode: transfer queues")[2]), "target") == {(fake.url,): 3.0}
+    assert _series(prom, _grafana(_queries("HiCache host pool and eviction")[1]), "target") == {(fake.url,): 0.1}
 
     _events_over_time(prom, cluster)
     if cluster:
