@@ -256,7 +256,7 @@ def test_exclusions_stay_narrow(dash):
 
 def test_every_expression_parses_with_grafanas_all_values(dash):
     exprs = list(_exprs(dash))
-    assert len(exprs) == 40  # 39 panel targets and the annotation
+    assert len(exprs) == 51  # 50 panel targets and the annotation
     for expr in exprs:
         # label_replace's "$1" is a regex group, not a variable: Grafana leaves a name it does not know as is
         concrete = interpolate(expr, GRAFANA_ALL).replace('"$1"', "")
@@ -287,7 +287,7 @@ def test_dashboard_conventions(dash):
     assert dash["editable"] is False
     assert not {"id", "__inputs", "__requires"} & set(dash)
     ids = [p["id"] for p in panels(dash)]
-    assert len(ids) == len(set(ids)) == 38
+    assert len(ids) == len(set(ids)) == 40
     datasources = [v for k, v in _walk_json(dash) if k == "datasource"]
     assert datasources
     assert all(ds == {"type": "prometheus", "uid": "${datasource}"} for ds in datasources)
@@ -342,8 +342,9 @@ def test_every_aggregation_keeps_the_cluster_and_every_selector_filters_on_it(da
             assert 'cluster=~"$cluster"' in m.group(2), (m.group(1), expr)
     # every aggregation of the overview (a new panel or query adds its own); multi-node groups added 4 to the
     # fatal tile: per pod, per group member, per group and the group map (docs/multi-node.md); the start-up GPU
-    # memory split added 4 (left, weights, graphs, KV pool), the HiCache panel 4 (host pool, three rates)
-    assert aggregations == 38
+    # memory split added 4 (left, weights, graphs, KV pool), the HiCache panel 4 (host pool, three rates); SGLang
+    # 0.5.23 added 4 to the HiCache panel (host mamba pool, three rates) and the two PD decode panels 3 and 4
+    assert aggregations == 49
 
 
 def test_layout_fits_the_grid_without_overlaps(dash):
@@ -484,4 +485,5 @@ def test_the_what_to_change_text_does_not_claim_it_needs_an_sglang_url(dash):
     context = [p for p in panels(dash) if p.get("type") == "timeseries" and "sglang_oom_target_" in json.dumps(p)]
     needs = [p["title"] for p in context if "Needs an SGLang endpoint the exporter scrapes" in p["description"]]
     assert needs == ["KV cache token usage", "KV tokens: used vs pool", "Running and queued requests",
-                     "Aborted requests", "GPU memory split at start-up", "HiCache host pool and eviction"]  # fmt: skip
+                     "Aborted requests", "GPU memory split at start-up", "HiCache host pool and eviction",
+                     "PD decode: KV pool held for transfers", "PD decode: transfer queues"]  # fmt: skip

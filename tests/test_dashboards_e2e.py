@@ -41,21 +41,40 @@ METRICS = METRICS_0_5_16 + (
     b"# TYPE sglang:pending_prealloc_token_usage gauge\n"
     b'sglang:pending_prealloc_token_usage{dp_rank="0",engine_type="unified",tp_rank="0"} 0.0\n'
     # SGLang main of 2026-08 (hierarchical cache on): the start-up memory split and the HiCache panel's series.
+    # SGLang 0.5.23: the PD decode panels' series and the HiCache panel's host mamba pool, write-through and
+    # storage capacity series (a reason label where SGLang's family has one).
     + b"".join(
         b"# TYPE sglang:%s %s\n" % (name, typ)
-        + b'sglang:%s%s{engine_type="unified",tp_rank="0"} %s\n'
-        % (name, b"_total" if typ == b"counter" else b"", value)
-        for name, typ, value in (
-            (b"startup_available_gpu_memory_gb", b"gauge", b"6.5"),
-            (b"weight_memory_usage_gb", b"gauge", b"61.0"),
-            (b"graph_memory_usage_gb", b"gauge", b"1.5"),
-            (b"kv_cache_memory_usage_gb", b"gauge", b"9.0"),
-            (b"hicache_host_used_tokens", b"gauge", b"1000.0"),
-            (b"hicache_host_total_tokens", b"gauge", b"4000.0"),
-            (b"evicted_tokens", b"counter", b"10.0"),
-            (b"hicache_dropped_tokens", b"counter", b"0.0"),
-            (b"hicache_prefetch_aux_alloc_failed_tokens", b"counter", b"0.0"),
+        + b'sglang:%s%s{engine_type="unified",tp_rank="0"%s} %s\n'
+        % (name, b"_total" if typ == b"counter" else b"", extra, value)
+        for name, typ, extra, value in (
+            (b"startup_available_gpu_memory_gb", b"gauge", b"", b"6.5"),
+            (b"weight_memory_usage_gb", b"gauge", b"", b"61.0"),
+            (b"graph_memory_usage_gb", b"gauge", b"", b"1.5"),
+            (b"kv_cache_memory_usage_gb", b"gauge", b"", b"9.0"),
+            (b"hicache_host_used_tokens", b"gauge", b"", b"1000.0"),
+            (b"hicache_host_total_tokens", b"gauge", b"", b"4000.0"),
+            (b"evicted_tokens", b"counter", b"", b"10.0"),
+            (b"hicache_prefetch_aux_alloc_failed_tokens", b"counter", b"", b"0.0"),
+            (b"prealloc_full_token_usage", b"gauge", b"", b"0.25"),
+            (b"prealloc_swa_token_usage", b"gauge", b"", b"0.125"),
+            (b"num_decode_prealloc_queue_reqs", b"gauge", b"", b"0.0"),
+            (b"num_decode_transfer_queue_reqs", b"gauge", b"", b"0.0"),
+            (b"num_decode_host_receive_queue_reqs", b"gauge", b"", b"3.0"),
+            (b"num_decode_deferred_kv_release_reqs", b"gauge", b"", b"0.0"),
+            (b"hicache_host_mamba_used_states", b"gauge", b"", b"10.0"),
+            (b"hicache_host_mamba_total_states", b"gauge", b"", b"100.0"),
         )
+    )
+    + b"# TYPE sglang:hicache_dropped_tokens counter\n"
+    + b"".join(
+        b'sglang:hicache_dropped_tokens_total{pool="kv",reason="%s",tp_rank="0"} 0.0\n' % reason
+        for reason in (b"host_pressure", b"write_through_unbacked_eviction")
+    )
+    + b"# TYPE sglang:storage_prefetch_unfulfilled_tokens counter\n"
+    + b"".join(
+        b'sglang:storage_prefetch_unfulfilled_tokens_total{reason="%s",tp_rank="0"} 0.0\n' % reason
+        for reason in (b"host_capacity", b"device_capacity", b"deadline")
     )
 )
 
@@ -170,6 +189,13 @@ def test_oom_and_suggestion_panels_return_the_event_and_the_flag_change(stack):
     assert _series(prom, _grafana(usage_expr), "target") == {(fake.url,): 0.99}
     # The near-full alert's gauge reading: 1 - (15000 + 6000) / 240000, summed over the two DP groups.
     assert _series(prom, _grafana(promised_expr), "target") == {(fake.url,): pytest.approx(0.9125)}
+    # SGLang 0.5.23's series on their panels: the pre-allocated pool shares, the host-receive queue, and the host
+    # mamba pool's occupancy (10 of 100 state slots).
+    _, full_expr, swa_expr = _queries("PD decode: KV pool held for transfers")
+    assert _series(prom, _grafana(full_expr), "target") == {(fake.url,): 0.25}
+    assert _series(prom, _grafana(swa_expr), "target") == {(fake.url,): 0.125}
+    assert _series(prom, _grafana(_queries("PD decode: transfer queues")[2]), "target") == {(fake.url,): 3.0}
+    assert _series(prom, _grafana(_queries("HiCache host pool and eviction")[1]), "target") == {(fake.url,): 0.1}
 
     _events_over_time(prom, cluster)
     if cluster:

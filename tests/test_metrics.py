@@ -199,3 +199,27 @@ def test_target_values_keep_sglangs_engine_type_only_when_it_was_given():
     assert "sglang_oom_target_token_usage" in names
     assert all("engine_type" not in s.labels for m in registry.collect() for s in m.samples
                if s.labels.get("target") == FakeTarget.url)  # fmt: skip
+
+
+def test_the_0_5_23_series_are_mirrored_from_a_scraped_page_with_their_reasons_apart():
+    from pathlib import Path
+
+    from sglang_oom_exporter.sources.scrape import TargetScraper
+
+    body = (Path(HERE) / "data" / "scrape" / "v0.5.23-pd-decode-hicache.prom").read_bytes()
+    scraper = TargetScraper("http://10.0.0.7:30000", fetch=lambda url, **_: body, info_every=1e9)
+    scraper.scrape_once()
+    counts = EventCounts(CATALOG.ids, ("source",), CATALOG.retraction_kind, fatal_kinds=fatal_kinds(CATALOG))
+    registry = _registry(counts, [], [scraper])
+    decode = {"target": scraper.url, "engine_type": "decode"}
+    got = {name: _sample(registry, f"sglang_oom_target_{name}", **decode) for name in (
+        "prealloc_full_token_usage", "prealloc_swa_token_usage", "decode_host_receive_queue_requests",
+        "decode_deferred_kv_release_requests", "hicache_dropped_tokens_total", "hicache_unbacked_evicted_tokens_total",
+        "storage_prefetch_host_capacity_tokens_total", "storage_prefetch_device_capacity_tokens_total",
+        "hicache_host_mamba_used_states")}  # fmt: skip
+    assert got == {
+        "prealloc_full_token_usage": 0.14, "prealloc_swa_token_usage": 0.07, "decode_host_receive_queue_requests": 4.0,
+        "decode_deferred_kv_release_requests": 2.0, "hicache_dropped_tokens_total": 1024.0,
+        "hicache_unbacked_evicted_tokens_total": 7168.0, "storage_prefetch_host_capacity_tokens_total": 8192.0,
+        "storage_prefetch_device_capacity_tokens_total": 2048.0, "hicache_host_mamba_used_states": None,
+    }  # fmt: skip

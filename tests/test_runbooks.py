@@ -152,3 +152,35 @@ def test_a_kinds_own_diagnosis_hint_leads_its_diagnosis():
     page = render_runbooks(catalog, RenderOptions(), {})[f"{RUNBOOK_DIR}/sglangprefilloom.md"]
     assert _sections(page, "## ")["Diagnosis"].startswith(f"\n\n{hint}\n\nThe alert's labels say where")
     assert hint not in _page("SGLangPrefillOOM")  # the shipped catalog has none
+
+
+def test_every_mirrored_series_a_runbook_names_is_exported():
+    from sglang_oom_exporter.metrics.collector import TARGET_VALUES
+
+    exported = {
+        f"sglang_oom_target_{name}{'_total' if typ == 'counter' else ''}" for name, typ, _ in TARGET_VALUES.values()
+    } | {
+        f"sglang_oom_target_{n}"
+        for n in ("up", "scrape_duration_seconds", "scrape_errors_total", "server_info_errors_total", "server_arg")
+    }
+    # a full name, then `..._x` / `…_x` short for the same prefix (the catalog's prose abbreviates so); a
+    # recording rule's name (`target:sglang_oom_target_…:rate15m`) is not a series of the exporter's
+    token = re.compile(r"(?<![:\w])(sglang_oom_target_|(?:\.\.\.|…)_)([a-z0-9_]*[a-z0-9])(?![:\w])")
+    named: dict[str, set[str]] = {}
+    for path in sorted((ROOT / RUNBOOK_DIR).glob("*.md")):
+        found = token.findall(path.read_text())
+        full = [i for i, (head, _) in enumerate(found) if head == "sglang_oom_target_"]
+        if full:
+            named[path.name] = {f"sglang_oom_target_{tail}" for _, tail in found[full[0] :]}
+    unknown = {page: sorted(names - exported) for page, names in named.items() if names - exported}
+    assert unknown == {}
+    # SGLang 0.5.23's series beside the kinds they explain: the PD pre-allocation shares and the host mamba pool.
+    assert {
+        "sglang_oom_target_prealloc_full_token_usage",
+        "sglang_oom_target_prealloc_swa_token_usage",
+        "sglang_oom_target_decode_deferred_kv_release_requests",
+    } <= named["sglangpdpreallocoom.md"]
+    assert {
+        "sglang_oom_target_hicache_host_mamba_used_states",
+        "sglang_oom_target_hicache_host_mamba_total_states",
+    } <= named["sglangmambaoom.md"]

@@ -364,12 +364,33 @@ def test_parse_metrics_joins_several_engine_types_in_a_fixed_order():
     assert parse_metrics(body, "t", 0.0).engine_type == "decode+prefill"
 
 
-def test_the_2026_08_memory_series_read_alike_under_both_spellings():
-    colon = _body("main-2026-08-pd-decode-hicache")
+@pytest.mark.parametrize("prefix", [b"sglang:", b"sglang_"])
+def test_hicache_dropped_tokens_count_only_the_host_pressure_reason(prefix):
+    # SGLang 0.5.23 puts a second reason in the family: tokens evicted before their eager write-through reached
+    # host memory. The mirror is "dropped for lack of host memory": only host_pressure, summed over pools.
+    labels = b'cache_type="UnifiedRadixCache",dp_rank="0",pp_rank="0",tp_rank="0"'
+    body = b"".join(
+        prefix + b"hicache_dropped_tokens_total{" + labels + b',pool="' + pool + b'",reason="' + reason + b'"} '
+        + value + b"\n"
+        for pool, reason, value in ((b"kv", b"host_pressure", b"300.0"), (b"swa", b"host_pressure", b"20.0"),
+                                    (b"kv", b"write_through_unbacked_eviction", b"5000.0"))
+    )  # fmt: skip
+    assert parse_metrics(body, "t", 0.0).hicache_dropped_tokens_total == 320.0
+    only_write_through = b"\n".join(line for line in body.split(b"\n") if b"write_through" in line) + b"\n"
+    assert parse_metrics(only_write_through, "t", 0.0).hicache_dropped_tokens_total is None
+
+
+@pytest.mark.parametrize(("era", "some"), [
+    ("main-2026-08-pd-decode-hicache",
+     {"graph_memory_gb": 2.3, "startup_available_gpu_memory_gb": 5.87, "hicache_dropped_tokens_total": 2560.0}),
+    ("v0.5.23-pd-decode-hicache",
+     {"prealloc_full_token_usage": 0.14, "hicache_dropped_tokens_total": 1024.0,
+      "hicache_unbacked_evicted_tokens_total": 7168.0, "storage_prefetch_host_capacity_tokens_total": 8192.0}),
+])  # fmt: skip
+def test_the_newer_series_read_alike_under_both_spellings(era, some):
+    colon = _body(era)
     escaped = colon.replace(b"sglang:", b"sglang_")
     assert b"sglang:" not in escaped
     want = parse_metrics(colon, "t", 1.0).as_dict()
     assert parse_metrics(escaped, "t", 1.0).as_dict() == want
-    assert want["graph_memory_gb"] == 2.3
-    assert want["startup_available_gpu_memory_gb"] == 5.87
-    assert want["hicache_dropped_tokens_total"] == 2560.0
+    assert {k: want[k] for k in some} == some

@@ -70,6 +70,25 @@ TARGET_VALUES = {
                                         "PD prefill: requests whose KV is in flight to the decode server."),
     "decode_transfer_queue_requests": ("decode_transfer_queue_requests", "gauge",
                                        "PD decode: requests whose KV is being transferred in."),
+    # SGLang 0.5.23.
+    "prealloc_full_token_usage": ("prealloc_full_token_usage", "gauge",
+                                  "PD decode: full-attention KV pool share pre-allocated to pending transfers."),
+    "prealloc_swa_token_usage": ("prealloc_swa_token_usage", "gauge",
+                                 "PD decode: SWA KV pool share pre-allocated to pending transfers."),
+    "decode_host_receive_queue_requests": ("decode_host_receive_queue_requests", "gauge",
+                                           "PD decode: transfers receiving into host memory or awaiting the device."),
+    "decode_deferred_kv_release_requests": ("decode_deferred_kv_release_requests", "gauge",
+                                            "PD decode: failed requests whose KV is held until the transfer drains."),
+    "hicache_host_mamba_used_states": ("hicache_host_mamba_used_states", "gauge",
+                                       "HiCache host mamba pool: state slots in use (hybrid-SSM models)."),
+    "hicache_host_mamba_total_states": ("hicache_host_mamba_total_states", "gauge",
+                                        "HiCache host mamba pool: capacity in state slots (hybrid-SSM models)."),
+    "hicache_unbacked_evicted_tokens_total": ("hicache_unbacked_evicted_tokens", "counter",
+                                              "Device KV evicted before its write-through reached host memory, lost."),
+    "storage_prefetch_host_capacity_tokens_total": ("storage_prefetch_host_capacity_tokens", "counter",
+                                                    "Storage-hit tokens not prefetched: no room in host memory."),
+    "storage_prefetch_device_capacity_tokens_total": ("storage_prefetch_device_capacity_tokens", "counter",
+                                                      "Storage-hit tokens not prefetched: no room in the device pool."),
 }  # fmt: skip
 # SGLang labels the mirrored values keep, when SGLang gave them: engine_type (unified | prefill | decode) says
 # which role of a PD deployment the numbers are from. A label SGLang did not give is left out, not empty.

@@ -150,25 +150,68 @@ def context_panels() -> list[tuple[g.Json, int, int]]:
     )  # fmt: skip
     host = g.timeseries(
         "HiCache host pool and eviction",
-        "The hierarchical cache's host pool in use over its capacity (near 100%: host-pool retraction has no room "
-        "and aborts requests), and per second the device KV tokens evicted, dropped without a host backup for host "
-        "memory, and prefetches given up because a host pool could not allocate (SGLang main of 2026-08+; the "
-        "HiCache series only with --enable-hierarchical-cache). " + _NEEDS_TARGET,
+        "The hierarchical cache's host pools in use over their capacity, KV tokens and a hybrid-SSM model's mamba "
+        "states (near 100%: host-pool retraction has no room and aborts requests), and per second the device KV "
+        "tokens evicted, dropped without a host backup because host memory was short, evicted before their "
+        "write-through reached host memory (lost, but write-through lagging, not host memory), prefetches given "
+        "up because a host pool could not allocate, and storage hits not prefetched for want of host or device "
+        "room (SGLang main of 2026-08+, the mamba pool, write-through and storage series 0.5.23+; only with "
+        "--enable-hierarchical-cache). " + _NEEDS_TARGET,
         g.targets(
             (_per_target("(sglang_oom_target_hicache_host_used_tokens / sglang_oom_target_hicache_host_total_tokens)"),
              ROLE + " host pool used" + IN_CLUSTER),
+            (_per_target("(sglang_oom_target_hicache_host_mamba_used_states "
+                         "/ sglang_oom_target_hicache_host_mamba_total_states)"),
+             ROLE + " host mamba pool used" + IN_CLUSTER),
             (by_cluster("sum", PER_ROLE, "rate(sglang_oom_target_evicted_tokens_total[$__rate_interval])"),
              ROLE + " evicted/s" + IN_CLUSTER),
             (by_cluster("sum", PER_ROLE, "rate(sglang_oom_target_hicache_dropped_tokens_total[$__rate_interval])"),
-             ROLE + " dropped/s" + IN_CLUSTER),
+             ROLE + " dropped for host memory/s" + IN_CLUSTER),
+            (by_cluster("sum", PER_ROLE,
+                        "rate(sglang_oom_target_hicache_unbacked_evicted_tokens_total[$__rate_interval])"),
+             ROLE + " evicted before write-through/s" + IN_CLUSTER),
             (by_cluster("sum", PER_ROLE,
                         "rate(sglang_oom_target_hicache_prefetch_alloc_failed_tokens_total[$__rate_interval])"),
              ROLE + " prefetch failed/s" + IN_CLUSTER),
+            (by_cluster("sum", PER_ROLE,
+                        "rate(sglang_oom_target_storage_prefetch_host_capacity_tokens_total[$__rate_interval])"),
+             ROLE + " prefetch without host room/s" + IN_CLUSTER),
+            (by_cluster("sum", PER_ROLE,
+                        "rate(sglang_oom_target_storage_prefetch_device_capacity_tokens_total[$__rate_interval])"),
+             ROLE + " prefetch without device room/s" + IN_CLUSTER),
         ),
         g.field_config("short", min=0),
     )  # fmt: skip
+    pd_pool = g.timeseries(
+        "PD decode: KV pool held for transfers",
+        "On a PD decode server, the share of the KV pool promised to incoming transfers and not yet pre-allocated "
+        "(SGLang 0.5.4+), and the share already pre-allocated to requests whose transfer is still pending, for the "
+        "full-attention pool and a hybrid model's SWA pool (0.5.23+; same basis as the pools' token usage). A PD "
+        "pre-allocation OOM (KV cache is full, SWA eviction insufficient) follows these shares crowding out the "
+        "running batch: lower --max-running-requests on the decode server. " + _NEEDS_TARGET,
+        g.targets((_per_target("sglang_oom_target_pending_prealloc_token_usage"), ROLE + " promised" + IN_CLUSTER),
+                  (_per_target("sglang_oom_target_prealloc_full_token_usage"),
+                   ROLE + " pre-allocated, full" + IN_CLUSTER),
+                  (_per_target("sglang_oom_target_prealloc_swa_token_usage"),
+                   ROLE + " pre-allocated, SWA" + IN_CLUSTER)),
+        g.field_config("percentunit", min=0, max=1),
+    )  # fmt: skip
+    pd_queues = g.timeseries(
+        "PD decode: transfer queues",
+        "On a PD decode server, requests waiting for their KV pre-allocation, in transfer, receiving into host "
+        "memory or waiting there for device room (0.5.23+), and failed requests whose KV stays allocated until "
+        "their transfer drains or times out (0.5.23+): KV the running batch cannot use. " + _NEEDS_TARGET,
+        g.targets((_per_target("sglang_oom_target_decode_prealloc_queue_requests"),
+                   ROLE + " pre-allocation" + IN_CLUSTER),
+                  (_per_target("sglang_oom_target_decode_transfer_queue_requests"), ROLE + " transfer" + IN_CLUSTER),
+                  (_per_target("sglang_oom_target_decode_host_receive_queue_requests"),
+                   ROLE + " host receive" + IN_CLUSTER),
+                  (_per_target("sglang_oom_target_decode_deferred_kv_release_requests"),
+                   ROLE + " failed, KV held" + IN_CLUSTER)),
+        g.field_config("short", min=0),
+    )  # fmt: skip
     return [(usage, 8, 8), (tokens, 8, 8), (requests, 8, 8), (retracted, 12, 8), (aborted, 12, 8), (startup, 12, 8),
-            (host, 12, 8)]  # fmt: skip
+            (host, 12, 8), (pd_pool, 12, 8), (pd_queues, 12, 8)]  # fmt: skip
 
 
 def _cell(text: str) -> str:

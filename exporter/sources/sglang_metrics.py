@@ -6,11 +6,14 @@ Aggregation when one SGLang name has several series (ranks, DP groups, processes
   2. Usage and ratio gauges (token_usage, new_token_ratio): the max over the remaining series, i.e. the
      worst rank, because the worst rank is the one that runs out. Per-GPU memory set at start-up likewise:
      the largest weights, graph (its `phase` series summed first) and KV share, the smallest headroom.
-     Counters by pool (hicache_dropped_tokens_total: `pool`, `reason`) sum those labels first, then as in 3.
+     Counters by pool (hicache_dropped_tokens_total: `pool`) sum that label first, then as in 3.
   3. Token and request counts (and counters): group by `dp_rank` (absent = one group), take the max
      within a group, then sum the groups. Each DP group owns its own KV pool and requests, while the TP
      (and PP, MoE-EP) ranks of one group mirror the same pool; any other label (engine_type, model_name,
      extra labels) is treated like tp_rank.
+A field read from a counter with a `reason` label reads only its own reason (_REASON): SGLang 0.5.23's
+hicache_dropped_tokens_total counts `host_pressure` (host memory short) and `write_through_unbacked_eviction`
+(evicted before its write-through finished) in one family, and only the first is a lack of host memory.
 Counters are read from their `_total` samples; sglang:total_retracted_reqs (0.4.10, cumulative although
 typed gauge) feeds retracted_requests_total like the 0.5.8+ counter. Nothing here exports: metrics/ reads
 the scrapers and yields the values under sglang_oom_target_* names, never SGLang's `sglang:` ones.
@@ -80,6 +83,19 @@ class KvSnapshot:
     prefill_bootstrap_queue_requests: float | None = None
     prefill_inflight_queue_requests: float | None = None
     decode_transfer_queue_requests: float | None = None
+    # 0.5.23: the PD decode pool share pre-allocated to pending transfers (full and SWA pool), the decode requests
+    # receiving into host memory and the failed ones whose KV waits for a deferred release; the host mamba pool's
+    # occupancy; device KV lost because eviction overtook its write-through, and storage prefetches that found no
+    # room in host or device memory.
+    prealloc_full_token_usage: float | None = None
+    prealloc_swa_token_usage: float | None = None
+    decode_host_receive_queue_requests: float | None = None
+    decode_deferred_kv_release_requests: float | None = None
+    hicache_host_mamba_used_states: float | None = None
+    hicache_host_mamba_total_states: float | None = None
+    hicache_unbacked_evicted_tokens_total: float | None = None
+    storage_prefetch_host_capacity_tokens_total: float | None = None
+    storage_prefetch_device_capacity_tokens_total: float | None = None
     engine_type: str | None = None  # SGLang's label: unified | prefill | decode (| dynamic); several joined by "+"
 
     def as_dict(self) -> dict[str, Any]:
@@ -124,6 +140,27 @@ _SOURCES: dict[str, tuple[str, tuple[str, ...]]] = {
     "prefill_bootstrap_queue_requests": (_COUNT, ("sglang:num_prefill_bootstrap_queue_reqs",)),
     "prefill_inflight_queue_requests": (_COUNT, ("sglang:num_prefill_inflight_queue_reqs",)),
     "decode_transfer_queue_requests": (_COUNT, ("sglang:num_decode_transfer_queue_reqs",)),
+    # 0.5.23, PD decode: the share of the full (SWA) pool held by pre-allocated requests whose transfer is pending
+    # (same basis as full_token_usage); the transfers landing in host memory first (host-receive threshold below
+    # 1); failed requests whose KV stays allocated until the transfer drains or times out.
+    "prealloc_full_token_usage": (_MAX, ("sglang:prealloc_full_token_usage",)),
+    "prealloc_swa_token_usage": (_MAX, ("sglang:prealloc_swa_token_usage",)),
+    "decode_host_receive_queue_requests": (_COUNT, ("sglang:num_decode_host_receive_queue_reqs",)),
+    "decode_deferred_kv_release_requests": (_COUNT, ("sglang:num_decode_deferred_kv_release_reqs",)),
+    # 0.5.23, HiCache: the host mamba state pool (hybrid-SSM models; absent without one), device KV evicted before
+    # its eager write-through reached host memory, and storage-hit tokens not prefetched for want of room.
+    "hicache_host_mamba_used_states": (_COUNT, ("sglang:hicache_host_mamba_used_states",)),
+    "hicache_host_mamba_total_states": (_COUNT, ("sglang:hicache_host_mamba_total_states",)),
+    "hicache_unbacked_evicted_tokens_total": (_POOLS, ("sglang:hicache_dropped_tokens_total",)),
+    "storage_prefetch_host_capacity_tokens_total": (_COUNT, ("sglang:storage_prefetch_unfulfilled_tokens_total",)),
+    "storage_prefetch_device_capacity_tokens_total": (_COUNT, ("sglang:storage_prefetch_unfulfilled_tokens_total",)),
+}
+# Snapshot field -> the one `reason` its series must carry; the family's other reasons are other fields or none.
+_REASON = {
+    "hicache_dropped_tokens_total": "host_pressure",
+    "hicache_unbacked_evicted_tokens_total": "write_through_unbacked_eviction",
+    "storage_prefetch_host_capacity_tokens_total": "host_capacity",
+    "storage_prefetch_device_capacity_tokens_total": "device_capacity",
 }
 PREFIX, ESCAPED_PREFIX = "sglang:", "sglang_"
 # Our own names share the escaped prefix: an exporter page is never read as SGLang's.
@@ -164,6 +201,8 @@ def parse_metrics(body: bytes, target: str, now: float) -> KvSnapshot:
     values: dict[str, Any] = {}
     for field, (rule, names) in _SOURCES.items():
         found = next((s[n] for n in names for s in (series, escaped) if s.get(n)), None)
+        if found and field in _REASON:
+            found = [(labels, v) for labels, v in found if labels.get("reason") == _REASON[field]]
         if found:
             values[field] = _aggregate(found, rule)
     if engine_types:
