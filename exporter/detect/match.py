@@ -185,6 +185,7 @@ class Matcher:
             inferred=False,
             numbers=numbers,
             pools=pools,
+            awaits_partner=bool(pattern.joins and rid) and record.kind != "traceback",
         )
 
     def _inferred(self, record: Record, groups: list[list[str]], frames_phase: str | None) -> Report | None:
