@@ -100,6 +100,15 @@ def test_a_swa_warning_and_an_assertion_for_another_request_stay_two_events():
     ]
 
 
+def test_a_kv_full_assertion_whose_swa_pool_is_not_charged_states_no_swa_numbers():
+    # 0.5.23 prints -1 and 0 for the SWA fields when the request charges no SWA pages.
+    line = ("AssertionError: KV cache is full! Bug in memory estimation. available=100, evictable=0, protected=0, "
+            "required_alloc=4096, delta=3996, fill=4032, prefix=64, total_prefix=64, swa_available=-1, "
+            "swa_evictable=-1, required_swa=0, swa_tail_len=0, page_size=64, req=9a1c\n")  # fmt: skip
+    (event,) = scan_text(line)
+    assert event.numbers == {"available_tokens": 100, "requested_tokens": 4096, "page_size": 64, "rid": "9a1c"}
+
+
 def test_exception_line_alone_counts_once():
     events = scan_text("RuntimeError: Out of memory. Try to lower your batch size.\n")
     assert [(e.kind, e.ranks, e.time) for e in events] == [("unknown", (), None)]
