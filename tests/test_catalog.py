@@ -106,6 +106,16 @@ def test_loader_rejects_bad_yaml_with_its_line(tmp_path):
     assert "not valid YAML" in err.value.problems[0]
 
 
+@pytest.mark.parametrize("joins", ["Two Words", 3, ""])
+def test_loader_rejects_a_joins_name_that_is_not_snake_case(tmp_path, joins):
+    data = _shipped()
+    data["kinds"][0]["patterns"][0]["joins"] = joins
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    with pytest.raises(CatalogError, match="joins: must be a snake_case name"):
+        load_catalog(str(path))
+
+
 def test_loader_rejects_a_missing_file(tmp_path):
     with pytest.raises(CatalogError, match="cannot read"):
         load_catalog(str(tmp_path / "absent.yaml"))

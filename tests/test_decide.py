@@ -172,6 +172,41 @@ def test_a_traceback_after_its_block_was_counted_joins_it_exactly_once(daemon):
     assert len(app.store.recent()) == 1
 
 
+SWA_WARNING = "SWA eviction insufficient: needed=3072, available=1024, req=c3d2"
+KV_FULL = ("KV cache is full! Bug in memory estimation. available=9216, evictable=0, protected=0, required_alloc=4096, "
+           "swa_available=1024, swa_evictable=0, required_swa=3072, page_size=64, req=c3d2")  # fmt: skip
+
+
+def _advance(app: App, clock: Clock, seconds: float) -> None:
+    """Step the daemon through `seconds` of its clock, a quarter second at a time."""
+    for _ in range(round(seconds / 0.25)):
+        clock.now += 0.25
+        app.loop.step()
+
+
+def test_a_pd_swa_warning_waits_for_the_assertion_that_may_follow_and_counts_it_fatal(daemon):
+    # 0.5.23 logs the warning in _pre_alloc and asserts for the same request: however late the assertion's
+    # traceback is written (within the traceback wait), it must not find the warning counted as non-fatal.
+    app, clock, append = daemon
+    append(block(SWA_WARNING))
+    _advance(app, clock, 2.0)
+    assert app.counts.total() == 0
+    append(
+        traceback(KV_FULL, ("process_decode_queue", "pop_preallocated", "_pre_alloc")).replace("Runtime", "Assertion")
+    )
+    _advance(app, clock, 2.0)
+    assert [(e.kind, e.fatal) for e in app.store.recent()] == [("pd_prealloc", True)]
+    assert app.counts.total() == 1
+
+
+def test_a_pd_swa_abort_alone_counts_once_not_fatal(daemon):
+    app, clock, append = daemon
+    append(block(SWA_WARNING))
+    _advance(app, clock, 5.0)
+    assert [(e.kind, e.fatal) for e in app.store.recent()] == [("pd_prealloc", False)]
+    assert app.counts.total() == 1
+
+
 def _pipeline(events: list[OomEvent]) -> Pipeline:
     pipe = Pipeline(CATALOG, Matcher(CATALOG), source="t", location="t.log", sink=events.append)
     pipe.start_generation("1:2:0")

@@ -74,6 +74,41 @@ def test_same_rank_twice_is_two_events_even_within_a_second():
     assert len(scan_text(block + block)) == 2
 
 
+def _pd_swa(rid_warned: str, rid_asserted: str) -> str:
+    ts = "[2026-11-06 21:47:12 TP0]"
+    return (
+        f"{ts} SWA eviction insufficient: needed=3072, available=1024, req={rid_warned}\n"
+        f"{ts} Scheduler hit an exception: Traceback (most recent call last):\n"
+        + frames("process_decode_queue", "pop_preallocated", "_pre_alloc")
+        + "AssertionError: KV cache is full! Bug in memory estimation. available=9216, evictable=0, protected=0, "
+        f"required_alloc=4096, swa_available=1024, swa_evictable=0, required_swa=3072, page_size=64, req={rid_asserted}\n\n"
+    )
+
+
+def test_a_swa_warning_and_the_kv_full_assertion_for_its_request_are_one_fatal_event():
+    events = scan_text(_pd_swa("c3d2", "c3d2"))
+    assert [(e.kind, e.fatal, e.numbers["rid"], e.numbers["swa_requested_tokens"]) for e in events] == [
+        ("pd_prealloc", True, "c3d2", 3072)
+    ]
+
+
+def test_a_swa_warning_and_an_assertion_for_another_request_stay_two_events():
+    events = scan_text(_pd_swa("aaaa", "bbbb"))
+    assert [(e.kind, e.fatal, e.numbers["rid"]) for e in events] == [
+        ("pd_prealloc", False, "aaaa"),
+        ("pd_prealloc", True, "bbbb"),
+    ]
+
+
+def test_a_kv_full_assertion_whose_swa_pool_is_not_charged_states_no_swa_numbers():
+    # 0.5.23 prints -1 and 0 for the SWA fields when the request charges no SWA pages.
+    line = ("AssertionError: KV cache is full! Bug in memory estimation. available=100, evictable=0, protected=0, "
+            "required_alloc=4096, delta=3996, fill=4032, prefix=64, total_prefix=64, swa_available=-1, "
+            "swa_evictable=-1, required_swa=0, swa_tail_len=0, page_size=64, req=9a1c\n")  # fmt: skip
+    (event,) = scan_text(line)
+    assert event.numbers == {"available_tokens": 100, "requested_tokens": 4096, "page_size": 64, "rid": "9a1c"}
+
+
 def test_exception_line_alone_counts_once():
     events = scan_text("RuntimeError: Out of memory. Try to lower your batch size.\n")
     assert [(e.kind, e.ranks, e.time) for e in events] == [("unknown", (), None)]

@@ -33,7 +33,7 @@ _KIND_KEYS = frozenset(
         "__line__",
     }
 )
-_PATTERN_KEYS = frozenset({"regex", "versions", "fatal", "suggest", "__line__"})
+_PATTERN_KEYS = frozenset({"regex", "versions", "fatal", "suggest", "joins", "__line__"})
 
 
 class KindFields:
@@ -182,8 +182,13 @@ class KindFields:
             if fatal is not None and not isinstance(fatal, bool):
                 self.v.err(item, f"{pwhere}.fatal", "must be true or false")
                 fatal = None
+            joins = item.get("joins")
+            if joins is not None and not (isinstance(joins, str) and ID_RE.match(joins)):
+                self.v.err(item, f"{pwhere}.joins", "must be a snake_case name")
+                joins = None
             if compiled is not None:
-                out.append(Pattern(compiled, fatal, str(item.get("versions", "")), self._suggest(item, pwhere)))
+                suggest = self._suggest(item, pwhere)
+                out.append(Pattern(compiled, fatal, str(item.get("versions", "")), suggest, joins))
         return out
 
     def _remediation(self, raw: dict[str, Any], where: str) -> tuple[str, list[RemediationStep]]:

@@ -20,6 +20,9 @@ class Pattern:
     fatal: bool | None  # None: the kind's default
     versions: str
     suggest: str | None = None  # None: the kind's suggestion rule
+    # Patterns of one kind with the same `joins` name are one failure on one rank when they name the same request
+    # (rid): a logged warning and the assertion that follows it join as a block and its traceback do (R2).
+    joins: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

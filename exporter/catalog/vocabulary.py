@@ -57,6 +57,15 @@ FIELD_TYPES: dict[str, str] = {
     "ckpt_needed_gib": "float",
     "hbm_free_gib": "float",
     "ckpt_slots": "int",
+    # 0.5.23: HiSparse host-pool pages asked for; session-held request slots beside a request-slot leak (held, not
+    # leaked); a sharded pool's free pages per class and its counts that are no multiple of the page, as logged; the
+    # SWA pool's ask and free tokens in a PD pre-allocation failure.
+    "host_pages": "int",
+    "leak_session_held": "int",
+    "class_free_pages": "text",
+    "unaligned_counts": "text",
+    "swa_requested_tokens": "int",
+    "swa_available_tokens": "int",
 }
 FIELD_KINDS = ("int", "float", "text", "count")
 EVENT_FIELDS = frozenset(FIELD_TYPES)

@@ -132,7 +132,8 @@ SETTINGS: tuple[Setting, ...] = (
               flag=False),
     _duration("state_interval", 5.0, MS, DAY, "save the state (with --state-dir) this often", flag=False),
     _duration("traceback_wait", 2.5, MS, HOUR,
-              "how long the generic 0.5.4+ OOM text waits for the traceback that names its phase"),
+              "how long the generic 0.5.4+ OOM text waits for the traceback that names its phase (and a PD decode "
+              "server's SWA eviction line for the assertion that may follow it)"),
     _duration("evidence_wait", 60.0, MS, HOUR,
               "how long a generic CUDA OOM of a source not yet shown to be SGLang waits for SGLang evidence after it",
               note="it also waits at most 1000 lines (docs/recognition.md); one that gets none is a foreign event"),

@@ -12,8 +12,9 @@ When a group is counted (emitted), as soon as it is decidable:
   unless a traceback of one of its ranks is being assembled right now (its frames may say speculative
   verify, which makes a "Prefill" text a decode step); a traceback that comes later joins the counted
   event and is not counted again;
-- a block whose kind needs the traceback's frames (the generic 0.5.4+ text): when its traceback came, or
-  when the wait for it (--traceback-wait) ran out;
+- a block whose kind needs the traceback's frames (the generic 0.5.4+ text), or a line whose assertion may
+  follow (a catalog `joins` pattern: 0.5.23's SWA eviction warning): when its traceback came, or when the wait
+  for it (--traceback-wait) ran out;
 - by position, whatever the clock says: when the reader is far past the group (a backlog read at speed:
   catch-up after a restart, stdin), its traceback did not follow and will not;
 - at the end of the input (flush(None)), or when the window overflows.
@@ -178,8 +179,8 @@ class Deduper:
             return True
         behind = -1 if lineno is None else lineno - group.last_lineno
         waiting = group.waiting()
-        if any(r.resolve == PHASE_FRAMES for r in waiting):
-            return behind >= FRAMES_LINES  # its kind is in the traceback's frames: only the wait or position
+        if any(r.resolve == PHASE_FRAMES or r.awaits_partner for r in waiting):
+            return behind >= FRAMES_LINES  # its kind (or its fatality) is in the traceback: only the wait or position
         if behind >= SETTLE_LINES:
             return True
         if age < self.settle_seconds - _EPS:

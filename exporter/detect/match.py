@@ -165,7 +165,14 @@ class Matcher:
         anchor_body = first[m.start() :]
         # "anchor": ranks name their own GPU in the text (CUDA OOM), so only the matched words must agree.
         body = kind.id + ":" + m.group(0) if kind.join_on == "anchor" else "".join(anchor_body.split()) + rest
-        short = kind.id + ":" + "".join(m.group(0).split()) + ":" + str(numbers.get("requested_tokens", ""))
+        # What a rank's other half must say to join this report (R2): the matched words and the ask; for patterns
+        # that join by name (a warning and the assertion after it), that name and the request.
+        rid = numbers.get("rid")
+        short = (
+            f"{kind.id}:{pattern.joins}:{rid}"
+            if pattern.joins and rid
+            else kind.id + ":" + "".join(m.group(0).split()) + ":" + str(numbers.get("requested_tokens", ""))
+        )
         return Report(
             kind=kind.id,
             resolve=kind.phase,
@@ -178,6 +185,7 @@ class Matcher:
             inferred=False,
             numbers=numbers,
             pools=pools,
+            awaits_partner=bool(pattern.joins and rid) and record.kind != "traceback",
         )
 
     def _inferred(self, record: Record, groups: list[list[str]], frames_phase: str | None) -> Report | None:

@@ -166,10 +166,13 @@ class Report:
     fatal: bool
     record: Record
     body: str  # normalised message: equal across the ranks of one failure (cross-rank join)
-    short: str  # anchor text + requested tokens: the same-rank block/traceback join; "" joins any
+    short: str  # anchor text + requested tokens (or a `joins` name + rid): the same-rank block/traceback join; "" any
     message: str
     frames_phase: str | None  # pd_decode_prealloc | spec_verify | decode | prefill | None
     inferred: bool
     numbers: dict[str, Any]
     pools: tuple[PoolState, ...]
     echo: bool = False  # SGLang's text inside another program's record: never an event, never evidence
+    # A logged line whose pattern joins a later assertion for the same request (catalog `joins`): it waits for that
+    # traceback as a block whose kind is in the frames does, so the assertion is never left to join a counted event.
+    awaits_partner: bool = False

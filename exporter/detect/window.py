@@ -95,8 +95,9 @@ class Group:
 
 
 def expects_trace(block: Report) -> bool:
-    """A fatal KV block: since 0.4.5 it is re-raised and a traceback follows (older eras exit(1) silently)."""
-    return block.fatal and block.resolve in KV_FAILURE_PHASES
+    """A fatal KV block: since 0.4.5 it is re-raised and a traceback follows (older eras exit(1) silently); or a
+    line whose assertion may follow (Report.awaits_partner)."""
+    return (block.fatal and block.resolve in KV_FAILURE_PHASES) or block.awaits_partner
 
 
 def close(a: float | None, b: float | None, line_a: int, line_b: int, seconds: float) -> bool:
