@@ -76,9 +76,9 @@ def test_recovery_cuts_a_batch_that_was_written_but_never_committed(tmp_path):
         fh.write(b"32" * 16 + b"\n=99")  # an identity without its mark, and a torn mark
     again = Spool(str(tmp_path))
     again.recover()
-    assert again.recovered_bytes == len(b"half a batch\n")
+    assert again.stats.recovered_bytes == len(b"half a batch\n")
     assert (tmp_path / "files/a.log").read_bytes() == b"one\n"
-    assert (tmp_path / "files/a.log.ids").read_bytes() == (b"31" * 16) + b"\n=4\n"
+    assert (tmp_path / "files/a.log.ids").read_bytes() == (b"31" * 16) + b"\n=4 1\n"
     assert again.append({"files/a.log": [Line(b"half a batch\n", b"2" * 16)]}) == (1, 0, [])
 
 
@@ -89,7 +89,7 @@ def test_the_identity_file_is_compacted_to_the_window(tmp_path, monkeypatch):
         spool.append({"files/a.log": [Line(b"%d\n" % i, i.to_bytes(16, "big"))]})
     rows = (tmp_path / "files/a.log.ids").read_bytes().splitlines()
     assert len([r for r in rows if not r.startswith(b"=")]) <= 4 * 4
-    assert rows[-1] == b"=%d" % os.path.getsize(tmp_path / "files/a.log")
+    assert rows[-1].split()[0] == b"=%d" % os.path.getsize(tmp_path / "files/a.log")
     again = Spool(str(tmp_path))
     again.recover()
     assert again.append({"files/a.log": [Line(b"19\n", (19).to_bytes(16, "big"))]}) == (0, 1, [])
@@ -143,8 +143,8 @@ def test_a_long_run_keeps_the_spool_under_its_cap_to_the_byte_and_drops_only_wha
         sent += 20
         spool.consumed(_saved_at(spool, rel))
         assert _disk(tmp_path) == spool.disk_bytes() <= cap
-    assert spool.rotations >= 10
-    assert spool.dropped_segments == spool.rotations
+    assert spool.stats.rotations >= 10
+    assert spool.stats.dropped_segments == spool.stats.rotations
     assert spool.full == 0
 
     # The reader stops (no durable save names the live log any more): the spool fills to the cap and then
@@ -184,22 +184,25 @@ def test_the_total_cap_refuses_a_new_source_and_nothing_is_written(tmp_path):
 
 
 def test_a_restart_after_a_rotation_cut_short_resumes_the_new_log(tmp_path):
-    spool = Spool(str(tmp_path), otlpspool.Limits(source_bytes=4096))
+    limits = otlpspool.Limits(source_bytes=64 * 1024)
+    spool = Spool(str(tmp_path), limits)
     rel = "files/a.log"
-    spool.append(_batch(rel, 20, 0))  # past the segment size (1024)
+    spool.append(_batch(rel, 250, 0))  # past the segment size (16 KiB)
     spool.consumed(_saved_at(spool, rel))
     # A crash after the rename and before the "=0" mark: the log is gone, its .ids says its old size.
     os.rename(tmp_path / rel, tmp_path / "files/a.log.20261205-160000")
-    again = Spool(str(tmp_path), otlpspool.Limits(source_bytes=4096))
+    again = Spool(str(tmp_path), limits)
     again.recover()
-    assert again.recovered_bytes == 0
-    assert again.append(_batch(rel, 2, 19)) == (1, 1, [str(tmp_path / rel)])
-    assert (tmp_path / rel).read_bytes() == _batch(rel, 1, 20)[rel][0].data
+    assert again.stats.recovered_bytes == 0
+    assert again.append(_batch(rel, 2, 249)) == (1, 1, [str(tmp_path / rel)])
+    assert (tmp_path / rel).read_bytes() == _batch(rel, 1, 250)[rel][0].data
     assert (
         (tmp_path / "files/a.log.ids")
         .read_bytes()
         .endswith(
-            b"\n=0\n" + (20).to_bytes(16, "big").hex().encode() + b"\n=%d\n" % len(_batch(rel, 1, 20)[rel][0].data)
+            b"\n=0 0\n"
+            + (250).to_bytes(16, "big").hex().encode()
+            + b"\n=%d 1\n" % len(_batch(rel, 1, 250)[rel][0].data)
         )
     )
 
@@ -219,7 +222,7 @@ def test_a_source_idle_for_the_retention_and_read_to_its_end_is_removed(tmp_path
     spool.consumed({**_saved_at(spool, gone), **_saved_at(spool, live)})
     assert not (tmp_path / "pods/llm_gone-0_u1").exists()
     assert (tmp_path / live).exists()
-    assert spool.removed_sources == 1
+    assert spool.stats.removed_sources == 1
     assert spool.disk_bytes() == _disk(tmp_path)
 
 

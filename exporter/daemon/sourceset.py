@@ -40,7 +40,7 @@ from ..sources.discover import (
 )
 from ..sources.fileid import TailPosition
 from ..sources.handles import HandleBudget, handle_bound
-from ..sources.otlpspool import FILE_DIR, POD_DIR
+from ..sources.otlpspool import FILE_DIR, POD_DIR, spool_root
 from ..sources.tail import FileTailer
 from .found import discovery_problem, kubernetes_filter, restore, saved_but_missing, source_name
 from .lazypipe import LazyPipeline
@@ -116,8 +116,9 @@ class SourceSet:
         self._sglang_dirs: set[str] = set()
         # Never more log files open than the open-file limit allows with room for HTTP and the state file.
         self._handles = HandleBudget(handle_bound())
-        # The OTLP receiver's spool (sources/otlpspool.py): its files are followed like pod logs and plain files.
-        self.received_root: str | None = None
+        # The OTLP receiver's spool (sources/otlpspool.py): a root whose files are followed like pod logs and plain
+        # files. Fixed for the process, as the receiver's port is.
+        self.received_root = spool_root(config.state_dir) if config.otlp_listen and config.state_dir else None
 
     # --- discovery ---------------------------------------------------------------------------
 
