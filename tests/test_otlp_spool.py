@@ -15,6 +15,8 @@ from sglang_oom_exporter.sources import otlpspool
 from sglang_oom_exporter.sources.otlp import JSON, body_text, lines, spool_path
 from sglang_oom_exporter.sources.otlpspool import Line, Spool
 from sglang_oom_exporter.web.otlp import OtlpServer
+from tests.support.app import run_app, started_app
+from tests.support.logs import BLOCK
 from tests.support.otlp import post
 
 POD = {"k8s.namespace.name": "llm", "k8s.pod.name": "sglang-0", "k8s.pod.uid": "9f1c", "k8s.container.name": "srv",
@@ -279,3 +281,84 @@ def test_the_web_configs_tls_and_basic_auth_guard_the_otlp_port_for_the_sdk_expo
         assert server.stats.requests == {"401": 1, "200": 1}
     finally:
         server.stop()
+
+
+# --------------------------------------------------------------------------- caps that count what the disk holds
+
+
+def _blocks(root) -> tuple[int, int]:
+    """(bytes of blocks, inodes) of everything under the spool root, the root included, as the filesystem says."""
+    blocks, inodes = os.stat(root).st_blocks * 512, 1
+    for d, dirs, names in os.walk(root):
+        for n in dirs + names:
+            blocks += os.stat(os.path.join(d, n)).st_blocks * 512
+            inodes += 1
+    return blocks, inodes
+
+
+def test_the_total_cap_counts_disk_blocks_so_many_small_sources_cannot_pass_it(tmp_path):
+    # Each source takes at least a block for its log and one for its .ids file, however short its lines: bytes
+    # would count 60 of them as 4 KiB while they take 480 KiB of the volume.
+    cap = 64 * 1024
+    spool = Spool(str(tmp_path), otlpspool.Limits(source_bytes=cap, total_bytes=cap))
+    refused = 0
+    for n in range(60):
+        try:
+            spool.append(_batch(f"pods/llm_p{n}_u{n}/srv/0.log", 1, n))
+        except otlpspool.SpoolFullError:
+            refused += 1
+    assert refused >= 50
+    assert spool.full == refused
+    use = spool.use()
+    assert (use.disk_bytes, use.inodes) == _blocks(tmp_path)
+    assert use.disk_bytes <= cap + 3 * otlpspool.BLOCK  # the directories of the last source count after it
+    assert use.sources == 60 - refused
+
+
+def test_a_new_source_past_the_cap_on_sources_is_refused_whole_and_counted(tmp_path):
+    now = [1000.0]
+    spool = Spool(str(tmp_path), otlpspool.Limits(sources=3, retention=60), wall=lambda: now[0])
+    spool.append({**_batch("files/a.log", 2, 0), **_batch("files/b.log", 2, 10), **_batch("files/c.log", 2, 20)})
+    with pytest.raises(otlpspool.SpoolSourcesError, match=r"holds 3 sources; 1 new ones would pass its cap of 3"):
+        spool.append({**_batch("files/a.log", 1, 2), **_batch("files/d.log", 1, 30)})
+    assert not (tmp_path / "files/d.log").exists()
+    assert (tmp_path / "files/a.log").read_bytes() == b"".join(
+        x.data for x in _batch("files/a.log", 2, 0)["files/a.log"]
+    )
+    assert spool.stats.refused_sources == 1
+    assert spool.append(_batch("files/a.log", 1, 2)) == (1, 0, [])  # a known source is never refused for it
+    # A source idle for the retention and read to its end is removed: room for a new one.
+    now[0] += 60
+    spool.consumed(_saved_at(spool, "files/b.log"))
+    assert spool.append(_batch("files/d.log", 1, 30)) == (1, 0, [str(tmp_path / "files/d.log")])
+    assert spool.use().sources == 3
+
+
+def test_lines_read_but_kept_never_refuse_a_batch_and_a_retry_of_them_is_still_a_duplicate(tmp_path):
+    # Many sources, each read to its end below its rotation size: what they hold was read, so it takes no room
+    # from unread lines. The logs read to their end are deleted when the disk needs the room.
+    tmp_path.joinpath("state").mkdir()
+    app, clock = started_app(tmp_path, otlp_listen="127.0.0.1:0", paths=(), otlp_spool_source_mib=1,
+                             otlp_spool_total_mib=2)  # fmt: skip
+    assert app.receiver is not None
+    spool = app.receiver.spool
+    filler = (
+        b"[2026-03-14 22:00:00 TP0] Decode batch. #running-req: 1, #token: 4000, token usage: 0.05, #queue-req: 0\n"
+    )
+    batches = []
+    for n in range(16):  # 16 sources of 200 KiB: the 2 MiB cap one and a half times over, each read at once
+        rel = f"pods/llm_sglang-{n}_u{n}/server/0.log"
+        data = [filler] * 1900 + BLOCK.format(s=n).encode().splitlines(keepends=True)
+        batches.append({rel: [Line(d, (n * 10_000 + i).to_bytes(16, "big")) for i, d in enumerate(data)]})
+        assert app.receiver.accept(batches[-1]).written == len(data)
+        run_app(app, clock, 3.0)
+        app.keeper.save()
+        assert _blocks(spool.root)[0] <= 2 * 1024 * 1024
+    assert app.counts.total("decode") == 16
+    assert spool.full == 0
+    assert spool.stats.reclaimed_logs >= 4
+    # The shipper resends the first batch (a lost 2xx): its log is gone, its identities are not.
+    assert app.receiver.accept(batches[0]).duplicates == len(batches[0]["pods/llm_sglang-0_u0/server/0.log"])
+    assert app.receiver.accept({"pods/llm_sglang-0_u0/server/0.log": [Line(BLOCK.format(s=30).encode(), b"n" * 16)]})
+    run_app(app, clock, 3.0)
+    assert app.counts.total("decode") == 17
