@@ -362,3 +362,21 @@ def test_lines_read_but_kept_never_refuse_a_batch_and_a_retry_of_them_is_still_a
     assert app.receiver.accept({"pods/llm_sglang-0_u0/server/0.log": [Line(BLOCK.format(s=30).encode(), b"n" * 16)]})
     run_app(app, clock, 3.0)
     assert app.counts.total("decode") == 17
+
+
+def test_a_log_read_in_part_is_rotated_for_room_and_its_segment_goes_at_the_next_save(tmp_path):
+    cap = 160 * 1024
+    spool = Spool(str(tmp_path), otlpspool.Limits(source_bytes=cap, total_bytes=cap))
+    a, b = "files/a.log", "files/b.log"
+    spool.append(_batch(a, 1500, 0))  # about 100 KiB in one batch
+    spool.consumed(_saved_at(spool, a, offset=64 * 1024))  # read in part
+    assert spool.stats.rotations == 0
+    with pytest.raises(otlpspool.SpoolFullError, match=r"lines not read yet or not saved as read"):
+        spool.append(_batch(b, 1000, 10_000))  # no room yet: a's read part waits in its segment for a save
+    assert spool.stats.rotations == 1
+    assert not (tmp_path / b).exists()
+    (segment,) = [p for p in os.listdir(tmp_path / "files") if p.startswith("a.log.2")]
+    spool.consumed(_saved_at(spool, a))  # the reader drained the segment and opened the new log
+    assert not (tmp_path / "files" / segment).exists()
+    assert spool.append(_batch(b, 1000, 10_000))[0] == 1000
+    assert spool.use().disk_bytes == _blocks(tmp_path)[0] <= cap

@@ -23,9 +23,10 @@ bounded sources: a source's log is rotated as the kubelet rotates (`<n>.log` ren
 drains it and follows the new file) once it outgrows a quarter of the per-source cap and the last durable state
 save (consumed()) names it. A rotated segment is deleted once a durable save names the live file again (at once
 when the save showed it read to its end). A source that got nothing for the retention and was read to its end is
-removed. The total cap counts only what the reader has not consumed: when the disk would pass it, logs a
-durable save shows read to their end are deleted first (their identities stay); only unread lines make append()
-raise SpoolFullError (503 with Retry-After), as does a new source past the cap on sources. Nothing unread or
+removed. The total cap counts every block; when the disk would pass it, what a durable save shows read is freed
+first (a log read to its end is deleted at once, its identities kept; one read in part is rotated, its segment
+going at the next save), so only unread lines, or read ones waiting for a save (seconds), make append() raise
+SpoolFullError (503 with Retry-After), as does a new source past the cap on sources. Nothing unread or
 acknowledged is ever dropped. The spool keeps each source's files in memory (its segments included), so no
 request and no start lists a shared directory once per source.
 """
@@ -49,6 +50,7 @@ POD_DIR = "pods"  # the kubelet-layout tree: pods/<ns>_<pod>_<uid>/<container>/<
 FILE_DIR = "files"  # sources named by a file path or a service: files/<name>.log
 DEDUPE_WINDOW = 65536  # identities kept per source: a retry resends a batch of the last few minutes, not older
 IDS_SUFFIX = ".ids"
+RECLAIM_BYTES = 4 * 4096  # a log read less than this far is not worth a rotation for room
 BLOCK = 4096  # a new block's size, for a batch's estimate (ext4, xfs, tmpfs); what is taken is read back
 _ID_ROW = 33  # bytes of one identity in the .ids file (32 hex digits and a newline)
 _ID = re.compile(rb"[0-9a-f]{32}\n")
@@ -169,11 +171,6 @@ class _Memory:
     def unread(self) -> int:
         """Bytes the reader has not consumed (as far as a durable save says): segments count whole."""
         return self.size - min(self.read, self.size) + sum(n for n, _ in self.segments.values())
-
-    @property
-    def counted(self) -> int:
-        """What the total cap counts: the blocks taken but those of lines read (which the spool can free)."""
-        return self.disk - min(self.read, self.size) // BLOCK * BLOCK
 
     @property
     def inodes(self) -> int:
@@ -365,28 +362,33 @@ class Spool:
             return
         disk = sum(m.disk for m in self._memory.values()) + sum(self._dirs.values())
         if disk + adding > limits.total_bytes:
-            self._reclaim(disk + adding - limits.total_bytes, {rel for rel, _, _ in plan})
-        counted = sum(m.counted for m in self._memory.values()) + sum(self._dirs.values())
-        if counted + adding > limits.total_bytes:
+            disk -= self._reclaim(disk + adding - limits.total_bytes, {rel for rel, _, _ in plan})
+        if disk + adding > limits.total_bytes:
             self.stats.refused_total += 1
-            self.wants_save = True
+            self.wants_save = True  # a save lets read segments go
+            unread = sum(m.unread for m in self._memory.values())
             raise SpoolFullError(
-                f"the spool takes {counted} bytes of disk not read yet or not saved as read; {adding} more would "
-                f"pass its cap of {limits.total_bytes} (--otlp-spool-total-mib)"
+                f"the spool takes {disk} bytes of disk, {unread} of them lines not read yet or not saved as read; "
+                f"{adding} more would pass its cap of {limits.total_bytes} (--otlp-spool-total-mib)"
             )
 
     def _reclaim(self, want: int, batch: set[str]) -> int:
-        """Delete live logs a durable save shows read to their end, until `want` bytes are free (their
-        identities stay: a retry of their lines is still a duplicate); the bytes freed."""
+        """Free what a durable save shows read, until `want` bytes are free: a live log read to its end is deleted
+        at once (its identities stay: a retry of its lines is still a duplicate); one read in part is rotated, and
+        its segment goes at the next save. The bytes freed now."""
         freed = 0
         for rel, memory in self._memory.items():
             if freed >= want:
                 break
-            if rel in batch or not memory.size or memory.read < memory.size or memory.segments:
+            if rel in batch or not memory.read or memory.segments:
                 continue
             path = self.path(rel)
             saved = self._saved.get(path)
             if saved is None or saved[:2] != memory.file:
+                continue
+            if memory.read < memory.size:
+                if memory.read >= RECLAIM_BYTES:
+                    self._rotate(rel, memory)
                 continue
             try:
                 os.unlink(path)
