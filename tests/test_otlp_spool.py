@@ -380,3 +380,40 @@ def test_a_log_read_in_part_is_rotated_for_room_and_its_segment_goes_at_the_next
     assert not (tmp_path / "files" / segment).exists()
     assert spool.append(_batch(b, 1000, 10_000))[0] == 1000
     assert spool.use().disk_bytes == _blocks(tmp_path)[0] <= cap
+
+
+def test_the_spools_recoveries_errors_and_refusals_are_exported_and_logged(tmp_path, caplog, monkeypatch):
+    from prometheus_client import CollectorRegistry
+    from prometheus_client.exposition import generate_latest
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from sglang_oom_exporter.daemon.receiver import SpoolCollector
+
+    Spool(str(tmp_path)).append(_batch("files/a.log", 2, 0))
+    with open(tmp_path / "files/a.log", "ab") as fh:
+        fh.write(b"never committed\n")
+    spool = Spool(str(tmp_path), otlpspool.Limits(sources=1))
+    spool.recover()
+    with pytest.raises(otlpspool.SpoolSourcesError):
+        spool.append(_batch("files/b.log", 1, 5))
+
+    def full(fd: int) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "fsync", full)
+    with pytest.raises(otlpspool.SpoolError, match="cannot write"):
+        spool.append(_batch("files/a.log", 1, 9))
+    monkeypatch.undo()
+    registry = CollectorRegistry()
+    registry.register(SpoolCollector(spool))
+    got = {s.name: s.value for f in text_string_to_metric_families(generate_latest(registry).decode())
+           for s in f.samples if not s.labels or s.labels.get("cap") == "sources"}  # fmt: skip
+    blocks, inodes = _blocks(tmp_path)
+    p = "sglang_oom_exporter_otlp_spool"
+    assert got == {f"{p}_sources": 1, f"{p}_disk_bytes": blocks, f"{p}_unread_bytes": len(b"".join(
+        x.data for x in _batch("files/a.log", 2, 0)["files/a.log"])), f"{p}_inodes": inodes,
+        f"{p}_recovered_bytes_total": len(b"never committed\n"), f"{p}_write_errors_total": 1,
+        f"{p}_rotations_total": 0, f"{p}_dropped_segments_total": 0, f"{p}_reclaimed_logs_total": 0,
+        f"{p}_removed_sources_total": 0, f"{p}_refusals_total": 1}  # fmt: skip
+    assert "16 bytes past the last commit cut" in caplog.text
+    assert "cannot write" in caplog.text
