@@ -417,3 +417,15 @@ def test_the_spools_recoveries_errors_and_refusals_are_exported_and_logged(tmp_p
         f"{p}_removed_sources_total": 0, f"{p}_refusals_total": 1}  # fmt: skip
     assert "16 bytes past the last commit cut" in caplog.text
     assert "cannot write" in caplog.text
+
+
+def test_a_batch_of_new_sources_fsyncs_each_file_once_and_each_directory_once(tmp_path, monkeypatch):
+    # 1,000 new services in one request were 4,000 fsyncs (a log, an .ids file and two directories each).
+    spool = Spool(str(tmp_path / "otlp"))
+    calls: list[int] = []
+    fsync = os.fsync
+    monkeypatch.setattr(os, "fsync", lambda fd: (calls.append(fd), fsync(fd))[1])
+    batch = {f"files/svc-{i}.log": [Line(b"a line\n", i.to_bytes(16, "big"))] for i in range(100)}
+    written, _, new = spool.append(batch)
+    assert (written, len(new)) == (100, 100)
+    assert len(calls) == 2 * 100 + 2  # each log and .ids file, then files/ and the spool root once

@@ -141,8 +141,8 @@ class _Memory:
     """One source's recent identities (insertion-ordered, bounded), its files' committed sizes and blocks, and
     what the last durable save shows read of it."""
 
-    __slots__ = ("file", "ids", "ids_blocks", "ids_bytes", "last", "lines", "log_blocks", "read", "segments",
-                 "size", "window")  # fmt: skip
+    __slots__ = ("file", "ids", "ids_blocks", "ids_bytes", "last", "lines", "log_blocks", "new", "read",
+                 "segments", "size", "window")  # fmt: skip
 
     def __init__(self, window: int) -> None:
         self.ids: OrderedDict[bytes, None] = OrderedDict()
@@ -156,6 +156,7 @@ class _Memory:
         self.segments: dict[str, tuple[int, int]] = {}  # rotated segment -> (bytes, bytes of blocks)
         self.read = 0  # bytes of the live log the last durable save shows read
         self.last = 0.0  # wall time of the last write (the log's mtime after a restart)
+        self.new = False  # the batch being written makes its log file (first, or after a rotation)
 
     def add(self, identity: bytes) -> None:
         self.ids[identity] = None
@@ -175,6 +176,18 @@ class _Memory:
     @property
     def inodes(self) -> int:
         return (self.file is not None) + (self.ids_bytes > 0) + len(self.segments)
+
+
+@dataclass(frozen=True, slots=True)
+class _Staged:
+    """A source's lines written to its log and fsynced, waiting for their commit in the .ids file."""
+
+    rel: str
+    memory: _Memory
+    fresh: list[Line]
+    size: int  # the log's size with them
+    log_blocks: int
+    file: tuple[int, int]
 
 
 class Spool:
@@ -323,11 +336,8 @@ class Spool:
                 if fresh:
                     plan.append((rel, memory, fresh))
             self._make_room(plan)
-            for rel, memory, fresh in plan:
-                self._memory.setdefault(rel, memory)
-                if self._commit(rel, memory, fresh):
-                    new.append(self.path(rel))
-                written += len(fresh)
+            new = self._write(plan)
+            written = sum(len(fresh) for _, _, fresh in plan)
         return written, duplicates, new
 
     def _make_room(self, plan: list[tuple[str, _Memory, list[Line]]]) -> None:
@@ -502,37 +512,78 @@ class Spool:
             self._dirs.pop(os.path.abspath(directory), None)
             directory = os.path.dirname(directory)
 
-    def _commit(self, rel: str, memory: _Memory, fresh: list[Line]) -> bool:
-        """Write and commit a source's new lines; whether its log file is new (first, or after a rotation)."""
-        path = self.path(rel)
-        data = b"".join(line.data for line in fresh)
-        size = memory.size + len(data)
-        ids = b"".join(line.identity.hex().encode() + b"\n" for line in fresh) + b"=%d %d\n" % (size, len(fresh))
-        new = memory.file is None
+    def _write(self, plan: list[tuple[str, _Memory, list[Line]]]) -> list[str]:
+        """Write a batch: every source's lines to its log (fsynced), the new files' directories (fsynced once
+        each), then each source's commit to its .ids file; the paths of the new logs. A failure before a source's
+        commit cuts it back, with every source not committed yet, and raises SpoolError."""
+        staged: list[_Staged] = []
+        pending = list(plan)
         try:
-            if new:
-                os.makedirs(os.path.dirname(path), exist_ok=True)
-            log_blocks, file = _write_at(path, memory.size, data)
-            if new:  # the file's name (and the directories made for it) must be durable too
-                self._sync_dirs(os.path.dirname(path))
-            ids_blocks, _ = _write_at(path + IDS_SUFFIX, memory.ids_bytes, ids)
+            for rel, memory, fresh in plan:
+                self._memory.setdefault(rel, memory)
+                staged.append(self._stage(rel, memory, fresh))
+            self._sync_new(staged)
+            while staged:
+                self._commit(staged[0])
+                staged.pop(0)
+                pending.pop(0)
         except OSError as exc:
             self.stats.write_errors += 1
-            self._undo(path, memory)
-            if memory.file is None and not memory.ids_bytes and not memory.segments:
-                self._memory.pop(rel, None)  # a new source nothing was committed for: not one of the spool's yet
+            for rel, memory, _ in pending:
+                self._undo(self.path(rel), memory)
+                if memory.file is None and not memory.ids_bytes and not memory.segments:
+                    self._memory.pop(rel, None)  # a new source nothing was committed for: not the spool's yet
+            path = getattr(exc, "filename", None) or self.root
             log.warning("otlp spool: cannot write %s, the batch is refused (503) and cut back: %s", path, exc)
             raise SpoolError(f"cannot write {path}: {exc}") from exc
-        memory.size = size
-        memory.file, memory.log_blocks, memory.ids_blocks = file, log_blocks, ids_blocks
-        memory.lines += len(fresh) + 1
+        return [self.path(rel) for rel, memory, _ in plan if memory.new]
+
+    def _stage(self, rel: str, memory: _Memory, fresh: list[Line]) -> _Staged:
+        """A source's new lines written at its log's committed end and fsynced (not committed yet)."""
+        path = self.path(rel)
+        data = b"".join(line.data for line in fresh)
+        memory.new = memory.file is None
+        if memory.new:
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+        try:
+            log_blocks, file = _write_at(path, memory.size, data)
+        except OSError as exc:
+            exc.filename = exc.filename or path
+            raise
+        return _Staged(rel, memory, fresh, memory.size + len(data), log_blocks, file)
+
+    def _sync_new(self, staged: list[_Staged]) -> None:
+        """Make the names of the batch's new logs durable: each directory up to the spool root fsynced once."""
+        top = os.path.dirname(os.path.abspath(self.root))
+        dirs: set[str] = set()
+        for s in staged:
+            if s.memory.new:
+                directory = os.path.abspath(os.path.dirname(self.path(s.rel)))
+                while directory.startswith(top) and directory != top and directory not in dirs:
+                    dirs.add(directory)
+                    directory = os.path.dirname(directory)
+        for directory in sorted(dirs, key=len, reverse=True):  # a new directory before its parent
+            self._sync_dir(directory)
+
+    def _commit(self, s: _Staged) -> None:
+        """Commit a staged source: its identities and mark to its .ids file (fsynced), then its memory."""
+        memory, path = s.memory, self.path(s.rel)
+        ids = b"".join(line.identity.hex().encode() + b"\n" for line in s.fresh)
+        ids += b"=%d %d\n" % (s.size, len(s.fresh))
+        try:
+            ids_blocks, _ = _write_at(path + IDS_SUFFIX, memory.ids_bytes, ids)
+        except OSError as exc:
+            exc.filename = exc.filename or path + IDS_SUFFIX
+            raise
+        memory.size = s.size
+        memory.file, memory.log_blocks, memory.ids_blocks = s.file, s.log_blocks, ids_blocks
+        memory.lines += len(s.fresh) + 1
         memory.ids_bytes += len(ids)
         memory.last = self._wall()
-        for line in fresh:
+        for line in s.fresh:
             memory.add(line.identity)
         if memory.lines > 4 * memory.window:
             self._compact(path + IDS_SUFFIX, memory)
-        return new
 
     def _undo(self, path: str, memory: _Memory) -> None:
         """Cut a failed batch back: the .ids file to its last commit, then the log. When the first cut fails, the
@@ -552,21 +603,25 @@ class Spool:
             log.warning("otlp spool: cannot cut %s back to its commit: %s", path, exc)
 
     def _sync_dirs(self, directory: str) -> None:
-        """fsync a new file's directory and each parent up to the spool root, and note their blocks."""
-        root = os.path.dirname(os.path.abspath(self.root))
+        """fsync a new file's directory and each parent up to the spool root."""
+        top = os.path.dirname(os.path.abspath(self.root))
         directory = os.path.abspath(directory)
-        while directory.startswith(root) and directory != root:
-            fd = os.open(directory, os.O_RDONLY)
-            try:
-                os.fsync(fd)
-            except OSError as exc:
-                if exc.errno not in _NO_DIR_SYNC:
-                    raise
-            finally:
-                with contextlib.suppress(OSError):
-                    self._dirs[directory] = os.fstat(fd).st_blocks * 512
-                os.close(fd)
+        while directory.startswith(top) and directory != top:
+            self._sync_dir(directory)
             directory = os.path.dirname(directory)
+
+    def _sync_dir(self, directory: str) -> None:
+        """fsync a directory (where its filesystem allows it) and note the blocks it takes."""
+        fd = os.open(directory, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        except OSError as exc:
+            if exc.errno not in _NO_DIR_SYNC:
+                raise
+        finally:
+            with contextlib.suppress(OSError):
+                self._dirs[directory] = os.fstat(fd).st_blocks * 512
+            os.close(fd)
 
     def _compact(self, ids_path: str, memory: _Memory) -> None:
         """Rewrite a long .ids file as the window it keeps and one commit mark (atomically)."""
