@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import os
+import threading
 
 import pytest
 from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest
@@ -429,3 +430,32 @@ def test_a_batch_of_new_sources_fsyncs_each_file_once_and_each_directory_once(tm
     written, _, new = spool.append(batch)
     assert (written, len(new)) == (100, 100)
     assert len(calls) == 2 * 100 + 2  # each log and .ids file, then files/ and the spool root once
+
+
+def test_a_scrape_never_waits_for_a_batch_being_written(tmp_path, monkeypatch):
+    # A request of 1,000 new sources holds the spool for its fsyncs; /metrics stopped answering meanwhile.
+    spool = Spool(str(tmp_path))
+    spool.append(_batch("files/a.log", 3, 0))
+    before = _disk(tmp_path)
+    inside, release = threading.Event(), threading.Event()
+    fsync = os.fsync
+
+    def slow(fd: int) -> None:
+        inside.set()
+        release.wait(60)
+        fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", slow)
+    writer = threading.Thread(target=spool.append, args=(_batch("files/a.log", 3, 3),))
+    writer.start()
+    try:
+        assert inside.wait(30)
+        got: list[otlpspool.SpoolUse] = []
+        scraper = threading.Thread(target=lambda: got.append(spool.use()), daemon=True)
+        scraper.start()
+        scraper.join(30)  # a hang guard: the old spool waited here until the batch was on disk
+        assert [(u.sources, u.file_bytes) for u in got] == [(1, before)]
+    finally:
+        release.set()
+        writer.join(30)
+    assert spool.use().file_bytes == _disk(tmp_path)

@@ -212,16 +212,22 @@ class Spool:
         return self.stats.refused_source + self.stats.refused_total
 
     def use(self) -> SpoolUse:
-        """Sources, inodes, blocks, unread bytes and file bytes now (one pass over the sources' memory)."""
-        with self._lock:
-            memories = list(self._memory.values())
-            return SpoolUse(
-                sources=len(memories),
-                inodes=sum(m.inodes for m in memories) + len(self._dirs),
-                disk_bytes=sum(m.disk for m in memories) + sum(self._dirs.values()),
-                unread_bytes=sum(m.unread for m in memories),
-                file_bytes=sum(m.size + m.ids_bytes + sum(n for n, _ in m.segments.values()) for m in memories),
-            )
+        """Sources, inodes, blocks, unread bytes and file bytes now (one pass over the sources' memory).
+
+        Never waits for the lock: a scrape must not wait for a batch's fsyncs. Each list is copied whole under
+        the interpreter lock; a source changed meanwhile shows its state before or after, as a gauge may."""
+        memories = list(self._memory.values())
+        dirs = list(self._dirs.values())
+        segments = [list(m.segments.values()) for m in memories]
+        return SpoolUse(
+            sources=len(memories),
+            inodes=sum(m.inodes for m in memories) + len(dirs),
+            disk_bytes=sum(m.log_blocks + m.ids_blocks for m in memories)
+            + sum(b for s in segments for _, b in s)
+            + sum(dirs),
+            unread_bytes=sum(m.size - min(m.read, m.size) for m in memories) + sum(n for s in segments for n, _ in s),
+            file_bytes=sum(m.size + m.ids_bytes for m in memories) + sum(n for s in segments for n, _ in s),
+        )
 
     def disk_bytes(self) -> int:
         """Bytes the spool's files take (logs, rotated segments, .ids files), as their sizes say."""
