@@ -108,8 +108,7 @@ class SpoolCollector(Collector):
                                 "directories, as an emptyDir's sizeLimit counts them).",
                                 value=use.disk_bytes)  # fmt: skip
         yield GaugeMetricFamily(f"{p}_unread_bytes", "Bytes of the OTLP spool a durable state save does not show read "
-                                "yet (only these can make a batch wait: --otlp-spool-total-mib).",
-                                value=use.unread_bytes)  # fmt: skip
+                                "yet (what the spool cannot free to make room).", value=use.unread_bytes)  # fmt: skip
         yield GaugeMetricFamily(f"{p}_inodes", "Files and directories the OTLP spool takes.", value=use.inodes)
         yield CounterMetricFamily(f"{p}_recovered_bytes", "Uncommitted bytes cut from spooled logs at a start (a "
                                   "crash between a batch's writes; its shipper got no 2xx).",
@@ -124,8 +123,9 @@ class SpoolCollector(Collector):
         yield CounterMetricFamily(f"{p}_removed_sources", "Idle spooled sources read to their end and removed.",
                                   value=s.removed_sources)  # fmt: skip
         family = CounterMetricFamily(f"{p}_refusals", "Batches the spool refused (503), by the cap they would "
-                                     "pass: source (a source's unread lines), total (all unread lines), sources "
-                                     "(new sources past the cap).", labels=["cap"])  # fmt: skip
+                                     "pass: source (--otlp-spool-source-mib), total (--otlp-spool-total-mib, once "
+                                     "read lines are freed), sources (--otlp-spool-max-sources).",
+                                     labels=["cap"])  # fmt: skip
         family.add_metric(["source"], s.refused_source)
         family.add_metric(["total"], s.refused_total)
         family.add_metric(["sources"], s.refused_sources)
