@@ -83,3 +83,34 @@ def test_thousands_of_services_list_the_shared_directory_once_per_pass_not_once_
     assert again.receiver is not None
     assert again.receiver.spool.use().sources == total
     assert seen[0] <= 4 * (2 * total + 10), seen[0]  # a log and an .ids file per source, a few passes
+
+
+class _CountedValues(dict):
+    """A dict that counts the items its values() hands out (the source set's sources by path)."""
+
+    handed = 0
+
+    def values(self):  # type: ignore[override]
+        for value in super().values():
+            _CountedValues.handed += 1
+            yield value
+
+
+@pytest.mark.timeout(120)
+def test_thousands_of_sources_retired_at_once_cost_a_pass_not_one_per_source(tmp_path):
+    # The spool removes every idle source at one save; the source set then retires them in one discovery pass.
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    for i in range(2000):
+        (logs / f"svc-{i}.log").write_bytes(b"a line\n")
+    app, clock = started_app(tmp_path, paths=(str(logs / "*.log"),))
+    run_app(app, clock, 1.0)
+    assert len(app.sources.paths()) == 2000
+    for i in range(2000):
+        (logs / f"svc-{i}.log").unlink()
+    app.sources.discover()  # gone from now on
+    clock.now += app.config.source_retention
+    app.sources._by_path = _CountedValues(app.sources._by_path)
+    app.sources.discover()
+    assert app.sources.paths() == []
+    assert _CountedValues.handed <= 4 * 2000, _CountedValues.handed
