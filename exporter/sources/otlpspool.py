@@ -362,10 +362,13 @@ class Spool:
         if not (limits.source_bytes or limits.total_bytes):
             return
         adding = 0
+        made: set[str] = set()  # directories the batch makes (a block each)
         for rel, memory, fresh in plan:
             if limits.segment_bytes and memory.size >= limits.segment_bytes:
                 self._rotate(rel, memory)
             need = _batch_blocks(fresh, memory)
+            if memory.file is None:
+                need += BLOCK * self._new_dirs(os.path.dirname(self.path(rel)), made)
             adding += need
             if limits.source_bytes and memory.disk + need > limits.source_bytes:
                 self.stats.refused_source += 1
@@ -387,6 +390,19 @@ class Spool:
                 f"the spool takes {disk} bytes of disk, {unread} of them lines not read yet or not saved as read; "
                 f"{adding} more would pass its cap of {limits.total_bytes} (--otlp-spool-total-mib)"
             )
+
+    def _new_dirs(self, directory: str, made: set[str]) -> int:
+        """How many directories a new file there needs made, not counting those in `made` (which it joins)."""
+        top = os.path.abspath(self.root)
+        directory = os.path.abspath(directory)
+        n = 0
+        while directory.startswith(top) and directory not in self._dirs and directory not in made:
+            made.add(directory)
+            n += 1
+            if directory == top:
+                break
+            directory = os.path.dirname(directory)
+        return n
 
     def _reclaim(self, want: int, batch: set[str]) -> int:
         """Free what a durable save shows read, until `want` bytes are free: a live log read to its end is deleted
