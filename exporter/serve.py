@@ -136,6 +136,7 @@ def _otlp_server(app: App, registry: PageRegistry, web: WebConfig | None) -> Otl
     receiver, config = app.receiver, app.config
     if receiver is None or config.otlp_listen is None:
         return None
+    from .daemon.receiver import SpoolCollector
     from .web.otlp import OtlpCollector, OtlpServer  # protobuf and the OTLP classes: only when the receiver is on
 
     token = None
@@ -148,6 +149,7 @@ def _otlp_server(app: App, registry: PageRegistry, web: WebConfig | None) -> Otl
                       max_request_bytes=config.otlp_max_request_kib * 1024)  # fmt: skip
     registry.register(OtlpCollector(otlp, lambda: (receiver.written, receiver.duplicates, receiver.filtered),
                                     receiver.spool.disk_bytes))  # fmt: skip
+    registry.register(SpoolCollector(receiver.spool))
     return otlp
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import os
+import threading
 
 import pytest
 from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest
@@ -15,6 +16,8 @@ from sglang_oom_exporter.sources import otlpspool
 from sglang_oom_exporter.sources.otlp import JSON, body_text, lines, spool_path
 from sglang_oom_exporter.sources.otlpspool import Line, Spool
 from sglang_oom_exporter.web.otlp import OtlpServer
+from tests.support.app import run_app, started_app
+from tests.support.logs import BLOCK
 from tests.support.otlp import post
 
 POD = {"k8s.namespace.name": "llm", "k8s.pod.name": "sglang-0", "k8s.pod.uid": "9f1c", "k8s.container.name": "srv",
@@ -76,9 +79,9 @@ def test_recovery_cuts_a_batch_that_was_written_but_never_committed(tmp_path):
         fh.write(b"32" * 16 + b"\n=99")  # an identity without its mark, and a torn mark
     again = Spool(str(tmp_path))
     again.recover()
-    assert again.recovered_bytes == len(b"half a batch\n")
+    assert again.stats.recovered_bytes == len(b"half a batch\n")
     assert (tmp_path / "files/a.log").read_bytes() == b"one\n"
-    assert (tmp_path / "files/a.log.ids").read_bytes() == (b"31" * 16) + b"\n=4\n"
+    assert (tmp_path / "files/a.log.ids").read_bytes() == (b"31" * 16) + b"\n=4 1\n"
     assert again.append({"files/a.log": [Line(b"half a batch\n", b"2" * 16)]}) == (1, 0, [])
 
 
@@ -89,7 +92,7 @@ def test_the_identity_file_is_compacted_to_the_window(tmp_path, monkeypatch):
         spool.append({"files/a.log": [Line(b"%d\n" % i, i.to_bytes(16, "big"))]})
     rows = (tmp_path / "files/a.log.ids").read_bytes().splitlines()
     assert len([r for r in rows if not r.startswith(b"=")]) <= 4 * 4
-    assert rows[-1] == b"=%d" % os.path.getsize(tmp_path / "files/a.log")
+    assert rows[-1].split()[0] == b"=%d" % os.path.getsize(tmp_path / "files/a.log")
     again = Spool(str(tmp_path))
     again.recover()
     assert again.append({"files/a.log": [Line(b"19\n", (19).to_bytes(16, "big"))]}) == (0, 1, [])
@@ -143,8 +146,8 @@ def test_a_long_run_keeps_the_spool_under_its_cap_to_the_byte_and_drops_only_wha
         sent += 20
         spool.consumed(_saved_at(spool, rel))
         assert _disk(tmp_path) == spool.disk_bytes() <= cap
-    assert spool.rotations >= 10
-    assert spool.dropped_segments == spool.rotations
+    assert spool.stats.rotations >= 10
+    assert spool.stats.dropped_segments == spool.stats.rotations
     assert spool.full == 0
 
     # The reader stops (no durable save names the live log any more): the spool fills to the cap and then
@@ -174,32 +177,35 @@ def test_a_long_run_keeps_the_spool_under_its_cap_to_the_byte_and_drops_only_wha
 
 
 def test_the_total_cap_refuses_a_new_source_and_nothing_is_written(tmp_path):
-    spool = Spool(str(tmp_path), otlpspool.Limits(source_bytes=64 * 1024, total_bytes=8 * 1024))
+    spool = Spool(str(tmp_path), otlpspool.Limits(source_bytes=64 * 1024, total_bytes=20 * 1024))
     spool.append(_batch("files/a.log", 60, 0))
     before = _disk(tmp_path)
-    with pytest.raises(otlpspool.SpoolFullError, match=r"its cap of 8192 \(--otlp-spool-total-mib\)"):
+    with pytest.raises(otlpspool.SpoolFullError, match=r"its cap of 20480 \(--otlp-spool-total-mib\)"):
         spool.append({**_batch("files/b.log", 60, 100), **_batch("files/a.log", 1, 60)})
     assert _disk(tmp_path) == before
     assert not (tmp_path / "files/b.log").exists()
 
 
 def test_a_restart_after_a_rotation_cut_short_resumes_the_new_log(tmp_path):
-    spool = Spool(str(tmp_path), otlpspool.Limits(source_bytes=4096))
+    limits = otlpspool.Limits(source_bytes=64 * 1024)
+    spool = Spool(str(tmp_path), limits)
     rel = "files/a.log"
-    spool.append(_batch(rel, 20, 0))  # past the segment size (1024)
+    spool.append(_batch(rel, 250, 0))  # past the segment size (16 KiB)
     spool.consumed(_saved_at(spool, rel))
     # A crash after the rename and before the "=0" mark: the log is gone, its .ids says its old size.
     os.rename(tmp_path / rel, tmp_path / "files/a.log.20261205-160000")
-    again = Spool(str(tmp_path), otlpspool.Limits(source_bytes=4096))
+    again = Spool(str(tmp_path), limits)
     again.recover()
-    assert again.recovered_bytes == 0
-    assert again.append(_batch(rel, 2, 19)) == (1, 1, [str(tmp_path / rel)])
-    assert (tmp_path / rel).read_bytes() == _batch(rel, 1, 20)[rel][0].data
+    assert again.stats.recovered_bytes == 0
+    assert again.append(_batch(rel, 2, 249)) == (1, 1, [str(tmp_path / rel)])
+    assert (tmp_path / rel).read_bytes() == _batch(rel, 1, 250)[rel][0].data
     assert (
         (tmp_path / "files/a.log.ids")
         .read_bytes()
         .endswith(
-            b"\n=0\n" + (20).to_bytes(16, "big").hex().encode() + b"\n=%d\n" % len(_batch(rel, 1, 20)[rel][0].data)
+            b"\n=0 0\n"
+            + (250).to_bytes(16, "big").hex().encode()
+            + b"\n=%d 1\n" % len(_batch(rel, 1, 250)[rel][0].data)
         )
     )
 
@@ -219,7 +225,7 @@ def test_a_source_idle_for_the_retention_and_read_to_its_end_is_removed(tmp_path
     spool.consumed({**_saved_at(spool, gone), **_saved_at(spool, live)})
     assert not (tmp_path / "pods/llm_gone-0_u1").exists()
     assert (tmp_path / live).exists()
-    assert spool.removed_sources == 1
+    assert spool.stats.removed_sources == 1
     assert spool.disk_bytes() == _disk(tmp_path)
 
 
@@ -276,3 +282,180 @@ def test_the_web_configs_tls_and_basic_auth_guard_the_otlp_port_for_the_sdk_expo
         assert server.stats.requests == {"401": 1, "200": 1}
     finally:
         server.stop()
+
+
+# --------------------------------------------------------------------------- caps that count what the disk holds
+
+
+def _blocks(root) -> tuple[int, int]:
+    """(bytes of blocks, inodes) of everything under the spool root, the root included, as the filesystem says."""
+    blocks, inodes = os.stat(root).st_blocks * 512, 1
+    for d, dirs, names in os.walk(root):
+        for n in dirs + names:
+            blocks += os.stat(os.path.join(d, n)).st_blocks * 512
+            inodes += 1
+    return blocks, inodes
+
+
+def test_the_total_cap_counts_disk_blocks_so_many_small_sources_cannot_pass_it(tmp_path):
+    # Each source takes at least a block for its log and one for its .ids file, however short its lines: bytes
+    # would count 60 of them as 4 KiB while they take 480 KiB of the volume.
+    cap = 64 * 1024
+    spool = Spool(str(tmp_path), otlpspool.Limits(source_bytes=cap, total_bytes=cap))
+    refused = 0
+    for n in range(60):
+        try:
+            spool.append(_batch(f"pods/llm_p{n}_u{n}/srv/0.log", 1, n))
+        except otlpspool.SpoolFullError:
+            refused += 1
+    assert refused >= 50
+    assert spool.full == refused
+    use = spool.use()
+    assert (use.disk_bytes, use.inodes) == _blocks(tmp_path)
+    assert use.disk_bytes <= cap
+    assert use.sources == 60 - refused
+
+
+def test_a_new_source_past_the_cap_on_sources_is_refused_whole_and_counted(tmp_path):
+    now = [1000.0]
+    spool = Spool(str(tmp_path), otlpspool.Limits(sources=3, retention=60), wall=lambda: now[0])
+    spool.append({**_batch("files/a.log", 2, 0), **_batch("files/b.log", 2, 10), **_batch("files/c.log", 2, 20)})
+    with pytest.raises(otlpspool.SpoolSourcesError, match=r"holds 3 sources; 1 new ones would pass its cap of 3"):
+        spool.append({**_batch("files/a.log", 1, 2), **_batch("files/d.log", 1, 30)})
+    assert not (tmp_path / "files/d.log").exists()
+    assert (tmp_path / "files/a.log").read_bytes() == b"".join(
+        x.data for x in _batch("files/a.log", 2, 0)["files/a.log"]
+    )
+    assert spool.stats.refused_sources == 1
+    assert spool.append(_batch("files/a.log", 1, 2)) == (1, 0, [])  # a known source is never refused for it
+    # A source idle for the retention and read to its end is removed: room for a new one.
+    now[0] += 60
+    spool.consumed(_saved_at(spool, "files/b.log"))
+    assert spool.append(_batch("files/d.log", 1, 30)) == (1, 0, [str(tmp_path / "files/d.log")])
+    assert spool.use().sources == 3
+
+
+def test_lines_read_but_kept_never_refuse_a_batch_and_a_retry_of_them_is_still_a_duplicate(tmp_path):
+    # Many sources, each read to its end below its rotation size: what they hold was read, so it takes no room
+    # from unread lines. The logs read to their end are deleted when the disk needs the room.
+    tmp_path.joinpath("state").mkdir()
+    app, clock = started_app(tmp_path, otlp_listen="127.0.0.1:0", paths=(), otlp_spool_source_mib=1,
+                             otlp_spool_total_mib=2)  # fmt: skip
+    assert app.receiver is not None
+    spool = app.receiver.spool
+    filler = (
+        b"[2026-03-14 22:00:00 TP0] Decode batch. #running-req: 1, #token: 4000, token usage: 0.05, #queue-req: 0\n"
+    )
+    batches = []
+    for n in range(16):  # 16 sources of 200 KiB: the 2 MiB cap one and a half times over, each read at once
+        rel = f"pods/llm_sglang-{n}_u{n}/server/0.log"
+        data = [filler] * 1900 + BLOCK.format(s=n).encode().splitlines(keepends=True)
+        batches.append({rel: [Line(d, (n * 10_000 + i).to_bytes(16, "big")) for i, d in enumerate(data)]})
+        assert app.receiver.accept(batches[-1]).written == len(data)
+        run_app(app, clock, 3.0)
+        app.keeper.save()
+        assert _blocks(spool.root)[0] <= 2 * 1024 * 1024
+    assert app.counts.total("decode") == 16
+    assert spool.full == 0
+    assert spool.stats.reclaimed_logs >= 4
+    # The shipper resends the first batch (a lost 2xx): its log is gone, its identities are not.
+    assert app.receiver.accept(batches[0]).duplicates == len(batches[0]["pods/llm_sglang-0_u0/server/0.log"])
+    assert app.receiver.accept({"pods/llm_sglang-0_u0/server/0.log": [Line(BLOCK.format(s=30).encode(), b"n" * 16)]})
+    run_app(app, clock, 3.0)
+    assert app.counts.total("decode") == 17
+
+
+def test_a_log_read_in_part_is_rotated_for_room_and_its_segment_goes_at_the_next_save(tmp_path):
+    cap = 160 * 1024
+    spool = Spool(str(tmp_path), otlpspool.Limits(source_bytes=cap, total_bytes=cap))
+    a, b = "files/a.log", "files/b.log"
+    spool.append(_batch(a, 1500, 0))  # about 100 KiB in one batch
+    spool.consumed(_saved_at(spool, a, offset=64 * 1024))  # read in part
+    assert spool.stats.rotations == 0
+    with pytest.raises(otlpspool.SpoolFullError, match=r"lines not read yet or not saved as read"):
+        spool.append(_batch(b, 1000, 10_000))  # no room yet: a's read part waits in its segment for a save
+    assert spool.stats.rotations == 1
+    assert not (tmp_path / b).exists()
+    (segment,) = [p for p in os.listdir(tmp_path / "files") if p.startswith("a.log.2")]
+    spool.consumed(_saved_at(spool, a))  # the reader drained the segment and opened the new log
+    assert not (tmp_path / "files" / segment).exists()
+    assert spool.append(_batch(b, 1000, 10_000))[0] == 1000
+    assert spool.use().disk_bytes == _blocks(tmp_path)[0] <= cap
+
+
+def test_the_spools_recoveries_errors_and_refusals_are_exported_and_logged(tmp_path, caplog, monkeypatch):
+    from prometheus_client import CollectorRegistry
+    from prometheus_client.exposition import generate_latest
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from sglang_oom_exporter.daemon.receiver import SpoolCollector
+
+    Spool(str(tmp_path)).append(_batch("files/a.log", 2, 0))
+    with open(tmp_path / "files/a.log", "ab") as fh:
+        fh.write(b"never committed\n")
+    spool = Spool(str(tmp_path), otlpspool.Limits(sources=1))
+    spool.recover()
+    with pytest.raises(otlpspool.SpoolSourcesError):
+        spool.append(_batch("files/b.log", 1, 5))
+
+    def full(fd: int) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "fsync", full)
+    with pytest.raises(otlpspool.SpoolError, match="cannot write"):
+        spool.append(_batch("files/a.log", 1, 9))
+    monkeypatch.undo()
+    registry = CollectorRegistry()
+    registry.register(SpoolCollector(spool))
+    got = {s.name: s.value for f in text_string_to_metric_families(generate_latest(registry).decode())
+           for s in f.samples if not s.labels or s.labels.get("cap") == "sources"}  # fmt: skip
+    blocks, inodes = _blocks(tmp_path)
+    p = "sglang_oom_exporter_otlp_spool"
+    assert got == {f"{p}_sources": 1, f"{p}_disk_bytes": blocks, f"{p}_unread_bytes": len(b"".join(
+        x.data for x in _batch("files/a.log", 2, 0)["files/a.log"])), f"{p}_inodes": inodes,
+        f"{p}_recovered_bytes_total": len(b"never committed\n"), f"{p}_write_errors_total": 1,
+        f"{p}_rotations_total": 0, f"{p}_dropped_segments_total": 0, f"{p}_reclaimed_logs_total": 0,
+        f"{p}_removed_sources_total": 0, f"{p}_refusals_total": 1}  # fmt: skip
+    assert "16 bytes past the last commit cut" in caplog.text
+    assert "cannot write" in caplog.text
+
+
+def test_a_batch_of_new_sources_fsyncs_each_file_once_and_each_directory_once(tmp_path, monkeypatch):
+    # 1,000 new services in one request were 4,000 fsyncs (a log, an .ids file and two directories each).
+    spool = Spool(str(tmp_path / "otlp"))
+    calls: list[int] = []
+    fsync = os.fsync
+    monkeypatch.setattr(os, "fsync", lambda fd: (calls.append(fd), fsync(fd))[1])
+    batch = {f"files/svc-{i}.log": [Line(b"a line\n", i.to_bytes(16, "big"))] for i in range(100)}
+    written, _, new = spool.append(batch)
+    assert (written, len(new)) == (100, 100)
+    assert len(calls) == 2 * 100 + 2  # each log and .ids file, then files/ and the spool root once
+
+
+def test_a_scrape_never_waits_for_a_batch_being_written(tmp_path, monkeypatch):
+    # A request of 1,000 new sources holds the spool for its fsyncs; /metrics stopped answering meanwhile.
+    spool = Spool(str(tmp_path))
+    spool.append(_batch("files/a.log", 3, 0))
+    before = _disk(tmp_path)
+    inside, release = threading.Event(), threading.Event()
+    fsync = os.fsync
+
+    def slow(fd: int) -> None:
+        inside.set()
+        release.wait(60)
+        fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", slow)
+    writer = threading.Thread(target=spool.append, args=(_batch("files/a.log", 3, 3),))
+    writer.start()
+    try:
+        assert inside.wait(30)
+        got: list[otlpspool.SpoolUse] = []
+        scraper = threading.Thread(target=lambda: got.append(spool.use()), daemon=True)
+        scraper.start()
+        scraper.join(30)  # a hang guard: the old spool waited here until the batch was on disk
+        assert [(u.sources, u.file_bytes) for u in got] == [(1, before)]
+    finally:
+        release.set()
+        writer.join(30)
+    assert spool.use().file_bytes == _disk(tmp_path)

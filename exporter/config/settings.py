@@ -172,6 +172,10 @@ SETTINGS: tuple[Setting, ...] = (
             note="size the state volume above it (the chart's receiver.stateVolume)"),
     _duration("otlp_spool_retention", 3600.0, 1.0, 365 * DAY, "remove a received source's spool once it got "
               "no record for this long and was read to its end", reload=False),
+    Setting("otlp_spool_max_sources", "int", 4096, "spool at most this many OTLP sources (container runs, files, "
+            "services); a batch naming a new one past it gets 503", low=1, high=100_000, metavar="N",
+            reload=False, note="each takes about 16 KiB of disk blocks, 4 inodes and 15 KiB of memory; a source is "
+            "removed once idle for --otlp-spool-retention and read to its end (docs/otlp.md)"),
 )  # fmt: skip
 # Bounds of durations inside a structured setting, by their key path.
 NESTED_DURATION_BOUNDS = {"discover_targets.interval": (1.0, DAY)}

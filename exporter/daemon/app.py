@@ -90,8 +90,8 @@ class App:
             self.sources.add_stdin()
         self.loop = Loop(config, self.sources, self.keeper, stdin=self.stdin, clock=clock, wall=wall)
         # The OTLP receiver's spool (its HTTP endpoint is web/otlp.py, which serve wires to it).
-        spool = config.state_dir if config.otlp_listen else None  # load_config refuses the receiver without it
-        self.receiver = Receiver(spool, self.sources, self.loop, wake, config) if spool else None
+        # The source set follows the spool as one of its roots when the config has one (otlp_listen and state_dir).
+        self.receiver = Receiver(self.sources, self.loop, wake, config) if self.sources.received_root else None
         self.reloads = dict.fromkeys(RELOAD_RESULTS, 0)
 
     def _node_targets(self, config: Config) -> NodeTargets | None:

@@ -2,7 +2,8 @@
 
     web/otlp.py --accept(lines by spool path)--> Spool.append (durable), a new file followed --> the loop: tail, detect
 
-The spool lives in the state directory (<state_dir>/otlp). A container run's lines are a file in the kubelet's
+The spool lives in the state directory (<state_dir>/otlp), a discovery root of the source set like a log root
+(sourceset.py takes it from the config). A container run's lines are a file in the kubelet's
 layout, so the source set names its series exactly as it names /var/log/pods ones, and the rest of the daemon
 (positions, dedupe memory, evidence, retention) treats it as any followed file. append() runs under the source
 set's lock: a state save never sees a read position inside a batch that is not committed yet (otlpspool.py).
@@ -14,15 +15,17 @@ own container) would never be read, so they are not spooled: counted as filtered
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
+
 from ..config.model import Config
+from ..metrics.names import SELF
 from ..sources.otlpspool import Limits, Line, Spool
 from .loop import Loop
 from .sourceset import SourceSet
-
-SPOOL_DIR = "otlp"
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,15 +40,15 @@ class Accepted:
 class Receiver:
     """Makes received lines durable in the spool and wakes the loop to read them."""
 
-    def __init__(
-        self, state_dir: str, sources: SourceSet, loop: Loop, wake: Callable[[], None], config: Config | None = None
-    ) -> None:
-        self.spool = Spool(os.path.join(state_dir, SPOOL_DIR), limits(config) if config is not None else None)
+    def __init__(self, sources: SourceSet, loop: Loop, wake: Callable[[], None], config: Config) -> None:
+        root = sources.received_root
+        if root is None:
+            raise ValueError("the OTLP receiver needs otlp_listen and state_dir (the source set's spool root)")
+        self.spool = Spool(root, limits(config))
         self.spool.recover()  # before the loop first reads: a batch cut short by a crash is not read
         self._sources = sources
         self._loop = loop
         self._wake = wake
-        sources.received_root = self.spool.root
         loop.keeper.on_saved = self.spool.consumed
         self.written = 0
         self.duplicates = 0
@@ -81,4 +84,49 @@ class Receiver:
 def limits(config: Config) -> Limits:
     """The spool's bounds from the settings."""
     mib = 1024 * 1024
-    return Limits(config.otlp_spool_source_mib * mib, config.otlp_spool_total_mib * mib, config.otlp_spool_retention)
+    return Limits(config.otlp_spool_source_mib * mib, config.otlp_spool_total_mib * mib, config.otlp_spool_retention,
+                  config.otlp_spool_max_sources)  # fmt: skip
+
+
+class SpoolCollector(Collector):
+    """The spool's numbers for /metrics: its use now, and what it recovered, rotated, deleted and refused."""
+
+    def __init__(self, spool: Spool) -> None:
+        self._spool = spool
+
+    def describe(self) -> Iterable[CounterMetricFamily]:
+        """Nothing up front: the registry then never calls collect() at registration."""
+        return []
+
+    def collect(self) -> Iterable[CounterMetricFamily | GaugeMetricFamily]:
+        """Gauges of its use, counters of its events (each zero from the start)."""
+        use, s = self._spool.use(), self._spool.stats
+        p = f"{SELF}_otlp_spool"
+        yield GaugeMetricFamily(f"{p}_sources", "Sources the OTLP spool holds (--otlp-spool-max-sources caps them).",
+                                value=use.sources)  # fmt: skip
+        yield GaugeMetricFamily(f"{p}_disk_bytes", "Bytes of disk blocks the OTLP spool takes (files and "
+                                "directories, as an emptyDir's sizeLimit counts them).",
+                                value=use.disk_bytes)  # fmt: skip
+        yield GaugeMetricFamily(f"{p}_unread_bytes", "Bytes of the OTLP spool a durable state save does not show read "
+                                "yet (what the spool cannot free to make room).", value=use.unread_bytes)  # fmt: skip
+        yield GaugeMetricFamily(f"{p}_inodes", "Files and directories the OTLP spool takes.", value=use.inodes)
+        yield CounterMetricFamily(f"{p}_recovered_bytes", "Uncommitted bytes cut from spooled logs at a start (a "
+                                  "crash between a batch's writes; its shipper got no 2xx).",
+                                  value=s.recovered_bytes)  # fmt: skip
+        yield CounterMetricFamily(f"{p}_write_errors", "Batches a spool write or fsync failed for (answered 503 and "
+                                  "cut back to their commit).", value=s.write_errors)  # fmt: skip
+        yield CounterMetricFamily(f"{p}_rotations", "Spooled logs rotated into a segment.", value=s.rotations)
+        yield CounterMetricFamily(f"{p}_dropped_segments", "Rotated segments deleted once read.",
+                                  value=s.dropped_segments)  # fmt: skip
+        yield CounterMetricFamily(f"{p}_reclaimed_logs", "Spooled logs read to their end deleted to make room under "
+                                  "the total cap.", value=s.reclaimed_logs)  # fmt: skip
+        yield CounterMetricFamily(f"{p}_removed_sources", "Idle spooled sources read to their end and removed.",
+                                  value=s.removed_sources)  # fmt: skip
+        family = CounterMetricFamily(f"{p}_refusals", "Batches the spool refused (503), by the cap they would "
+                                     "pass: source (--otlp-spool-source-mib), total (--otlp-spool-total-mib, once "
+                                     "read lines are freed), sources (--otlp-spool-max-sources).",
+                                     labels=["cap"])  # fmt: skip
+        family.add_metric(["source"], s.refused_source)
+        family.add_metric(["total"], s.refused_total)
+        family.add_metric(["sources"], s.refused_sources)
+        yield family

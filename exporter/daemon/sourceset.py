@@ -40,7 +40,7 @@ from ..sources.discover import (
 )
 from ..sources.fileid import TailPosition
 from ..sources.handles import HandleBudget, handle_bound
-from ..sources.otlpspool import FILE_DIR, POD_DIR
+from ..sources.otlpspool import FILE_DIR, POD_DIR, spool_root
 from ..sources.tail import FileTailer
 from .found import discovery_problem, kubernetes_filter, restore, saved_but_missing, source_name
 from .lazypipe import LazyPipeline
@@ -97,6 +97,10 @@ class SourceSet:
         self._context_for = context_for
         self._clock = clock
         self._by_path: dict[str, LogSource] = {}
+        # The same sources by directory, and how many carry each label set: what a source let go of or identified
+        # asks, answered without a pass over every source (11,000 retired at once were 121 million comparisons).
+        self._by_dir: dict[str, dict[str, LogSource]] = {}
+        self._label_users: dict[tuple[str, ...], int] = {}
         self._lock = threading.RLock()
         self._saved: dict[str, dict[str, Any]] = {}  # positions from the state file, taken by new sources
         self._had_state = False
@@ -116,8 +120,9 @@ class SourceSet:
         self._sglang_dirs: set[str] = set()
         # Never more log files open than the open-file limit allows with room for HTTP and the state file.
         self._handles = HandleBudget(handle_bound())
-        # The OTLP receiver's spool (sources/otlpspool.py): its files are followed like pod logs and plain files.
-        self.received_root: str | None = None
+        # The OTLP receiver's spool (sources/otlpspool.py): a root whose files are followed like pod logs and plain
+        # files. Fixed for the process, as the receiver's port is.
+        self.received_root = spool_root(config.state_dir) if config.otlp_listen and config.state_dir else None
 
     # --- discovery ---------------------------------------------------------------------------
 
@@ -157,7 +162,7 @@ class SourceSet:
                 name = source_name(self.config.names, path, taken)
                 taken.add(name)
                 known = (("", "", name) if self._pod_labels() else (name,), {"source": name})
-            self._by_path[path] = self._new_source(path, *known)
+            self._put(path, self._new_source(path, *known))
             self._watch_dirs = self._quiet_dirs = None
             new.append(path)
         return new
@@ -173,7 +178,8 @@ class SourceSet:
         """The stdin source (fed by the loop from the stdin pump, not by a tailer)."""
         labels = ("", "", "stdin") if self._pod_labels() else ("stdin",)
         with self._lock:
-            source = self._by_path[STDIN] = self._new_source(STDIN, labels, None)
+            source = self._new_source(STDIN, labels, None)
+            self._put(STDIN, source)
         return source
 
     def _pod_labels(self) -> bool:
@@ -262,7 +268,7 @@ class SourceSet:
                     continue
                 source.tailer.close()
                 self._saved[path] = saved
-                self._by_path[path] = self._new_source(path, source.labels, source.label_map)
+                self._put(path, self._new_source(path, source.labels, source.label_map))
 
     def _let_go(self, path: str, source: LogSource) -> None:
         """Stop following a file a reload removed: count what it had pending, keep its position and its series."""
@@ -271,7 +277,7 @@ class SourceSet:
         if saved is not None:
             self._saved[path] = saved
         self._forget(path, source)
-        if not any(s.labels == source.labels for s in self._by_path.values()):
+        if not self._label_users.get(source.labels):
             # Kept as a deleted file's are, for the retention: a reload that names it again continues its counter
             # (a config flipping between two versions showed 12 of 165 events), and what it had pending, counted
             # just now, is on the page until a scrape has shown it.
@@ -281,15 +287,16 @@ class SourceSet:
     def _drop(self, path: str, source: LogSource) -> None:
         """Stop following path: close it, forget it, and drop its series unless another file has its labels."""
         self._forget(path, source)
-        if not any(s.labels == source.labels for s in self._by_path.values()):
+        if not self._label_users.get(source.labels):
             self.counts.drop(source.labels)
 
     def _forget(self, path: str, source: LogSource) -> None:
         if source.tailer is not None:
             source.tailer.close()
         del self._by_path[path]
+        self._unindex(path, source)
         self._watch_dirs = self._quiet_dirs = None
-        if not any(s.directory == source.directory for s in self._by_path.values()):
+        if source.directory not in self._by_dir:
             self._sglang_dirs.discard(source.directory)  # the pod is gone (kubelet keeps a live pod's last run)
 
     # --- statistics --------------------------------------------------------------------------
@@ -422,6 +429,27 @@ class SourceSet:
 
     # --- internals ---------------------------------------------------------------------------
 
+    def _put(self, path: str, source: LogSource) -> None:
+        """Follow path with source (in place of the one following it, if any), indexed by directory and labels."""
+        old = self._by_path.get(path)
+        if old is not None:
+            self._unindex(path, old)
+        self._by_path[path] = source
+        self._by_dir.setdefault(source.directory, {})[path] = source
+        self._label_users[source.labels] = self._label_users.get(source.labels, 0) + 1
+
+    def _unindex(self, path: str, source: LogSource) -> None:
+        in_dir = self._by_dir.get(source.directory)
+        if in_dir is not None and in_dir.get(path) is source:
+            del in_dir[path]
+            if not in_dir:
+                del self._by_dir[source.directory]
+        users = self._label_users.get(source.labels, 0) - 1
+        if users > 0:
+            self._label_users[source.labels] = users
+        else:
+            self._label_users.pop(source.labels, None)
+
     def _new_source(self, path: str, labels: tuple[str, ...], label_map: dict[str, str] | None) -> LogSource:
         label_map = label_map or dict(zip(self.counts.label_names, labels, strict=False))
         context = self._context_for
@@ -489,8 +517,8 @@ class SourceSet:
             return
         self._sglang_dirs.add(source.directory)
         log.info("source identified as SGLang path=%s", source.path)
-        for other in list(self._by_path.values()):
-            if other.directory == source.directory and other is not source:
+        for other in list(self._by_dir.get(source.directory, {}).values()):
+            if other is not source:
                 other.evidence.mark()
 
     def _resume(self, source: LogSource, saved: dict[str, Any] | None) -> TailPosition | None:

@@ -5,25 +5,37 @@
     the daemon follows those files like any other: tail -> reader -> detect, positions in state.json
 
 Exactly once over a shipper that delivers at least once: append() writes a batch's new lines to the source's
-log and fsyncs it, then appends their identities and a commit mark (`=<log size>`) to the .ids file beside it
-and fsyncs that; only then does the HTTP edge answer 2xx. A line whose identity is already in the source's
-memory (the last DEDUPE_WINDOW identities, kept in the .ids file) is a retried copy and is not written again.
-A crash between the two writes leaves log bytes with no commit mark: recover() cuts the log back to the last
-mark (the shipper got no 2xx and sends them again). The caller holds the daemon's source lock around append(),
-so no state save can record a read position inside bytes that recovery may cut.
+log at its committed end and fsyncs it, then writes their identities and a commit mark (`=<log size> <count>`)
+at the .ids file's committed end and fsyncs that; only then does the HTTP edge answer 2xx. A line whose identity
+is already in the source's memory (the last DEDUPE_WINDOW identities, kept in the .ids file) is a retried copy
+and is not written again.
 
-Bounded disk: a source's log is rotated as the kubelet rotates (`<n>.log` renamed `<n>.log.<time>`, the tailer
+A write or fsync that fails cuts both files back to their committed ends, the .ids file first (a log longer than
+its last mark is uncommitted, never the other way round), and the next batch of the source starts by cutting
+back whatever a cut that failed too left there: a torn row is never followed by a committed one. A crash between
+the writes leaves bytes past the last mark: recover() cuts the log back to it and drops the identities that no
+complete mark commits (the shipper got no 2xx and sends them again). A mark commits exactly the `count` rows
+before it, so a row of a failed batch is never taken for a committed one. The caller holds the daemon's source
+lock around append(), so no state save can record a read position inside bytes that recovery may cut.
+
+Bounded disk, counted as the filesystem counts it (st_blocks, what an emptyDir's sizeLimit measures), and
+bounded sources: a source's log is rotated as the kubelet rotates (`<n>.log` renamed `<n>.log.<time>`, the tailer
 drains it and follows the new file) once it outgrows a quarter of the per-source cap and the last durable state
-save (consumed()) names it, so the reader has opened it and finds it by inode after the rename. A rotated
-segment is deleted once a durable save names the live file again: the reader drained the segment, and a restart
-resumes in the live file. A source that got nothing for the retention and was read to its end is removed. When
-the caps would be passed only by unread lines, append() raises SpoolFullError (503 with Retry-After): the shipper
-keeps the records and retries; nothing unread is ever dropped.
+save (consumed()) names it. A rotated segment is deleted once a durable save names the live file again (at once
+when the save showed it read to its end). A source that got nothing for the retention and was read to its end is
+removed. The total cap counts every block; when the disk would pass it, what a durable save shows read is freed
+first (a log read to its end is deleted at once, its identities kept; one read in part is rotated, its segment
+going at the next save), so only unread lines, or read ones waiting for a save (seconds), make append() raise
+SpoolFullError (503 with Retry-After), as does a new source past the cap on sources. Nothing unread or
+acknowledged is ever dropped. The spool keeps each source's files in memory (its segments included), so no
+request and no start lists a shared directory once per source.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
+import logging
 import os
 import re
 import threading
@@ -33,13 +45,27 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+SPOOL_DIR = "otlp"  # under the state directory
 POD_DIR = "pods"  # the kubelet-layout tree: pods/<ns>_<pod>_<uid>/<container>/<restart>.log
 FILE_DIR = "files"  # sources named by a file path or a service: files/<name>.log
 DEDUPE_WINDOW = 65536  # identities kept per source: a retry resends a batch of the last few minutes, not older
 IDS_SUFFIX = ".ids"
-_COMMIT = b"="
+RECLAIM_BYTES = 4 * 4096  # a log read less than this far is not worth a rotation for room
+BLOCK = 4096  # a new block's size, for a batch's estimate (ext4, xfs, tmpfs); what is taken is read back
 _ID_ROW = 33  # bytes of one identity in the .ids file (32 hex digits and a newline)
-_SEGMENT = re.compile(r"\d{8}-\d{6}(?:\.\d+)?")  # a rotated segment's suffix: <n>.log.<YYYYmmdd-HHMMSS>[.k]
+_ID = re.compile(rb"[0-9a-f]{32}\n")
+_MARK = re.compile(rb"=(\d+)(?: (\d+))?\n")  # "=<log size> <identities it commits>" (the count: since 0.1.0)
+_ROTATED = re.compile(r"(.+\.log)\.\d{8}-\d{6}(?:\.\d+)?")  # a rotated segment: <n>.log.<YYYYmmdd-HHMMSS>[.k]
+_TEMP = IDS_SUFFIX + ".tmp"  # a compaction's new .ids file before its rename
+# A directory fsync some filesystems refuse: its name is as durable as that filesystem makes it.
+_NO_DIR_SYNC = (errno.EINVAL, errno.ENOTSUP, errno.EBADF, errno.EACCES)
+
+log = logging.getLogger(__name__)
+
+
+def spool_root(state_dir: str) -> str:
+    """Where the spool lives in a state directory (a discovery root of the source set)."""
+    return os.path.join(state_dir, SPOOL_DIR)
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,14 +84,19 @@ class SpoolFullError(SpoolError):
     """The batch would pass a cap with lines the reader has not consumed yet: answer 503, retry later."""
 
 
+class SpoolSourcesError(SpoolFullError):
+    """The batch names new sources past the cap on sources: answer 503, retry once idle sources are removed."""
+
+
 @dataclass(frozen=True, slots=True)
 class Limits:
-    """The spool's bounds: bytes on disk per source and in all (0: unbounded), and how long an idle source that
-    was read to its end is kept (0: for ever)."""
+    """The spool's bounds: disk per source and in all (bytes of blocks; 0: unbounded), sources (0: unbounded),
+    and how long an idle source that was read to its end is kept (0: for ever)."""
 
     source_bytes: int = 0
     total_bytes: int = 0
     retention: float = 0.0
+    sources: int = 0
 
     @property
     def segment_bytes(self) -> int:
@@ -80,24 +111,83 @@ class Limits:
         return max(1, min(DEDUPE_WINDOW, self.source_bytes // (16 * _ID_ROW)))
 
 
-class _Memory:
-    """One source's recent identities (insertion-ordered, bounded), its log's committed size and its disk use."""
+@dataclass
+class SpoolStats:
+    """What the spool did, for /metrics (counters) and its gauges' inputs."""
 
-    __slots__ = ("disk", "ids", "ids_bytes", "last", "lines", "size", "window")
+    recovered_bytes: int = 0  # uncommitted log bytes cut at a start (a crash between a batch's writes)
+    write_errors: int = 0  # batches a write or fsync failed for (503; cut back to their commit)
+    rotations: int = 0  # live logs rotated into a segment
+    dropped_segments: int = 0  # segments deleted once read
+    reclaimed_logs: int = 0  # live logs read to their end deleted to make room under the total cap
+    removed_sources: int = 0  # idle sources read to their end removed
+    refused_source: int = 0  # batches refused: a source's cap
+    refused_total: int = 0  # batches refused: the total cap (unread lines)
+    refused_sources: int = 0  # batches refused: new sources past the cap on sources
+
+
+@dataclass(frozen=True)
+class SpoolUse:
+    """The spool's use now: sources, files and directories (inodes), bytes of blocks, unread bytes, file bytes."""
+
+    sources: int
+    inodes: int
+    disk_bytes: int
+    unread_bytes: int
+    file_bytes: int
+
+
+class _Memory:
+    """One source's recent identities (insertion-ordered, bounded), its files' committed sizes and blocks, and
+    what the last durable save shows read of it."""
+
+    __slots__ = ("file", "ids", "ids_blocks", "ids_bytes", "last", "lines", "log_blocks", "new", "read",
+                 "segments", "size", "window")  # fmt: skip
 
     def __init__(self, window: int) -> None:
         self.ids: OrderedDict[bytes, None] = OrderedDict()
         self.window = window
-        self.size = 0
-        self.lines = 0  # identity lines in the .ids file (compacted when it outgrows the window)
-        self.ids_bytes = 0  # the .ids file's size
-        self.disk = 0  # bytes of the live log, its rotated segments and its .ids file
+        self.size = 0  # the live log's committed bytes
+        self.ids_bytes = 0  # the .ids file's committed bytes
+        self.lines = 0  # rows in the .ids file (compacted when it outgrows the window)
+        self.log_blocks = 0  # bytes of blocks the live log takes
+        self.ids_blocks = 0
+        self.file: tuple[int, int] | None = None  # the live log's (dev, ino) once its name is durable
+        self.segments: dict[str, tuple[int, int]] = {}  # rotated segment -> (bytes, bytes of blocks)
+        self.read = 0  # bytes of the live log the last durable save shows read
         self.last = 0.0  # wall time of the last write (the log's mtime after a restart)
+        self.new = False  # the batch being written makes its log file (first, or after a rotation)
 
     def add(self, identity: bytes) -> None:
         self.ids[identity] = None
         if len(self.ids) > self.window:
             self.ids.popitem(last=False)
+
+    @property
+    def disk(self) -> int:
+        """Bytes of blocks the source's files take."""
+        return self.log_blocks + self.ids_blocks + sum(b for _, b in self.segments.values())
+
+    @property
+    def unread(self) -> int:
+        """Bytes the reader has not consumed (as far as a durable save says): segments count whole."""
+        return self.size - min(self.read, self.size) + sum(n for n, _ in self.segments.values())
+
+    @property
+    def inodes(self) -> int:
+        return (self.file is not None) + (self.ids_bytes > 0) + len(self.segments)
+
+
+@dataclass(frozen=True, slots=True)
+class _Staged:
+    """A source's lines written to its log and fsynced, waiting for their commit in the .ids file."""
+
+    rel: str
+    memory: _Memory
+    fresh: list[Line]
+    size: int  # the log's size with them
+    log_blocks: int
+    file: tuple[int, int]
 
 
 class Spool:
@@ -109,39 +199,129 @@ class Spool:
         self._wall = wall
         self._lock = threading.Lock()
         self._memory: dict[str, _Memory] = {}
+        self._dirs: dict[str, int] = {}  # the spool's directories -> bytes of blocks they take
         # What the last durable state save says of each spooled log: its path -> (dev, ino, offset).
         self._saved: dict[str, tuple[int, int, int]] = {}
-        self.recovered_bytes = 0  # uncommitted bytes cut at recovery (a crash between a batch's two writes)
-        self.rotations = 0  # live logs rotated into a segment
-        self.dropped_segments = 0  # consumed segments deleted
-        self.removed_sources = 0  # idle sources read to their end and removed
-        self.full = 0  # batches refused because a cap would be passed by unread lines
+        self.stats = SpoolStats()
         # A state save would let the spool rotate or drop a segment (a log not named by one yet, a batch refused).
         self.wants_save = False
 
+    @property
+    def full(self) -> int:
+        """Batches refused because a cap would be passed by unread lines."""
+        return self.stats.refused_source + self.stats.refused_total
+
+    def use(self) -> SpoolUse:
+        """Sources, inodes, blocks, unread bytes and file bytes now (one pass over the sources' memory).
+
+        Never waits for the lock: a scrape must not wait for a batch's fsyncs. Each list is copied whole under
+        the interpreter lock; a source changed meanwhile shows its state before or after, as a gauge may."""
+        memories = list(self._memory.values())
+        dirs = list(self._dirs.values())
+        segments = [list(m.segments.values()) for m in memories]
+        return SpoolUse(
+            sources=len(memories),
+            inodes=sum(m.inodes for m in memories) + len(dirs),
+            disk_bytes=sum(m.log_blocks + m.ids_blocks for m in memories)
+            + sum(b for s in segments for _, b in s)
+            + sum(dirs),
+            unread_bytes=sum(m.size - min(m.read, m.size) for m in memories) + sum(n for s in segments for n, _ in s),
+            file_bytes=sum(m.size + m.ids_bytes for m in memories) + sum(n for s in segments for n, _ in s),
+        )
+
     def disk_bytes(self) -> int:
-        """Bytes the spool's sources take on disk (logs, rotated segments, .ids files)."""
-        with self._lock:
-            return sum(m.disk for m in self._memory.values())
+        """Bytes the spool's files take (logs, rotated segments, .ids files), as their sizes say."""
+        return self.use().file_bytes
 
     def path(self, rel: str) -> str:
         """The absolute path of a spooled source."""
         return os.path.join(self.root, rel)
 
+    # --- start --------------------------------------------------------------------------------
+
     def recover(self) -> None:
-        """Load every source's memory and cut any log back to its last commit (call before the loop reads)."""
+        """Load every source's memory and cut any log back to its last commit (call before the loop reads).
+
+        One walk of the tree: each directory is listed once, whatever the number of sources in it.
+        """
+        sources: set[str] = set()
+        segments: dict[str, dict[str, tuple[int, int]]] = {}
         with self._lock:
-            for dirpath, _dirs, names in os.walk(self.root):
-                for name in sorted(names):
+            for dirpath, dirs, names in os.walk(self.root):
+                dirs.sort()
+                self._dirs[os.path.abspath(dirpath)] = _blocks_of(dirpath)
+                for name in names:
+                    full = os.path.join(dirpath, name)
+                    rel = os.path.relpath(full, self.root)
+                    rotated = _ROTATED.fullmatch(name)
                     if name.endswith(".log"):
-                        rel = os.path.relpath(os.path.join(dirpath, name), self.root)
-                        self._load(rel)
+                        sources.add(rel)
+                    elif name.endswith(".log" + IDS_SUFFIX):
+                        sources.add(rel[: -len(IDS_SUFFIX)])
+                    elif name.endswith(_TEMP):
+                        with contextlib.suppress(OSError):
+                            os.unlink(full)  # a compaction cut short: the .ids file it would replace is whole
+                    elif rotated is not None:
+                        owner = os.path.relpath(os.path.join(dirpath, rotated.group(1)), self.root)
+                        st = _stat(full)
+                        if st is not None:
+                            segments.setdefault(owner, {})[full] = (st.st_size, st.st_blocks * 512)
+            for rel in sorted(sources | set(segments)):
+                memory = self._load(rel, segments.get(rel, {}))
+                self._memory[rel] = memory
+
+    def _load(self, rel: str, segments: dict[str, tuple[int, int]]) -> _Memory:
+        """A source's memory from its .ids file; a log past the last commit is cut back to it, and rows no
+        complete mark commits are cut from the .ids file."""
+        memory = _Memory(self.limits.window)
+        memory.segments = dict(segments)
+        path = self.path(rel)
+        try:
+            with open(path + IDS_SUFFIX, "rb") as fh:
+                raw = fh.read()
+        except FileNotFoundError:
+            raw = b""
+        except OSError as exc:
+            raise SpoolError(f"cannot read {path}{IDS_SUFFIX}: {exc}") from exc
+        committed_end = _replay(raw, memory)
+        try:
+            if committed_end < len(raw):
+                log.warning("otlp spool: %s%s: %d bytes past the last commit cut (a batch never acknowledged)",
+                            path, IDS_SUFFIX, len(raw) - committed_end)  # fmt: skip
+                _cut(path + IDS_SUFFIX, committed_end)
+            st = _stat(path)
+            live = st.st_size if st is not None else 0
+            if live > memory.size:
+                self.stats.recovered_bytes += live - memory.size
+                log.warning("otlp spool: %s: %d bytes past the last commit cut (a batch never acknowledged; the "
+                            "shipper sends it again)", path, live - memory.size)  # fmt: skip
+                _cut(path, memory.size)
+            elif live < memory.size:
+                # Rotated or deleted after its last mark (a crash between the rename and the new log's mark, or a
+                # log read to its end deleted for room): the log is new.
+                mark = b"=%d 0\n" % live
+                _write_at(path + IDS_SUFFIX, committed_end, mark)
+                memory.size, committed_end = live, committed_end + len(mark)
+                memory.lines += 1
+            memory.last = st.st_mtime if st is not None else self._wall()
+            st = _stat(path)
+            if st is not None and (st.st_size or committed_end):  # an empty log no batch committed: not named yet
+                memory.file, memory.log_blocks = (st.st_dev, st.st_ino), st.st_blocks * 512
+            ids = _stat(path + IDS_SUFFIX)
+            memory.ids_blocks = ids.st_blocks * 512 if ids is not None else 0
+        except OSError as exc:
+            raise SpoolError(f"cannot recover {path}: {exc}") from exc
+        memory.ids_bytes = committed_end
+        return memory
+
+    # --- a batch ------------------------------------------------------------------------------
 
     def append(self, batch: Mapping[str, Sequence[Line]]) -> tuple[int, int, list[str]]:
         """Make a batch durable: (lines written, duplicates skipped, spool paths whose file is new).
 
         Raises SpoolError when a write or fsync fails; the sources written before it are committed and their
-        lines remembered, so the shipper's retry writes only the rest.
+        lines remembered, so the shipper's retry writes only the rest. SpoolFullError (nothing written) when a
+        cap would be passed.
         """
         written = duplicates = 0
         new: list[str] = []
@@ -150,7 +330,7 @@ class Spool:
             for rel, lines in batch.items():
                 memory = self._memory.get(rel)
                 if memory is None:
-                    memory = self._load(rel)
+                    memory = self._load(rel, {})  # a source the spool does not hold: nothing of it on disk
                 fresh: list[Line] = []
                 taken: set[bytes] = set()
                 for line in lines:
@@ -162,104 +342,154 @@ class Spool:
                 if fresh:
                     plan.append((rel, memory, fresh))
             self._make_room(plan)
-            for rel, memory, fresh in plan:
-                if self._commit(rel, memory, fresh):
-                    new.append(self.path(rel))
-                written += len(fresh)
+            new = self._write(plan)
+            written = sum(len(fresh) for _, _, fresh in plan)
         return written, duplicates, new
 
     def _make_room(self, plan: list[tuple[str, _Memory, list[Line]]]) -> None:
-        """Rotate the logs that may be, then refuse (SpoolFullError) a batch that would pass a cap; nothing written."""
+        """Rotate the logs that may be, free read logs when the disk needs it, then refuse (SpoolFullError) a
+        batch that would pass a cap with unread lines or new sources; nothing written."""
         limits = self.limits
+        if limits.sources:
+            unknown = sum(1 for rel, _, _ in plan if rel not in self._memory)
+            if unknown and len(self._memory) + unknown > limits.sources:
+                self.stats.refused_sources += 1
+                raise SpoolSourcesError(
+                    f"the spool holds {len(self._memory)} sources; {unknown} new ones would pass its cap of "
+                    f"{limits.sources} (--otlp-spool-max-sources); a source is removed once it got nothing for "
+                    "--otlp-spool-retention and was read to its end"
+                )
         if not (limits.source_bytes or limits.total_bytes):
             return
         adding = 0
+        made: set[str] = set()  # directories the batch makes (a block each)
         for rel, memory, fresh in plan:
             if limits.segment_bytes and memory.size >= limits.segment_bytes:
                 self._rotate(rel, memory)
-            need = _batch_bytes(fresh, memory.size)
+            need = _batch_blocks(fresh, memory)
+            if memory.file is None:
+                need += BLOCK * self._new_dirs(os.path.dirname(self.path(rel)), made)
             adding += need
             if limits.source_bytes and memory.disk + need > limits.source_bytes:
-                self.full += 1
+                self.stats.refused_source += 1
                 self.wants_save = True
                 raise SpoolFullError(
-                    f"{rel} holds {memory.disk} bytes not read yet or not saved as read; {need} more would pass "
-                    f"the cap of {limits.source_bytes} per source (--otlp-spool-source-mib)"
+                    f"{rel} takes {memory.disk} bytes of disk not read yet or not saved as read; {need} more would "
+                    f"pass the cap of {limits.source_bytes} per source (--otlp-spool-source-mib)"
                 )
-        total = sum(m.disk for m in self._memory.values())
-        if limits.total_bytes and total + adding > limits.total_bytes:
-            self.full += 1
-            self.wants_save = True
+        if not limits.total_bytes:
+            return
+        disk = sum(m.disk for m in self._memory.values()) + sum(self._dirs.values())
+        if disk + adding > limits.total_bytes:
+            disk -= self._reclaim(disk + adding - limits.total_bytes, {rel for rel, _, _ in plan})
+        if disk + adding > limits.total_bytes:
+            self.stats.refused_total += 1
+            self.wants_save = True  # a save lets read segments go
+            unread = sum(m.unread for m in self._memory.values())
             raise SpoolFullError(
-                f"the spool holds {total} bytes; {adding} more would pass its cap of {limits.total_bytes} "
-                "(--otlp-spool-total-mib)"
+                f"the spool takes {disk} bytes of disk, {unread} of them lines not read yet or not saved as read; "
+                f"{adding} more would pass its cap of {limits.total_bytes} (--otlp-spool-total-mib)"
             )
+
+    def _new_dirs(self, directory: str, made: set[str]) -> int:
+        """How many directories a new file there needs made, not counting those in `made` (which it joins)."""
+        top = os.path.abspath(self.root)
+        directory = os.path.abspath(directory)
+        n = 0
+        while directory.startswith(top) and directory not in self._dirs and directory not in made:
+            made.add(directory)
+            n += 1
+            if directory == top:
+                break
+            directory = os.path.dirname(directory)
+        return n
+
+    def _reclaim(self, want: int, batch: set[str]) -> int:
+        """Free what a durable save shows read, until `want` bytes are free: a live log read to its end is deleted
+        at once (its identities stay: a retry of its lines is still a duplicate); one read in part is rotated, and
+        its segment goes at the next save. The bytes freed now."""
+        freed = 0
+        for rel, memory in self._memory.items():
+            if freed >= want:
+                break
+            if rel in batch or not memory.read or memory.segments:
+                continue
+            path = self.path(rel)
+            saved = self._saved.get(path)
+            if saved is None or saved[:2] != memory.file:
+                continue
+            if memory.read < memory.size:
+                if memory.read >= RECLAIM_BYTES:
+                    self._rotate(rel, memory)
+                continue
+            try:
+                os.unlink(path)
+            except OSError as exc:
+                log.warning("otlp spool: cannot delete the read log %s for room: %s", path, exc)
+                continue
+            freed += memory.log_blocks
+            memory.size = memory.read = memory.log_blocks = 0
+            memory.file = None  # the next batch makes a new log: the tailer follows it as a recreated file
+            self.stats.reclaimed_logs += 1
+            log.info("otlp spool: deleted %s, read to its end, for room under the total cap", path)
+        return freed
 
     def _rotate(self, rel: str, memory: _Memory) -> None:
         """Rename a live log that the last durable save names into a segment (the tailer drains it), drop the
         segments that save shows consumed; a log the reader has not opened yet is left as it is."""
         path = self.path(rel)
-        try:
-            st = os.stat(path)
-        except OSError:
-            return
         saved = self._saved.get(path)
-        if saved is None or saved[:2] != (st.st_dev, st.st_ino):
+        if saved is None or memory.file is None or saved[:2] != memory.file:
             self.wants_save = True  # not opened by the reader yet, as far as a durable save says: ask for one
             return  # a rename now could go unseen
-        self._drop_segments(rel, memory)
+        self._drop_segments(memory)
         stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime(self._wall()))
         target, k = f"{path}.{stamp}", 0
-        while os.path.exists(target):
+        while target in memory.segments or os.path.exists(target):
             k += 1
             target = f"{path}.{stamp}.{k}"
         try:
             os.rename(path, target)
         except OSError as exc:
             raise SpoolError(f"cannot rotate {path}: {exc}") from exc
-        memory.size = 0  # a crash before the mark below: recovery finds the log shorter than its mark (_load)
-        self.rotations += 1
+        memory.segments[target] = (memory.size, memory.log_blocks)
+        drained = saved[2] >= memory.size  # the save shows it read to its end: nothing in it is left to read
+        # A crash before the mark below: recovery finds the log shorter than its mark (_load).
+        memory.size = memory.read = memory.log_blocks = 0
+        memory.file = None
+        self.stats.rotations += 1
         self.wants_save = True  # the reader moves on to the new log; the save after that drops this segment
-        mark = _COMMIT + b"0\n"
+        log.info("otlp spool: rotated %s (%s)", path, "read to its end" if drained else "draining")
+        if drained:
+            self._drop_segments(memory)
+        mark = b"=0 0\n"
         try:
             # The new log exists at once: the tailer drains the segment, opens it, and the next save names it,
             # which lets the segment go even when no record comes until then.
-            _append_synced(path, b"")
+            memory.log_blocks, memory.file = _write_at(path, 0, b"")
             self._sync_dirs(os.path.dirname(path))
-            _append_synced(path + IDS_SUFFIX, mark)
+            memory.ids_blocks, _ = _write_at(path + IDS_SUFFIX, memory.ids_bytes, mark)
         except OSError as exc:
             raise SpoolError(f"cannot rotate {path}: {exc}") from exc
         memory.lines += 1
         memory.ids_bytes += len(mark)
-        memory.disk += len(mark)
 
-    def _segments(self, rel: str) -> list[str]:
-        """The rotated segments of a source's log (absolute paths)."""
-        path = self.path(rel)
-        directory, base = os.path.split(path)
-        try:
-            names = os.listdir(directory)
-        except OSError:
-            return []
-        prefix = base + "."
-        return sorted(
-            os.path.join(directory, n) for n in names if n.startswith(prefix) and _SEGMENT.fullmatch(n[len(prefix) :])
-        )
-
-    def _drop_segments(self, rel: str, memory: _Memory) -> None:
+    def _drop_segments(self, memory: _Memory) -> None:
         """Delete a source's rotated segments: the caller checked that a durable save names its live log."""
-        for segment in self._segments(rel):
+        for segment in list(memory.segments):
             try:
-                size = os.path.getsize(segment)
                 os.unlink(segment)
-            except OSError:
+            except FileNotFoundError:
+                pass
+            except OSError as exc:
+                log.warning("otlp spool: cannot delete the read segment %s: %s", segment, exc)
                 continue
-            memory.disk -= size
-            self.dropped_segments += 1
+            del memory.segments[segment]
+            self.stats.dropped_segments += 1
 
     def consumed(self, files: Mapping[str, Any]) -> None:
         """A state save is durable (its `files` entries): drop the segments it shows drained, and remove the
-        sources idle for the retention that it shows read to their end."""
+        sources idle for the retention that it shows read to their end. No file is looked at but those."""
         saved: dict[str, tuple[int, int, int]] = {}
         prefix = os.path.join(self.root, "")
         for path, entry in files.items():
@@ -274,27 +504,26 @@ class Spool:
         with self._lock:
             self._saved = saved
             for rel, memory in list(self._memory.items()):
-                path = self.path(rel)
-                known = saved.get(path)
-                try:
-                    st = os.stat(path)
-                except OSError:
+                known = saved.get(self.path(rel))
+                if known is None or memory.file is None or known[:2] != memory.file:
+                    memory.read = 0
                     continue
-                if known is None or known[:2] != (st.st_dev, st.st_ino):
-                    continue
-                self._drop_segments(rel, memory)
+                memory.read = known[2]
+                if memory.segments:
+                    self._drop_segments(memory)
                 retention = self.limits.retention
-                if retention and known[2] >= st.st_size and now - memory.last >= retention:
-                    self._remove(rel)
+                if retention and known[2] >= memory.size and now - memory.last >= retention:
+                    self._remove(rel, memory)
 
-    def _remove(self, rel: str) -> None:
+    def _remove(self, rel: str, memory: _Memory) -> None:
         """Delete an idle source's log, segments and .ids file, and its directories once empty."""
         path = self.path(rel)
-        for name in (*self._segments(rel), path, path + IDS_SUFFIX):
+        for name in (*memory.segments, path, path + IDS_SUFFIX):
             with contextlib.suppress(OSError):
                 os.unlink(name)
         del self._memory[rel]
-        self.removed_sources += 1
+        self.stats.removed_sources += 1
+        log.info("otlp spool: removed %s: idle for the retention and read to its end", path)
         directory = os.path.dirname(path)
         root = os.path.abspath(self.root)
         while os.path.abspath(directory) != root and os.path.abspath(directory).startswith(root):
@@ -302,153 +531,210 @@ class Spool:
                 os.rmdir(directory)
             except OSError:
                 break
+            self._dirs.pop(os.path.abspath(directory), None)
             directory = os.path.dirname(directory)
 
-    def _commit(self, rel: str, memory: _Memory, fresh: list[Line]) -> bool:
-        """Write and commit a source's new lines; whether its log file is new (first, or after a rotation)."""
+    def _write(self, plan: list[tuple[str, _Memory, list[Line]]]) -> list[str]:
+        """Write a batch: every source's lines to its log (fsynced), the new files' directories (fsynced once
+        each), then each source's commit to its .ids file; the paths of the new logs. A failure before a source's
+        commit cuts it back, with every source not committed yet, and raises SpoolError."""
+        staged: list[_Staged] = []
+        pending = list(plan)
+        try:
+            for rel, memory, fresh in plan:
+                self._memory.setdefault(rel, memory)
+                staged.append(self._stage(rel, memory, fresh))
+            self._sync_new(staged)
+            while staged:
+                self._commit(staged[0])
+                staged.pop(0)
+                pending.pop(0)
+        except OSError as exc:
+            self.stats.write_errors += 1
+            for rel, memory, _ in pending:
+                self._undo(self.path(rel), memory)
+                if memory.file is None and not memory.ids_bytes and not memory.segments:
+                    self._memory.pop(rel, None)  # a new source nothing was committed for: not the spool's yet
+            path = getattr(exc, "filename", None) or self.root
+            log.warning("otlp spool: cannot write %s, the batch is refused (503) and cut back: %s", path, exc)
+            raise SpoolError(f"cannot write {path}: {exc}") from exc
+        return [self.path(rel) for rel, memory, _ in plan if memory.new]
+
+    def _stage(self, rel: str, memory: _Memory, fresh: list[Line]) -> _Staged:
+        """A source's new lines written at its log's committed end and fsynced (not committed yet)."""
         path = self.path(rel)
         data = b"".join(line.data for line in fresh)
-        try:
-            new = not os.path.exists(path)
+        memory.new = memory.file is None
+        if memory.new:
             os.makedirs(os.path.dirname(path), exist_ok=True)
-            _append_synced(path, data)
-            if new:  # the file's name (and the directories made for it) must be durable too
-                self._sync_dirs(os.path.dirname(path))
-            size = memory.size + len(data)
-            ids = b"".join(line.identity.hex().encode() + b"\n" for line in fresh)
-            ids += _COMMIT + str(size).encode() + b"\n"
-            _append_synced(path + IDS_SUFFIX, ids)
+        try:
+            log_blocks, file = _write_at(path, memory.size, data)
         except OSError as exc:
-            with contextlib.suppress(OSError):
-                _cut(path, memory.size)  # never leave uncommitted bytes for the tailer to read
-            raise SpoolError(f"cannot write {path}: {exc}") from exc
-        memory.size = size
-        memory.lines += len(fresh) + 1
+            exc.filename = exc.filename or path
+            raise
+        return _Staged(rel, memory, fresh, memory.size + len(data), log_blocks, file)
+
+    def _sync_new(self, staged: list[_Staged]) -> None:
+        """Make the names of the batch's new logs durable: each directory up to the spool root fsynced once."""
+        top = os.path.dirname(os.path.abspath(self.root))
+        dirs: set[str] = set()
+        for s in staged:
+            if s.memory.new:
+                directory = os.path.abspath(os.path.dirname(self.path(s.rel)))
+                while directory.startswith(top) and directory != top and directory not in dirs:
+                    dirs.add(directory)
+                    directory = os.path.dirname(directory)
+        for directory in sorted(dirs, key=len, reverse=True):  # a new directory before its parent
+            self._sync_dir(directory)
+
+    def _commit(self, s: _Staged) -> None:
+        """Commit a staged source: its identities and mark to its .ids file (fsynced), then its memory."""
+        memory, path = s.memory, self.path(s.rel)
+        ids = b"".join(line.identity.hex().encode() + b"\n" for line in s.fresh)
+        ids += b"=%d %d\n" % (s.size, len(s.fresh))
+        try:
+            ids_blocks, _ = _write_at(path + IDS_SUFFIX, memory.ids_bytes, ids)
+        except OSError as exc:
+            exc.filename = exc.filename or path + IDS_SUFFIX
+            raise
+        memory.size = s.size
+        memory.file, memory.log_blocks, memory.ids_blocks = s.file, s.log_blocks, ids_blocks
+        memory.lines += len(s.fresh) + 1
         memory.ids_bytes += len(ids)
-        memory.disk += len(data) + len(ids)
         memory.last = self._wall()
-        for line in fresh:
+        for line in s.fresh:
             memory.add(line.identity)
         if memory.lines > 4 * memory.window:
             self._compact(path + IDS_SUFFIX, memory)
-        return new
+
+    def _undo(self, path: str, memory: _Memory) -> None:
+        """Cut a failed batch back: the .ids file to its last commit, then the log. When the first cut fails, the
+        log keeps the bytes its .ids may commit; the source's next batch cuts both before it writes."""
+        try:
+            _cut(path + IDS_SUFFIX, memory.ids_bytes)
+        except FileNotFoundError:
+            pass
+        except OSError as exc:
+            log.warning("otlp spool: cannot cut %s%s back to its commit: %s", path, IDS_SUFFIX, exc)
+            return
+        try:
+            _cut(path, memory.size)
+        except FileNotFoundError:
+            pass
+        except OSError as exc:
+            log.warning("otlp spool: cannot cut %s back to its commit: %s", path, exc)
 
     def _sync_dirs(self, directory: str) -> None:
-        """fsync a new file's directory and each parent up to the spool root (where a filesystem allows it)."""
-        root = os.path.dirname(os.path.abspath(self.root))
+        """fsync a new file's directory and each parent up to the spool root."""
+        top = os.path.dirname(os.path.abspath(self.root))
         directory = os.path.abspath(directory)
-        while directory.startswith(root) and directory != root:
-            try:
-                fd = os.open(directory, os.O_RDONLY)
-            except OSError:
-                return
-            try:
-                os.fsync(fd)
-            except OSError:
-                pass  # some filesystems refuse a directory fsync
-            finally:
-                os.close(fd)
+        while directory.startswith(top) and directory != top:
+            self._sync_dir(directory)
             directory = os.path.dirname(directory)
 
-    def _load(self, rel: str) -> _Memory:
-        """A source's memory from its .ids file; a log past the last commit is cut back to it."""
-        memory = _Memory(self.limits.window)
-        path = self.path(rel)
+    def _sync_dir(self, directory: str) -> None:
+        """fsync a directory (where its filesystem allows it) and note the blocks it takes."""
+        fd = os.open(directory, os.O_RDONLY)
         try:
-            with open(path + IDS_SUFFIX, "rb") as fh:
-                raw = fh.read()
-        except FileNotFoundError:
-            raw = b""
+            os.fsync(fd)
         except OSError as exc:
-            raise SpoolError(f"cannot read {path}{IDS_SUFFIX}: {exc}") from exc
-        pending: list[bytes] = []
-        committed_end = 0  # bytes of the .ids file up to its last commit mark
-        offset = 0
-        for row in raw.splitlines(keepends=True):
-            offset += len(row)
-            if not row.endswith(b"\n"):
-                break  # torn by a crash mid-write
-            if row.startswith(_COMMIT):
-                try:
-                    memory.size = int(row[1:])
-                except ValueError:
-                    break
-                for identity in pending:
-                    memory.add(identity)
-                memory.lines += len(pending) + 1
-                pending = []
-                committed_end = offset
-            else:
-                try:
-                    pending.append(bytes.fromhex(row.decode().strip()))
-                except ValueError:
-                    break
-        try:
-            if committed_end < len(raw):
-                _cut(path + IDS_SUFFIX, committed_end)
-            live = os.path.getsize(path) if os.path.exists(path) else 0
-            if live > memory.size:
-                self.recovered_bytes += live - memory.size
-                _cut(path, memory.size)
-            elif live < memory.size:
-                # Rotated after its last mark (a crash between the rename and the "=0" mark): the log is new.
-                mark = _COMMIT + str(live).encode() + b"\n"
-                _append_synced(path + IDS_SUFFIX, mark)
-                memory.size, committed_end = live, committed_end + len(mark)
-                memory.lines += 1
-            memory.last = os.path.getmtime(path) if os.path.exists(path) else self._wall()
-        except OSError as exc:
-            raise SpoolError(f"cannot recover {path}: {exc}") from exc
-        memory.ids_bytes = committed_end
-        memory.disk = memory.size + committed_end + sum(_size(s) for s in self._segments(rel))
-        self._memory[rel] = memory
-        return memory
+            if exc.errno not in _NO_DIR_SYNC:
+                raise
+        finally:
+            with contextlib.suppress(OSError):
+                self._dirs[directory] = os.fstat(fd).st_blocks * 512
+            os.close(fd)
 
     def _compact(self, ids_path: str, memory: _Memory) -> None:
         """Rewrite a long .ids file as the window it keeps and one commit mark (atomically)."""
-        temp = ids_path + ".tmp"
-        body = b"".join(i.hex().encode() + b"\n" for i in memory.ids) + _COMMIT + str(memory.size).encode() + b"\n"
+        temp = ids_path[: -len(IDS_SUFFIX)] + _TEMP
+        body = b"".join(i.hex().encode() + b"\n" for i in memory.ids) + b"=%d %d\n" % (memory.size, len(memory.ids))
         try:
-            with open(temp, "wb") as fh:
-                fh.write(body)
-                fh.flush()
-                os.fsync(fh.fileno())
+            blocks, _ = _write_at(temp, 0, body)
             os.replace(temp, ids_path)
         except OSError:
+            with contextlib.suppress(OSError):
+                os.unlink(temp)
             return  # the long file is still whole; compaction waits for the next batch
         memory.lines = len(memory.ids) + 1
-        memory.disk += len(body) - memory.ids_bytes
-        memory.ids_bytes = len(body)
+        memory.ids_bytes, memory.ids_blocks = len(body), blocks
 
 
-def _batch_bytes(fresh: Sequence[Line], size: int) -> int:
-    """The bytes a batch adds to its source on disk: its lines, their identities and the commit mark."""
+def _replay(raw: bytes, memory: _Memory) -> int:
+    """Load the committed identities and the log's committed size of a .ids file's bytes; the offset of the end
+    of its last commit. A mark commits the `count` identity rows right before it (all of them since the last mark
+    for a mark without a count); a row that is neither (torn) uncommits what came before it."""
+    pending: list[bytes] = []
+    committed_end = offset = 0
+    for row in raw.splitlines(keepends=True):
+        offset += len(row)
+        if _ID.fullmatch(row):
+            pending.append(bytes.fromhex(row[:-1].decode()))
+            continue
+        mark = _MARK.fullmatch(row)
+        if mark is None:
+            pending = []  # a torn row: the rows before it were never committed
+            continue
+        count = len(pending) if mark.group(2) is None else min(int(mark.group(2)), len(pending))
+        for identity in pending[len(pending) - count :]:
+            memory.add(identity)
+        memory.size = int(mark.group(1))
+        memory.lines += count + 1
+        pending = []
+        committed_end = offset
+    return committed_end
+
+
+def _batch_blocks(fresh: Sequence[Line], memory: _Memory) -> int:
+    """The bytes of blocks a batch adds to its source at most: its lines, their identities and the mark."""
     data = sum(len(line.data) for line in fresh)
-    return data + len(fresh) * _ID_ROW + len(_COMMIT) + len(str(size + data)) + 1
+    ids = len(fresh) * _ID_ROW + len(b"=%d %d\n" % (memory.size + data, len(fresh)))
+    return max(0, _round(memory.size + data) - memory.log_blocks) + max(
+        0, _round(memory.ids_bytes + ids) - memory.ids_blocks
+    )
 
 
-def _size(path: str) -> int:
+def _round(n: int) -> int:
+    return -(-n // BLOCK) * BLOCK
+
+
+def _stat(path: str) -> os.stat_result | None:
     try:
-        return os.path.getsize(path)
-    except OSError:
-        return 0
+        return os.stat(path)
+    except FileNotFoundError:
+        return None
 
 
-def _append_synced(path: str, data: bytes) -> None:
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o640)
+def _blocks_of(path: str) -> int:
+    st = _stat(path)
+    return st.st_blocks * 512 if st is not None else 0
+
+
+def _write_at(path: str, offset: int, data: bytes) -> tuple[int, tuple[int, int]]:
+    """Write data at offset (what a failed batch left past it is cut first) and fsync; the file's bytes of
+    blocks and (dev, ino) then."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o640)
     try:
+        if os.fstat(fd).st_size > offset:
+            os.ftruncate(fd, offset)
+        os.lseek(fd, offset, os.SEEK_SET)
         view = memoryview(data)
         while view:
             view = view[os.write(fd, view) :]
         os.fsync(fd)
+        st = os.fstat(fd)
+        return st.st_blocks * 512, (st.st_dev, st.st_ino)
     finally:
         os.close(fd)
 
 
 def _cut(path: str, size: int) -> None:
+    """Cut a file back to size (its fsync is the next commit's: the reader's view is the page cache's)."""
     fd = os.open(path, os.O_WRONLY)
     try:
-        os.ftruncate(fd, size)
-        os.fsync(fd)
+        if os.fstat(fd).st_size > size:
+            os.ftruncate(fd, size)
+        with contextlib.suppress(OSError):
+            os.fsync(fd)
     finally:
         os.close(fd)
