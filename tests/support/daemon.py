@@ -12,9 +12,11 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator
+from typing import IO
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
@@ -34,6 +36,10 @@ class Daemon:
         self.nice = nice
         self.port = free_port()
         self.proc: subprocess.Popen[bytes] | None = None
+        # What the process writes goes to unnamed files, never to pipes nobody reads: a daemon that logs an event
+        # per OOM fills a 64 KiB pipe after a few hundred events and then blocks in its logger, mid-request.
+        self._out: IO[bytes] | None = None
+        self._err: IO[bytes] | None = None
 
     def command(self) -> list[str]:
         """The serve command line: this port and state dir, test intervals, then the test's own arguments."""
@@ -44,7 +50,9 @@ class Daemon:
 
     def start(self) -> Daemon:
         env = {**os.environ, **self.env} if self.env else None
-        self.proc = subprocess.Popen(self.command(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
+        self._close_output()
+        self._out, self._err = tempfile.TemporaryFile(), tempfile.TemporaryFile()
+        self.proc = subprocess.Popen(self.command(), stdout=self._out, stderr=self._err, env=env,
                                      preexec_fn=self._renice if self.nice else None)  # fmt: skip
         wait_until(self.started, what="the daemon to answer /healthz with its starting positions saved", timeout=15.0)
         return self
@@ -113,45 +121,44 @@ class Daemon:
     def stop(self, sig: int = signal.SIGTERM) -> int:
         assert self.proc is not None
         self.proc.send_signal(sig)
-        code = self.proc.wait(timeout=20)
-        self.proc.stdout and self.proc.stdout.close()  # type: ignore[func-returns-value]
-        self.proc.stderr and self.proc.stderr.close()  # type: ignore[func-returns-value]
-        return code
+        return self.proc.wait(timeout=20)
 
     def __enter__(self) -> Daemon:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:
-        """Stop it (SIGTERM) if it still runs, and close its pipes."""
+        """Stop it (SIGTERM) if it still runs, and close its output files."""
         if self.proc is not None and self.proc.poll() is None:
             self.stop()
         self.reap()
 
     def reap(self) -> None:
-        """Kill the process if it still runs and close its pipes: a fixture's clean-up after any test outcome."""
-        if self.proc is None:
-            return
-        if self.proc.poll() is None:
+        """Kill the process if it still runs and close its output files: a fixture's clean-up after any outcome."""
+        if self.proc is not None and self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait()
-        for stream in (self.proc.stdout, self.proc.stderr):
-            if stream:
+        self._close_output()
+
+    def _close_output(self) -> None:
+        for stream in (self._out, self._err):
+            if stream is not None:
                 stream.close()
+        self._out = self._err = None
 
     def log_tail(self, size: int = 3000) -> str:
         """The end of what the daemon has logged so far (a failed wait's explanation), without waiting for it."""
-        if self.proc is None or self.proc.stderr is None:
-            return ""
-        if self.proc.poll() is not None:
-            return self.stderr()[-size:]
-        os.set_blocking(self.proc.stderr.fileno(), False)
-        return (self.proc.stderr.read() or b"").decode(errors="replace")[-size:]
+        return self._logged()[-size:]
 
     def stderr(self) -> str:
+        """Everything the process wrote to stderr, once it has exited ("" while it runs)."""
         if self.proc is None or self.proc.poll() is None:
             return ""
-        assert self.proc.stderr is not None
-        return (self.proc.stderr.read() or b"").decode(errors="replace")
+        return self._logged()
+
+    def _logged(self) -> str:
+        if self._err is None or self._err.closed:
+            return ""
+        return os.pread(self._err.fileno(), os.fstat(self._err.fileno()).st_size, 0).decode(errors="replace")
 
 
 def caught_up(daemon: Daemon) -> float | None:
