@@ -199,6 +199,23 @@ def test_a_pd_swa_warning_waits_for_the_assertion_that_may_follow_and_counts_it_
     assert app.counts.total() == 1
 
 
+def test_a_pd_swa_warning_before_another_requests_assertion_is_counted_first(daemon):
+    # The warning's request is not the one the scheduler dies of: the assertion for another request decides
+    # both, in log order, so the newest event (what the last-event gauges show) is the fatal one, whatever the
+    # clock says about the warning's own wait.
+    app, clock, append = daemon
+    append(block(SWA_WARNING))
+    _advance(app, clock, 0.25)
+    other = KV_FULL.replace("req=c3d2", "req=e5f6").replace("required_alloc=4096", "required_alloc=8192")
+    append(traceback(other, ("process_decode_queue", "pop_preallocated", "_pre_alloc")).replace("Runtime", "Assertion"))
+    _advance(app, clock, 1.5)
+    assert [(e.kind, e.fatal, e.numbers.get("requested_tokens")) for e in app.store.recent()] == [
+        ("pd_prealloc", True, 8192),
+        ("pd_prealloc", False, 3072),
+    ]
+    assert app.counts.total() == 2
+
+
 def test_a_pd_swa_abort_alone_counts_once_not_fatal(daemon):
     app, clock, append = daemon
     append(block(SWA_WARNING))

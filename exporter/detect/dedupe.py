@@ -14,7 +14,8 @@ When a group is counted (emitted), as soon as it is decidable:
   event and is not counted again;
 - a block whose kind needs the traceback's frames (the generic 0.5.4+ text), or a line whose assertion may
   follow (a catalog `joins` pattern: 0.5.23's SWA eviction warning): when its traceback came, or when the wait
-  for it (--traceback-wait) ran out;
+  for it (--traceback-wait) ran out; a line that waits for its assertion also when a fatal failure after it is
+  decided (the scheduler dies of that one, so its own assertion cannot follow), and before it, in log order;
 - by position, whatever the clock says: when the reader is far past the group (a backlog read at speed:
   catch-up after a restart, stdin), its traceback did not follow and will not;
 - at the end of the input (flush(None)), or when the window overflows.
@@ -114,8 +115,14 @@ class Deduper:
 
         lineno is how far the reader has got; tracing holds the ranks whose traceback is being assembled.
         """
-        for group in sorted(self._pending.values(), key=lambda g: g.lineno):
-            if now is None or self._due(group, now, lineno, tracing):
+        pending = sorted(self._pending.values(), key=lambda g: g.lineno)
+        due = [now is None or self._due(g, now, lineno, tracing) for g in pending]
+        # A fatal failure decided after a line that waits for its partner assertion (a `joins` pattern): the
+        # scheduler is dying of that failure, so the partner cannot follow any more. Both are decided now, in log
+        # order, so that the last event is the same however the clock and the reads fall.
+        dying = max((i for i, g in enumerate(pending) if due[i] and _fatal(g)), default=-1)
+        for i, group in enumerate(pending):
+            if due[i] or (i < dying and _awaits_partner_only(group)):
                 if now is not None:
                     group.touched = now  # late copies may come from now on: its time in the window starts here
                 self._emit(group)
@@ -245,6 +252,16 @@ class Deduper:
         )
         self.emitted += 1
         self._sink(event)
+
+
+def _fatal(group: Group) -> bool:
+    return any(r.fatal for m in group.members.values() for r in m.reports)
+
+
+def _awaits_partner_only(group: Group) -> bool:
+    """Its only wait is for a partner assertion (not for frames that name its kind)."""
+    waiting = group.waiting()
+    return bool(waiting) and all(r.awaits_partner and r.resolve != PHASE_FRAMES for r in waiting)
 
 
 def _epoch(report: Report) -> float | None:
