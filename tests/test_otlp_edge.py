@@ -1,0 +1,197 @@
+"""The OTLP receiver's edge: identities that never merge, every gzip member, bounded decoding.
+
+The tests call OtlpServer.handle() and sources/otlp directly.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+from collections.abc import Mapping, Sequence
+
+import pytest
+from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest
+from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
+from opentelemetry.proto.logs.v1.logs_pb2 import LogRecord, ResourceLogs, ScopeLogs
+
+from sglang_oom_exporter.sources.otlp import JSON, MAX_RECORDS, PROTOBUF, decode, lines, spool_path
+from sglang_oom_exporter.sources.otlpspool import Line
+from sglang_oom_exporter.web.otlp import OtlpServer
+from tests.support.otlp import attributes as _kv
+from tests.support.otlp import proto_request as _request
+
+POD = {"k8s.namespace.name": "llm", "k8s.pod.name": "sglang-0", "k8s.pod.uid": "9f1c", "k8s.container.name": "srv"}
+
+
+class _Kept:
+    """A receiver that keeps every batch it is handed."""
+
+    def __init__(self) -> None:
+        self.batches: list[Mapping[str, Sequence[Line]]] = []
+
+    def accept(self, batch: Mapping[str, Sequence[Line]]) -> None:
+        self.batches.append(batch)
+
+
+def _handle(body: bytes, kind: str = PROTOBUF, encoding: str | None = None, **kw) -> tuple[int, bytes, _Kept]:
+    kept = _Kept()
+    server = OtlpServer(("127.0.0.1", 0), kept, **kw)
+    status, answer, _ = server.handle(body, kind, encoding)
+    return status, answer, kept
+
+
+# ------------------------------------------------------------------------------------------------ identities
+
+
+def test_names_that_sanitising_merged_each_get_a_spool_file_of_their_own():
+    long_a, long_b = "x" * 199 + "a", "x" * 199 + "b"  # equal in their first 199 characters
+    names = [
+        {"service.name": "a_b"}, {"service.name": "a-b"}, {"service.name": "a\u2010b"},
+        {"log.file.path": "/var/log/a_b.log"}, {"log.file.path": "/var/log/a/b.log"},
+        {"service.name": "var-log-a-b.log"}, {"service.name": "/var/log/a_b.log"},
+        {"log.file.path": "var/log/a_b.log"}, {"service.name": "unnamed"}, {},
+        {"service.name": long_a}, {"service.name": long_b},
+        {**POD, "k8s.namespace.name": "a_b"}, {**POD, "k8s.namespace.name": "a-b"},
+        {**POD, "k8s.container.name": "a_b"}, {**POD, "k8s.container.name": "a-b"},
+        {**POD, "k8s.pod.name": "p_q", "k8s.pod.uid": "u"}, {**POD, "k8s.pod.name": "p", "k8s.pod.uid": "q_u"},
+        {**POD, "k8s.container.name": ".."}, {**POD, "k8s.container.name": "%2E%2E"},
+    ]  # fmt: skip
+    paths = [spool_path(n) for n in names]
+    assert len(set(paths)) == len(names), paths
+    assert all(".." not in p.split("/") for p in paths)
+    # Kubernetes names need no escaping: a pod's spool path is the kubelet's, as before.
+    assert spool_path({**POD, "k8s.container.restart_count": "2"}) == "pods/llm_sglang-0_9f1c/srv/2.log"
+    assert spool_path({"service.name": "sglang"}) == "files/sglang.log"
+
+
+def test_host_name_keeps_two_hosts_files_apart_and_not_a_pods():
+    one = spool_path({"log.file.path": "/var/log/sglang/server.log", "host.name": "node-a"})
+    two = spool_path({"log.file.path": "/var/log/sglang/server.log", "host.name": "node-b"})
+    assert (one, two) == ("files/path=%2Fvar%2Flog%2Fsglang%2Fserver.log@node-a.log",
+                          "files/path=%2Fvar%2Flog%2Fsglang%2Fserver.log@node-b.log")  # fmt: skip
+    assert spool_path({"service.name": "sglang", "host.name": "node-a"}) == "files/sglang@node-a.log"
+    assert spool_path({**POD, "host.name": "node-a"}) == "pods/llm_sglang-0_9f1c/srv/0.log"
+    # The same line at the same time from two hosts: two sources, one line each.
+    batch = ExportLogsServiceRequest()
+    for host in ("node-a", "node-b"):
+        batch.MergeFrom(_request({"log.file.path": "/var/log/sglang/server.log", "host.name": host}, ["OOM"]))
+    got = lines(batch)
+    assert sorted((p, len(v)) for p, v in got.items()) == [(one, 1), (two, 1)]
+
+
+@pytest.mark.parametrize(
+    ("attrs", "reason"),
+    [
+        ({**POD, "k8s.container.restart_count": "\u00b2"}, b"k8s.container.restart_count '\xc2\xb2' is not"),
+        ({**POD, "k8s.container.restart_count": "9" * 5000}, b"k8s.container.restart_count '9999"),
+        ({**POD, "k8s.container.restart_count": "-1"}, b"k8s.container.restart_count '-1' is not"),
+        ({**POD, "k8s.pod.name": "p" * 253, "k8s.pod.uid": "u" * 36}, b"name a source of 294 bytes"),
+        ({**POD, "k8s.container.name": "c" * 256}, b"k8s.container.name name a source of 256 bytes"),
+        ({"service.name": "s" * 201}, b"service.name and host.name name a source of 201 bytes"),
+        ({"service.name": "\u00e9" * 67}, b"name a source of 402 bytes"),
+    ],
+)
+def test_a_bad_restart_count_or_a_name_too_long_for_a_file_gets_400_and_nothing_is_spooled(attrs, reason):
+    status, answer, kept = _handle(_request(attrs, ["line"]).SerializeToString())
+    assert (status, reason in answer, kept.batches) == (400, True, [])
+
+
+def test_a_kubelet_path_with_a_non_ascii_restart_is_a_file_path_not_a_crash():
+    path = "/var/log/pods/llm_p_u/c/\u00b2.log"
+    assert spool_path({"log.file.path": path}) == "files/path=%2Fvar%2Flog%2Fpods%2Fllm%5Fp%5Fu%2Fc%2F%C2%B2.log.log"
+    status, _, kept = _handle(_request({"log.file.path": "/var/log/pods/llm_p_u/c/" + "9" * 5000 + ".log"},
+                                       ["x"]).SerializeToString())  # fmt: skip
+    assert (status, kept.batches) == (400, [])
+
+
+# ----------------------------------------------------------------------------------------------- gzip and JSON
+
+
+def test_every_gzip_member_is_read_and_trailing_garbage_is_refused():
+    a = _request(POD, ["first member"]).SerializeToString()
+    b = _request(POD, ["second member"], t=6).SerializeToString()
+    status, _, kept = _handle(gzip.compress(a) + gzip.compress(b), encoding="gzip")
+    assert status == 200
+    assert [x.data for x in kept.batches[0]["pods/llm_sglang-0_9f1c/srv/0.log"]] == [b"first member\n",
+                                                                                  b"second member\n"]  # fmt: skip
+    status, answer, kept = _handle(gzip.compress(a) + b"garbage", encoding="gzip")
+    assert (status, kept.batches) == (400, [])
+    assert b"malformed gzip body: 7 bytes after the last gzip member" in answer
+    status, answer, _ = _handle(gzip.compress(a) + gzip.compress(b)[:-3], encoding="gzip")
+    assert (status, b"malformed gzip body" in answer) == (400, True)
+    # The inflation cap counts every member: two of 3,000 bytes pass a cap of 4,096 together.
+    pad = gzip.compress(b" " * 3000)
+    status, answer, _ = _handle(pad + pad, JSON, "gzip", max_request_bytes=4096)
+    assert (status, b"inflates past 4096 bytes" in answer) == (413, True)
+
+
+def test_json_nested_past_the_recursion_limit_gets_400():
+    deep = b'{"resourceLogs": ' + b"[" * 200_000 + b"]" * 200_000 + b"}"
+    status, answer, kept = _handle(deep, JSON, max_request_bytes=1 << 20)
+    assert (status, kept.batches) == (400, [])
+    assert b"nested too deeply" in answer
+    deep = json.dumps({"resourceLogs": [{"resource": {"attributes": []}}]}).encode()
+    assert _handle(deep, JSON)[0] == 200
+
+
+# --------------------------------------------------------------------------------------------- bounded decoding
+
+
+def _tiny_records(n: int) -> bytes:
+    """A request of one resource and n empty records (two bytes each on the wire)."""
+    scope = b"\x12\x00" * n
+    resource_logs = b"\x12" + _varint(len(scope)) + scope
+    return b"\x0a" + _varint(len(resource_logs)) + resource_logs
+
+
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while True:
+        byte, n = n & 0x7F, n >> 7
+        out.append(byte | (0x80 if n else 0))
+        if not n:
+            return bytes(out)
+
+
+def test_a_request_of_more_records_than_the_cap_gets_413_before_they_are_made():
+    status, answer, kept = _handle(_tiny_records(MAX_RECORDS + 1))
+    assert (status, kept.batches) == (413, [])
+    assert f"more than {MAX_RECORDS} log records".encode() in answer
+    status, _, kept = _handle(_tiny_records(MAX_RECORDS))
+    assert status == 200
+    assert sum(len(v) for v in kept.batches[0].values()) == MAX_RECORDS
+
+
+def test_the_walk_gives_what_a_whole_parse_gives_across_chunks():
+    request = ExportLogsServiceRequest()
+    for i in range(3):
+        rl = _request({**POD, "k8s.pod.name": f"p{i}"}, [f"line {j} " + "x" * 200 for j in range(3000)], t=i)
+        rl.resource_logs[0].scope_logs.append(ScopeLogs(log_records=[LogRecord(body=AnyValue(string_value="z"))]))
+        request.MergeFrom(rl)
+    body = request.SerializeToString()
+    walked = lines(decode(body, PROTOBUF, None, len(body)))
+    assert walked == lines(request)
+    assert sorted((p, len(v)) for p, v in walked.items()) == [(f"pods/llm_p{i}_9f1c/srv/0.log", 3001)
+                                                               for i in range(3)]  # fmt: skip
+
+
+def test_a_malformed_record_inside_a_chunk_is_400():
+    good = _request(POD, ["a"]).SerializeToString()
+    broken = good[:-1] + b"\xff"  # the record's body string is cut: its last byte is no longer UTF-8 text
+    assert _handle(broken)[0] == 400
+    assert _handle(b"\x0b\x00")[0] == 400  # a group: OTLP never sends one
+
+
+@pytest.mark.timeout(60)  # a hang guard: each record copying 100,000 resource attributes took many minutes
+def test_a_resource_of_100000_attributes_is_read_once_not_per_record():
+    rl = ResourceLogs()
+    rl.resource.attributes.extend(_kv({f"k{i}": "v" for i in range(100_000)}))
+    rl.resource.attributes.extend(_kv({"service.name": "sglang"}))
+    records = [LogRecord(time_unix_nano=i, body=AnyValue(string_value="l")) for i in range(50_000)]
+    for record in records:
+        record.attributes.append(KeyValue(key="a", value=AnyValue(int_value=1)))
+    rl.scope_logs.extend([ScopeLogs(log_records=records[:25_000]), ScopeLogs(log_records=records[25_000:])])
+    body = ExportLogsServiceRequest(resource_logs=[rl]).SerializeToString()
+    status, _, kept = _handle(body, max_request_bytes=len(body))
+    assert status == 200
+    assert {p: len(v) for p, v in kept.batches[0].items()} == {"files/sglang.log": 50_000}
