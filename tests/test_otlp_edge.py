@@ -1,12 +1,17 @@
-"""The OTLP receiver's edge: identities that never merge, every gzip member, bounded decoding.
+"""The OTLP receiver's edge: identities that never merge, every gzip member, bounded decoding, admission before the
+body, and the metrics port's hardening (connection cap, slow heads evicted, head deadline) on the OTLP port.
 
-The tests call OtlpServer.handle() and sources/otlp directly.
+Unit tests call OtlpServer.handle() and sources/otlp directly; the socket tests listen on 127.0.0.1 port 0 and
+bound every wait by a deadline.
 """
 
 from __future__ import annotations
 
 import gzip
 import json
+import socket
+import threading
+import time
 from collections.abc import Mapping, Sequence
 
 import pytest
@@ -17,7 +22,10 @@ from opentelemetry.proto.logs.v1.logs_pb2 import LogRecord, ResourceLogs, ScopeL
 from sglang_oom_exporter.sources.otlp import JSON, MAX_RECORDS, PROTOBUF, decode, lines, spool_path
 from sglang_oom_exporter.sources.otlpspool import Line
 from sglang_oom_exporter.web.otlp import OtlpServer
+from tests.support.helpers import free_port, wait_until
+from tests.support.logs import oom_block
 from tests.support.otlp import attributes as _kv
+from tests.support.otlp import post
 from tests.support.otlp import proto_request as _request
 
 POD = {"k8s.namespace.name": "llm", "k8s.pod.name": "sglang-0", "k8s.pod.uid": "9f1c", "k8s.container.name": "srv"}
@@ -195,3 +203,135 @@ def test_a_resource_of_100000_attributes_is_read_once_not_per_record():
     status, _, kept = _handle(body, max_request_bytes=len(body))
     assert status == 200
     assert {p: len(v) for p, v in kept.batches[0].items()} == {"files/sglang.log": 50_000}
+
+
+def test_a_request_the_memory_budget_cannot_hold_gets_413_and_one_it_cannot_hold_now_gets_429():
+    body = _request(POD, ["x" * 1000] * 100).SerializeToString()
+    status, answer, _ = _handle(body, max_in_flight_bytes=len(body) + 1000)
+    assert (status, b"send smaller batches" in answer) == (413, True)
+    server = OtlpServer(("127.0.0.1", 0), _Kept(), max_in_flight_bytes=400_000)
+    held = server.admit(300_000, PROTOBUF)
+    status, answer, _ = server.handle(body, PROTOBUF, None)
+    assert (status, b"too many bytes of requests in flight" in answer) == (429, True)
+    held.release()  # type: ignore[union-attr]
+    assert server.handle(body, PROTOBUF, None)[0] == 200
+    assert server.budget.used == 0
+    assert server.stats.failures == {"overloaded": 1}
+
+
+# --------------------------------------------------------------------------------------- the port, on sockets
+
+
+class _Blocks(_Kept):
+    """Holds every batch until released: a request in flight for as long as a test needs."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.entered = threading.Event()
+        self.go = threading.Event()
+
+    def accept(self, batch: Mapping[str, Sequence[Line]]) -> None:
+        self.entered.set()
+        self.go.wait(30)
+        super().accept(batch)
+
+
+def _head(port: int, size: int, extra: bytes = b"") -> socket.socket:
+    s = socket.create_connection(("127.0.0.1", port), timeout=10)
+    s.sendall(b"POST /v1/logs HTTP/1.1\r\nHost: x\r\nContent-Type: application/x-protobuf\r\n"
+              b"Content-Length: %d\r\n\r\n" % size + extra)  # fmt: skip
+    return s
+
+
+def _status(s: socket.socket) -> int:
+    head = b""
+    while b"\r\n" not in head:
+        chunk = s.recv(4096)
+        if not chunk:
+            return -1
+        head += chunk
+    return int(head.split()[1])
+
+
+def test_a_body_past_the_bytes_in_flight_is_refused_before_it_is_read():
+    blocks = _Blocks()
+    body = _request(POD, ["x" * 100]).SerializeToString()
+    server = OtlpServer(("127.0.0.1", 0), blocks, max_in_flight_bytes=4 * 1024 * 1024)
+    server.start()
+    try:
+        first = threading.Thread(target=post, args=(f"http://127.0.0.1:{server.port}", body,
+                                                    {"Content-Type": PROTOBUF}), daemon=True)  # fmt: skip
+        first.start()
+        assert blocks.entered.wait(30)
+        # 4 MiB announced, not one byte of it sent: answered at once, not after waiting for the body.
+        s = _head(server.port, 4 * 1024 * 1024)
+        try:
+            assert _status(s) == 429
+        finally:
+            s.close()
+        blocks.go.set()
+        first.join(30)
+        assert server.stats.requests == {"200": 1, "429": 1}
+        assert server.budget.used == 0
+    finally:
+        blocks.go.set()
+        server.stop()
+
+
+def test_a_client_dripping_its_head_or_body_loses_its_connection_at_the_deadline():
+    server = OtlpServer(("127.0.0.1", 0), _Kept(), request_timeout=1.0)
+    server.start()
+    try:
+        head = socket.create_connection(("127.0.0.1", server.port), timeout=10)
+        body = _head(server.port, 1000, b"x")
+        closed: dict[str, float] = {}
+        start = time.monotonic()
+
+        def drip() -> bool:  # a byte every 0.2 s, until the server closes the socket
+            for name, s in (("head", head), ("body", body)):
+                if name in closed:
+                    continue
+                try:
+                    s.sendall(b"x")
+                    s.settimeout(0.2)
+                    if s.recv(4096) == b"":
+                        closed[name] = time.monotonic() - start
+                except TimeoutError:
+                    pass
+                except OSError:
+                    closed[name] = time.monotonic() - start
+            return len(closed) == 2
+
+        wait_until(drip, what="both dripping connections closed", timeout=30, interval=0.0)
+        assert server.budget.used == 0
+    finally:
+        head.close()
+        body.close()
+        server.stop()
+
+
+@pytest.mark.e2e
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_400_slow_connections_leave_metrics_healthz_and_honest_otlp_answering(tmp_path, daemon_factory):
+    port = free_port()
+    d = daemon_factory("--otlp-listen", f"127.0.0.1:{port}")
+    socks = []
+    try:
+        for _ in range(400):
+            s = socket.create_connection(("127.0.0.1", port), timeout=10)
+            s.sendall(b"POST /v1/logs HTTP/1.1\r\nHost: x\r\nX-Slow: ")
+            socks.append(s)
+        url = f"http://127.0.0.1:{port}"
+        lines_ = oom_block().splitlines()
+        body = _request(POD, lines_).SerializeToString()
+        got = wait_until(lambda: post(url, body, {"Content-Type": PROTOBUF})[0] == 200 or None,
+                         what="an honest request answered 200", timeout=60)  # fmt: skip
+        assert got
+        assert d.healthy() is True
+        wait_until(lambda: d.total("prefill") == 1, what="the OOM counted", timeout=60)
+        threads = int(next(x.split()[1] for x in open(f"/proc/{d.proc.pid}/status") if x.startswith("Threads:")))
+        assert threads <= 64 + 64 + 32, threads  # each port's connection cap, and the daemon's own threads
+    finally:
+        for s in socks:
+            s.close()
