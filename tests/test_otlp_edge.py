@@ -8,13 +8,17 @@ bound every wait by a deadline.
 from __future__ import annotations
 
 import gzip
+import http.client
 import json
+import os
 import socket
 import threading
 import time
 from collections.abc import Mapping, Sequence
 
 import pytest
+import yaml
+from google.protobuf import json_format
 from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 from opentelemetry.proto.logs.v1.logs_pb2 import LogRecord, ResourceLogs, ScopeLogs
@@ -22,6 +26,7 @@ from opentelemetry.proto.logs.v1.logs_pb2 import LogRecord, ResourceLogs, ScopeL
 from sglang_oom_exporter.sources.otlp import JSON, MAX_RECORDS, PROTOBUF, decode, lines, spool_path
 from sglang_oom_exporter.sources.otlpspool import Line
 from sglang_oom_exporter.web.otlp import OtlpServer
+from tests.support.helm import CHART
 from tests.support.helpers import free_port, wait_until
 from tests.support.logs import oom_block
 from tests.support.otlp import attributes as _kv
@@ -335,3 +340,86 @@ def test_400_slow_connections_leave_metrics_healthz_and_honest_otlp_answering(tm
     finally:
         for s in socks:
             s.close()
+
+
+# ------------------------------------------------------------------------------------------- memory at the defaults
+
+
+SHAPES = ("full", "gzip", "json", "tiny", "big")
+
+
+def _worst_requests(tag: str) -> list[tuple[bytes, dict[str, str], int]]:
+    """The largest legal requests at the defaults, as (body, headers, records): 65,536 records filling 8 MiB
+    (protobuf, gzip and JSON), 65,536 empty records, and eight records of 1 MiB; all to one source (each spooled
+    source keeps its last 65,536 identities in memory besides: docs/otlp.md)."""
+    limit, n = 8 * 1024 * 1024, MAX_RECORDS
+    out = []
+    for k, shape in enumerate(SHAPES):
+        resource = {"service.name": tag}
+        count, size = (8, (1 << 20) - 64) if shape == "big" else (n, 0 if shape == "tiny" else limit // n - 60)
+        request = _request(resource, [])
+        records = request.resource_logs[0].scope_logs[0].log_records
+        first = k * 1_000_000 + 1  # each request's records new to the source (none is a retried copy)
+        records.extend(
+            LogRecord(time_unix_nano=first + i, body=AnyValue(string_value="x" * size)) for i in range(count)
+        )
+        if shape == "json":
+            body = json.dumps(json_format.MessageToDict(request)).encode()
+            headers = {"Content-Type": JSON}
+        else:
+            body = request.SerializeToString()
+            headers = {"Content-Type": PROTOBUF}
+            if shape == "gzip":
+                body = gzip.compress(body, 1)
+                headers["Content-Encoding"] = "gzip"
+        assert len(body) <= limit, (shape, len(body))
+        out.append((body, headers, count))
+    return out
+
+
+def _chart_memory_limit() -> int:
+    values = yaml.safe_load(open(os.path.join(CHART, "values.yaml"), encoding="utf-8"))
+    text = values["receiver"]["memoryLimit"]
+    assert text.endswith("Mi"), text
+    return int(text[:-2]) * 1024 * 1024
+
+
+@pytest.mark.e2e
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_the_worst_legal_requests_at_the_defaults_stay_under_the_charts_memory_limit(daemon_factory):
+    port = free_port()
+    d = daemon_factory("--otlp-listen", f"127.0.0.1:{port}")
+    bodies = {i: _worst_requests(f"s{i}") for i in range(8)}  # MAX_IN_FLIGHT shippers at once
+    codes: dict[int, list[int]] = {i: [] for i in bodies}
+
+    def ship(i: int) -> None:  # as a shipper does: retry 429 until 200
+        for body, headers, _ in bodies[i]:
+            deadline = time.monotonic() + 240
+            while time.monotonic() < deadline:
+                conn = http.client.HTTPConnection("127.0.0.1", port, timeout=300)  # 8 requests share 2 cores
+                try:
+                    conn.request("POST", "/v1/logs", body, headers)
+                    response = conn.getresponse()
+                    response.read()
+                    status = response.status
+                finally:
+                    conn.close()
+                codes[i].append(status)
+                if status != 429:
+                    break
+                time.sleep(0.3 + 0.1 * i)  # a shipper's backoff (Retry-After: 1), not a synchronisation
+
+    threads = [threading.Thread(target=ship, args=(i,)) for i in bodies]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(300)
+    assert [c[-1] for c in codes.values()] == [200] * 8
+    assert all(set(c) <= {200, 429} for c in codes.values()), codes
+    spooled = d.metrics("sglang_oom_exporter_otlp_log_records")[
+        ("sglang_oom_exporter_otlp_log_records_total", (("result", "spooled"),))
+    ]
+    assert spooled == 8 * sum(count for _, _, count in bodies[0])
+    peak = int(next(x.split()[1] for x in open(f"/proc/{d.proc.pid}/status") if x.startswith("VmHWM:"))) * 1024
+    assert peak < _chart_memory_limit(), (peak, _chart_memory_limit())  # 262 MiB measured, under 384 MiB

@@ -45,7 +45,7 @@ REQUEST_TIMEOUT = 30.0  # seconds for the TLS handshake and a head (an idle kept
 BODY_RATE = 1024 * 1024  # bytes a second a body must come at, at least: its deadline is REQUEST_TIMEOUT + size/rate
 MAX_IN_FLIGHT = 8  # requests admitted at once (reading, decoding, spooling); past it, 429 and Retry-After
 MAX_IN_FLIGHT_BYTES = 96 * 1024 * 1024  # memory admitted requests may reserve in all; past it, 429 and Retry-After
-DISCARD_BYTES = 64 * 1024  # a refused body up to this size is read and dropped, so the answer is not reset
+DISCARD_BYTES = 64 * 1024  # a refused body is read and dropped this many bytes at a time
 RETRY_AFTER_SECONDS = 1
 # google.rpc.Code values for the Status body of a failure.
 _INVALID_ARGUMENT, _UNAUTHENTICATED, _RESOURCE_EXHAUSTED, _UNAVAILABLE, _UNIMPLEMENTED = 3, 16, 8, 14, 12
@@ -315,17 +315,21 @@ class _Handler(BaseHTTPRequestHandler):
             self._answer(*app.refuse(413, f"the body is {size} bytes; this receiver takes {app.max_request_bytes} "
                                           "at most (--otlp-max-request-kib)"), close=True)  # fmt: skip
             return
-        # Admitted before the body is read: a refused body never takes memory (a small one is read and dropped,
-        # so that closing with it unread cannot reset the answer).
+        # Admitted before the body is read: a refused body never takes memory.
         admitted = app.admit(size, self.headers.get("Content-Type"))
         self._reader.rearm(time.monotonic() + app.request_timeout + size / BODY_RATE)
         if not isinstance(admitted, Admission):
-            small = size <= DISCARD_BYTES
-            if small and len(self.rfile.read(size)) < size:
-                self.close_connection = True
-                return
+            # Read and dropped a piece at a time (no memory held), so the shipper sees the answer and its
+            # Retry-After rather than a reset while it still sends.
+            left = size
+            while left:
+                piece = len(self.rfile.read(min(left, DISCARD_BYTES)))
+                if not piece:
+                    self.close_connection = True
+                    return
+                left -= piece
             code, answer, kind = admitted
-            self._answer(code, answer, kind, {"Retry-After": str(RETRY_AFTER_SECONDS)}, close=not small)
+            self._answer(code, answer, kind, {"Retry-After": str(RETRY_AFTER_SECONDS)})
             return
         try:
             body = self.rfile.read(size)
