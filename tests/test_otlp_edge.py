@@ -342,6 +342,21 @@ def test_400_slow_connections_leave_metrics_healthz_and_honest_otlp_answering(tm
             s.close()
 
 
+@pytest.mark.e2e
+@pytest.mark.timeout(120)
+def test_the_same_oom_at_the_same_second_from_two_hosts_counts_twice(daemon_factory):
+    port = free_port()
+    d = daemon_factory("--otlp-listen", f"127.0.0.1:{port}")
+    block = oom_block().splitlines()  # one text, one timestamp, the same record times: only the host differs
+    for host in ("node-a", "node-b"):
+        body = _request({"log.file.path": "/var/log/sglang/server.log", "host.name": host}, block).SerializeToString()
+        assert post(f"http://127.0.0.1:{port}", body, {"Content-Type": PROTOBUF})[0] == 200
+    wait_until(lambda: d.total("prefill") >= 2, what="both OOMs counted", timeout=60)
+    counted = {dict(k[1])["container"]: v for k, v in d.metrics("sglang_oom_events_total").items() if v}
+    assert counted == {"path=%2Fvar%2Flog%2Fsglang%2Fserver.log@node-a": 1.0,
+                       "path=%2Fvar%2Flog%2Fsglang%2Fserver.log@node-b": 1.0}  # fmt: skip
+
+
 # ------------------------------------------------------------------------------------------- memory at the defaults
 
 
