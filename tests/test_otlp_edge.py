@@ -25,6 +25,7 @@ from opentelemetry.proto.logs.v1.logs_pb2 import LogRecord, ResourceLogs, ScopeL
 
 from sglang_oom_exporter.sources.otlp import JSON, MAX_RECORDS, PROTOBUF, decode, lines, spool_path
 from sglang_oom_exporter.sources.otlpspool import Line
+from sglang_oom_exporter.web.httpd import EVICT_AFTER
 from sglang_oom_exporter.web.otlp import OtlpServer
 from tests.support.helm import CHART
 from tests.support.helpers import free_port, wait_until
@@ -214,8 +215,8 @@ def test_a_request_the_memory_budget_cannot_hold_gets_413_and_one_it_cannot_hold
     body = _request(POD, ["x" * 1000] * 100).SerializeToString()
     status, answer, _ = _handle(body, max_in_flight_bytes=len(body) + 1000)
     assert (status, b"send smaller batches" in answer) == (413, True)
-    server = OtlpServer(("127.0.0.1", 0), _Kept(), max_in_flight_bytes=400_000)
-    held = server.admit(300_000, PROTOBUF)
+    server = OtlpServer(("127.0.0.1", 0), _Kept(), max_in_flight_bytes=1_000_000)
+    held = server.admit(700_000, PROTOBUF)
     status, answer, _ = server.handle(body, PROTOBUF, None)
     assert (status, b"too many bytes of requests in flight" in answer) == (429, True)
     held.release()  # type: ignore[union-attr]
@@ -277,6 +278,7 @@ def test_a_body_past_the_bytes_in_flight_is_refused_before_it_is_read():
         blocks.go.set()
         first.join(30)
         assert server.stats.requests == {"200": 1, "429": 1}
+        assert server.stats.bytes == len(body)  # the refused body was never read for decoding
         assert server.budget.used == 0
     finally:
         blocks.go.set()
@@ -312,6 +314,25 @@ def test_a_client_dripping_its_head_or_body_loses_its_connection_at_the_deadline
     finally:
         head.close()
         body.close()
+        server.stop()
+
+
+def test_refused_bodies_sent_slowly_are_evicted_at_the_cap_for_an_honest_request():
+    server = OtlpServer(("127.0.0.1", 0), _Kept(), max_connections=4, max_in_flight_bytes=1024 * 1024)
+    server.start()
+    slow = []
+    try:
+        for _ in range(4):  # 2 MiB announced, past the budget: refused, and the body only starts to come
+            slow.append(_head(server.port, 2 * 1024 * 1024, b"x"))
+        wait_until(lambda: server.stats.failures.get("too_large") == 4, what="four bodies refused", timeout=30)
+        time.sleep(EVICT_AFTER)  # the refused connections must be older than the eviction age; nothing to poll for
+        body = _request(POD, ["honest"]).SerializeToString()
+        assert post(f"http://127.0.0.1:{server.port}", body, {"Content-Type": PROTOBUF})[0] == 200
+        assert server.httpd is not None
+        assert server.httpd.evicted >= 1
+    finally:
+        for s in slow:
+            s.close()
         server.stop()
 
 

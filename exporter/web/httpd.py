@@ -231,7 +231,8 @@ class HTTPServer(ListeningServer):
                 victim.sock.shutdown(socket.SHUT_RDWR)
 
     def head_started(self) -> None:
-        """The calling connection waits for its next request head (kept alive): evictable again, from now."""
+        """The calling connection waits on its client (the next head of a kept-alive connection, or the rest of a
+        refused body): evictable again, from now."""
         with self._active_lock:
             conn = self._active.get(threading.current_thread())
             if conn is not None:

@@ -319,8 +319,11 @@ class _Handler(BaseHTTPRequestHandler):
         admitted = app.admit(size, self.headers.get("Content-Type"))
         self._reader.rearm(time.monotonic() + app.request_timeout + size / BODY_RATE)
         if not isinstance(admitted, Admission):
-            # Read and dropped a piece at a time (no memory held), so the shipper sees the answer and its
-            # Retry-After rather than a reset while it still sends.
+            code, answer, kind = admitted
+            self._answer(code, answer, kind, {"Retry-After": str(RETRY_AFTER_SECONDS)})
+            # Then the body is read and dropped a piece at a time (no memory held), so closing with it unread
+            # cannot reset the answer before the shipper reads it; evictable meanwhile, as a slow head is.
+            self.server.head_started()
             left = size
             while left:
                 piece = len(self.rfile.read(min(left, DISCARD_BYTES)))
@@ -328,8 +331,6 @@ class _Handler(BaseHTTPRequestHandler):
                     self.close_connection = True
                     return
                 left -= piece
-            code, answer, kind = admitted
-            self._answer(code, answer, kind, {"Retry-After": str(RETRY_AFTER_SECONDS)})
             return
         try:
             body = self.rfile.read(size)
