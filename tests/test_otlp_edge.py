@@ -358,6 +358,10 @@ def test_400_slow_connections_leave_metrics_healthz_and_honest_otlp_answering(tm
         wait_until(lambda: d.total("prefill") == 1, what="the OOM counted", timeout=60)
         threads = int(next(x.split()[1] for x in open(f"/proc/{d.proc.pid}/status") if x.startswith("Threads:")))
         assert threads <= 64 + 64 + 32, threads  # each port's connection cap, and the daemon's own threads
+        m = d.metrics("sglang_oom_exporter_otlp_")
+        assert m[("sglang_oom_exporter_otlp_connections_evicted_total", ())] >= 400 - 64  # queued behind the cap
+        assert m[("sglang_oom_exporter_otlp_inflight_bytes", ())] == 0
+        assert m[("sglang_oom_exporter_otlp_thread_start_failures_total", ())] == 0
     finally:
         for s in socks:
             s.close()

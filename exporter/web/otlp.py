@@ -427,6 +427,16 @@ class OtlpCollector(Collector):
         yield family
         yield CounterMetricFamily(f"{SELF}_otlp_received_bytes", "OTLP/HTTP request body bytes read (as sent).",
                                   value=nbytes)  # fmt: skip
+        yield GaugeMetricFamily(f"{SELF}_otlp_inflight_bytes", "Memory the OTLP requests in flight have reserved "
+                                "(bodies, inflated bodies, decoded records); past the budget, 429.",
+                                value=self._server.budget.used)  # fmt: skip
+        httpd = self._server.httpd
+        yield CounterMetricFamily(f"{SELF}_otlp_connections_evicted", "OTLP connections closed at the connection "
+                                  "cap while they sent their request head slowly or waited idle.",
+                                  value=httpd.evicted if httpd is not None else 0)  # fmt: skip
+        yield CounterMetricFamily(f"{SELF}_otlp_thread_start_failures", "OTLP connections closed unanswered because "
+                                  "their handler thread could not start (memory or pids limit).",
+                                  value=httpd.thread_failures if httpd is not None else 0)  # fmt: skip
         if self._spool_bytes is not None:
             yield GaugeMetricFamily(f"{SELF}_otlp_spool_bytes", "Bytes the OTLP spool takes on disk (logs, rotated "
                                     "segments, identity files).", value=self._spool_bytes())  # fmt: skip
