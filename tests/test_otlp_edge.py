@@ -26,7 +26,7 @@ from opentelemetry.proto.logs.v1.logs_pb2 import LogRecord, ResourceLogs, ScopeL
 from sglang_oom_exporter.sources.otlp import JSON, MAX_RECORDS, PROTOBUF, decode, lines, spool_path
 from sglang_oom_exporter.sources.otlpspool import Line
 from sglang_oom_exporter.web.httpd import EVICT_AFTER
-from sglang_oom_exporter.web.otlp import OtlpServer
+from sglang_oom_exporter.web.otlp import OtlpServer, in_flight_budget
 from tests.support.helm import CHART
 from tests.support.helpers import free_port, wait_until
 from tests.support.logs import oom_block
@@ -209,6 +209,18 @@ def test_a_resource_of_100000_attributes_is_read_once_not_per_record():
     status, _, kept = _handle(body, max_request_bytes=len(body))
     assert status == 200
     assert {p: len(v) for p, v in kept.batches[0].items()} == {"files/sglang.log": 50_000}
+
+
+def test_the_budget_holds_the_largest_request_whatever_the_size_cap():
+    assert in_flight_budget(8 * 1024 * 1024) == 96 * 1024 * 1024
+    big = 100_000 * 1024  # otlp_max_request_kib's highest value
+    body = _request(POD, ["x" * 100]).SerializeToString()
+    server = OtlpServer(("127.0.0.1", 0), _Kept(), max_request_bytes=big)
+    assert server.budget.total == in_flight_budget(big) > 4 * big + MAX_RECORDS * 600
+    held = server.admit(big, PROTOBUF)  # a body of the largest size is admitted, not refused with 413
+    assert not isinstance(held, tuple)
+    held.release()
+    assert server.handle(body, PROTOBUF, None)[0] == 200
 
 
 def test_a_request_the_memory_budget_cannot_hold_gets_413_and_one_it_cannot_hold_now_gets_429():

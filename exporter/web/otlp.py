@@ -33,7 +33,19 @@ from prometheus_client.registry import Collector
 from .. import __version__
 from ..metrics.names import SELF
 from ..sources.http import DeadlineReader
-from ..sources.otlp import JSON, PROTOBUF, OtlpError, decode, lines, media_type, response, status
+from ..sources.otlp import (
+    JSON,
+    MAX_RECORDS,
+    PROTOBUF,
+    RECORD_COST,
+    TEXT_COPIES,
+    OtlpError,
+    decode,
+    lines,
+    media_type,
+    response,
+    status,
+)
 from ..sources.otlpspool import Line, SpoolError, SpoolFullError
 from .httpd import MAX_CONNECTIONS, MAX_HEAD_BYTES, HeadTooLargeError, HTTPServer
 from .webconfig import BasicAuth, WebConfig
@@ -44,7 +56,7 @@ PATH = "/v1/logs"
 REQUEST_TIMEOUT = 30.0  # seconds for the TLS handshake and a head (an idle kept-alive connection's too)
 BODY_RATE = 1024 * 1024  # bytes a second a body must come at, at least: its deadline is REQUEST_TIMEOUT + size/rate
 MAX_IN_FLIGHT = 8  # requests admitted at once (reading, decoding, spooling); past it, 429 and Retry-After
-MAX_IN_FLIGHT_BYTES = 96 * 1024 * 1024  # memory admitted requests may reserve in all; past it, 429 and Retry-After
+MAX_IN_FLIGHT_BYTES = 96 * 1024 * 1024  # memory admitted requests may reserve in all (at least); past it, 429
 DISCARD_BYTES = 64 * 1024  # a refused body is read and dropped this many bytes at a time
 RETRY_AFTER_SECONDS = 1
 # google.rpc.Code values for the Status body of a failure.
@@ -76,6 +88,13 @@ class OtlpStats:
 _REASONS = {400: "malformed", 401: "unauthorized", 404: "not_found", 405: "method", 411: "length_required",
             413: "too_large", 415: "unsupported", 429: "overloaded", 431: "head_too_large",
             503: "unavailable"}  # fmt: skip
+
+
+def in_flight_budget(max_request_bytes: int) -> int:
+    """The request memory admitted at once: MAX_IN_FLIGHT_BYTES, or more when the largest request would not fit
+    (its body and three copies of its text, and MAX_RECORDS records) with room for a small one beside it."""
+    largest = (1 + TEXT_COPIES) * max_request_bytes + MAX_RECORDS * RECORD_COST
+    return max(MAX_IN_FLIGHT_BYTES, largest + largest // 4)
 
 
 class Budget:
@@ -137,7 +156,7 @@ class OtlpServer:
         bearer_token: str | None = None,
         max_request_bytes: int = 8 * 1024 * 1024,
         max_in_flight: int = MAX_IN_FLIGHT,
-        max_in_flight_bytes: int = MAX_IN_FLIGHT_BYTES,
+        max_in_flight_bytes: int | None = None,
         max_connections: int = MAX_CONNECTIONS,
         request_timeout: float = REQUEST_TIMEOUT,
     ) -> None:
@@ -151,7 +170,7 @@ class OtlpServer:
         self.request_timeout = request_timeout
         self._max_connections = max_connections
         self._slots = threading.BoundedSemaphore(max_in_flight)
-        self.budget = Budget(max_in_flight_bytes)
+        self.budget = Budget(max_in_flight_bytes or in_flight_budget(max_request_bytes))
         self.stats = OtlpStats()
         self.stopping = False
         self._httpd: HTTPServer | None = None
