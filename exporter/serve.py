@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, BinaryIO
 
 from .catalog import Catalog, CatalogError, load_catalog
 from .config.keys import unknown_env
-from .config.load import ConfigError, load_config, nothing_to_follow
+from .config.load import ConfigError, load_config, nothing_to_follow, otlp_problems
 from .config.model import Config
 from .config.settings import SETTINGS
 from .config.values import parse_listen
@@ -65,11 +65,9 @@ def serve(args: argparse.Namespace) -> int:
         if unknown and args.check_config:
             # A typo would be silently ignored: --check-config fails on it, serve warns and runs.
             raise ConfigError([f"{name}: unknown variable (no setting reads it)" for name in unknown])
-        if config.otlp_listen and not config.state_dir:
-            # A 2xx tells the shipper to forget the records: only a spool on disk may say it (docs/otlp.md).
-            raise ConfigError(["otlp_listen: needs state_dir (received records are spooled there before the answer)"])
-        if config.otlp_listen:
-            _check_spool_caps(config)
+        problems = otlp_problems(config)
+        if problems:
+            raise ConfigError(problems)
         problem = nothing_to_follow(config, stdin="-" in args.paths)
         if problem and args.check_config:
             # What a SIGHUP reload refuses, --check-config rejects (serve itself starts, and /healthz says why).
@@ -112,23 +110,6 @@ def serve(args: argparse.Namespace) -> int:
         print(f"sglang-oom-exporter: bad configuration:\n{exc}", file=sys.stderr)
         return 2
     return _run(args, app, server, waker, web, otlp)
-
-
-def _check_spool_caps(config: Config) -> None:
-    """A spool cap must hold two of the largest requests: a batch past a cap gets 503 while older lines are
-    unread, so a cap below one request would answer every retry of that batch 503, for ever."""
-    need = 2 * config.otlp_max_request_kib
-    problems = [
-        f"{name}: {mib} MiB cannot hold two requests of --otlp-max-request-kib {config.otlp_max_request_kib} "
-        f"(at least {-(-need // 1024)} MiB), so a full batch would be refused with 503 on every retry"
-        for name, mib in (
-            ("otlp_spool_source_mib", config.otlp_spool_source_mib),
-            ("otlp_spool_total_mib", config.otlp_spool_total_mib),
-        )
-        if mib * 1024 < need
-    ]
-    if problems:
-        raise ConfigError(problems)
 
 
 def _otlp_server(app: App, registry: PageRegistry, web: WebConfig | None) -> OtlpServer | None:

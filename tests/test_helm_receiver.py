@@ -144,3 +144,15 @@ def test_the_notes_and_docs_give_collector_configs_that_parse_and_point_at_the_s
     docs_collector = yaml.safe_load(blocks[0])
     assert docs_collector["exporters"]["otlphttp/sglang-oom"]["sending_queue"]["num_consumers"] == 1
     assert yaml.safe_load(blocks[1])["exporters"]["loadbalancing/sglang-oom"]["routing_key"] == "resource"
+
+
+def test_the_receivers_memory_limit_is_receiver_memory_limit_and_the_other_modes_keep_theirs():
+    docs = template(values={"mode": "receiver"})
+    (deployment,) = [d for d in docs if d["kind"] == "Deployment"]
+    resources = deployment["spec"]["template"]["spec"]["containers"][0]["resources"]
+    assert resources == {"limits": {"memory": "384Mi"}, "requests": {"cpu": "20m", "memory": "64Mi"}}
+    docs = template(values={"mode": "receiver", "receiver": {"memoryLimit": "1Gi"}})
+    (deployment,) = [d for d in docs if d["kind"] == "Deployment"]
+    assert deployment["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"] == {"memory": "1Gi"}
+    (daemonset,) = [d for d in template() if d["kind"] == "DaemonSet"]
+    assert daemonset["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"] == {"memory": "256Mi"}

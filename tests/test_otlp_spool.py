@@ -8,9 +8,7 @@ import os
 import threading
 
 import pytest
-from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
-from opentelemetry.proto.logs.v1.logs_pb2 import LogRecord, ResourceLogs, ScopeLogs
 
 from sglang_oom_exporter.sources import otlpspool
 from sglang_oom_exporter.sources.otlp import JSON, body_text, lines, spool_path
@@ -19,30 +17,21 @@ from sglang_oom_exporter.web.otlp import OtlpServer
 from tests.support.app import run_app, started_app
 from tests.support.logs import BLOCK
 from tests.support.otlp import post
+from tests.support.otlp import proto_request as _request
 
 POD = {"k8s.namespace.name": "llm", "k8s.pod.name": "sglang-0", "k8s.pod.uid": "9f1c", "k8s.container.name": "srv",
        "k8s.container.restart_count": "2"}  # fmt: skip
-
-
-def _kv(attrs: dict[str, str]) -> list[KeyValue]:
-    return [KeyValue(key=k, value=AnyValue(string_value=v)) for k, v in attrs.items()]
-
-
-def _request(resource: dict[str, str], bodies: list[str], t: int = 5) -> ExportLogsServiceRequest:
-    logs = [LogRecord(time_unix_nano=t, body=AnyValue(string_value=b)) for b in bodies]
-    rl = ResourceLogs(scope_logs=[ScopeLogs(log_records=logs)])
-    rl.resource.attributes.extend(_kv(resource))
-    return ExportLogsServiceRequest(resource_logs=[rl])
 
 
 def test_a_source_is_named_by_its_pod_else_its_kubelet_path_else_its_file_else_its_service():
     assert spool_path(POD) == "pods/llm_sglang-0_9f1c/srv/2.log"
     kubelet = {"log.file.path": "/var/log/pods/llm_sglang-1_77ab/server/3.log"}
     assert spool_path(kubelet) == "pods/llm_sglang-1_77ab/server/3.log"
-    assert spool_path({"log.file.path": "/var/log/sglang/server.log"}) == "files/var-log-sglang-server.log.log"
+    path = {"log.file.path": "/var/log/sglang/server.log"}
+    assert spool_path(path) == "files/path=%2Fvar%2Flog%2Fsglang%2Fserver.log.log"
     assert spool_path({"service.name": "sglang"}) == "files/sglang.log"
-    assert spool_path({"k8s.pod.name": "../../etc", "service.name": "a/../b_c"}) == "files/a-..-b-c.log"
-    assert spool_path({}) == "files/unnamed.log"
+    assert spool_path({"k8s.pod.name": "../../etc", "service.name": "a/../b_c"}) == "files/a%2F..%2Fb%5Fc.log"
+    assert spool_path({}) == "files/unnamed=.log"
 
 
 def test_a_structured_body_gives_its_log_key_and_a_repeated_line_keeps_both_copies():

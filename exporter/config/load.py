@@ -54,6 +54,27 @@ def nothing_to_follow(config: Config, *, stdin: bool) -> str:
     return "the configuration names no log path and no Kubernetes log root"
 
 
+def otlp_problems(config: Config) -> list[str]:
+    """What keeps the OTLP receiver's settings from working together (an empty list when off or sound)."""
+    if not config.otlp_listen:
+        return []
+    if not config.state_dir:
+        # A 2xx tells the shipper to forget the records: only a spool on disk may say it (docs/otlp.md).
+        return ["otlp_listen: needs state_dir (received records are spooled there before the answer)"]
+    # A spool cap must hold two of the largest requests: a batch past a cap gets 503 while older lines are
+    # unread, so a cap below one request would answer every retry of that batch 503, for ever.
+    need = 2 * config.otlp_max_request_kib
+    return [
+        f"{name}: {mib} MiB cannot hold two requests of --otlp-max-request-kib {config.otlp_max_request_kib} "
+        f"(at least {-(-need // 1024)} MiB), so a full batch would be refused with 503 on every retry"
+        for name, mib in (
+            ("otlp_spool_source_mib", config.otlp_spool_source_mib),
+            ("otlp_spool_total_mib", config.otlp_spool_total_mib),
+        )
+        if mib * 1024 < need
+    ]
+
+
 def _with_logs_root(builder: Builder, root: str) -> None:
     base = builder.values.get("kubernetes")
     builder.values["kubernetes"] = replace(base, logs_root=root) if base else KubernetesConfig(root)

@@ -112,6 +112,10 @@ class DeadlineReader(io.RawIOBase):
         """Always: this is a reader."""
         return True
 
+    def rearm(self, deadline: float, budget: int | None = None) -> None:
+        """A new deadline and byte budget (the next request on a kept-alive connection, or a request's body)."""
+        self._deadline, self._budget = deadline, budget
+
     def readinto(self, buffer: WriteableBuffer) -> int:
         """recv into buffer with the time that is left; TimeoutError once the deadline has passed."""
         remaining = self._deadline - time.monotonic()

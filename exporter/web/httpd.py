@@ -41,10 +41,15 @@ THREAD_FAILURE_LOG_EVERY = 60.0  # seconds between WARNINGs while connection thr
 ALLOWED_METHODS = ("GET", "HEAD")
 
 
-class App(Protocol):
-    """What the connection threads need of the server: its timeout, its auth and its routes."""
+class Timed(Protocol):
+    """What the connection cap needs of the server: how long a connection may take over its request head."""
 
     request_timeout: float
+
+
+class App(Timed, Protocol):
+    """What the metrics port's connection threads need of the server: its timeout, its auth and its routes."""
+
     auth: BasicAuth | None
 
     def respond(self, path: str, headers: Message) -> Response: ...
@@ -59,7 +64,7 @@ class _Conn:
     head_done: bool = False
 
 
-class _HeadTooLargeError(Exception):
+class HeadTooLargeError(Exception):
     """The request line and headers went past MAX_HEAD_BYTES."""
 
 
@@ -76,14 +81,14 @@ class Handler(BaseHTTPRequestHandler):
         self.rfile.close()  # the plain makefile() reader: unclosed, it would keep the socket's fd open
         deadline = time.monotonic() + self.server.app.request_timeout
         # The head gets one deadline and a byte budget, so a client dripping a byte at a time cannot pin a thread.
-        head = DeadlineReader(self.connection, deadline, budget=MAX_HEAD_BYTES, too_large=_HeadTooLargeError())
+        head = DeadlineReader(self.connection, deadline, budget=MAX_HEAD_BYTES, too_large=HeadTooLargeError())
         self.rfile = io.BufferedReader(head)
         self.requestline, self.request_version, self.command = "", "HTTP/1.0", ""
 
     def handle_one_request(self) -> None:
         try:
             super().handle_one_request()
-        except _HeadTooLargeError:
+        except HeadTooLargeError:
             self.close_connection = True
             self.send_error(431, "request head too large")
 
@@ -134,13 +139,22 @@ class Handler(BaseHTTPRequestHandler):
 
 
 class HTTPServer(ListeningServer):
-    """ThreadingHTTPServer with a connection cap, TLS per connection, and connections it can close on stop."""
+    """ThreadingHTTPServer with a connection cap, TLS per connection, and connections it can close on stop.
+
+    Both ports are one of these: the metrics port with Handler, the OTLP port (otlp.py) with its own handler,
+    which reads each head of a kept-alive connection under HeadReader's deadline and budget as Handler does.
+    """
 
     daemon_threads = True
     request_queue_size = LISTEN_BACKLOG
 
     def __init__(
-        self, address: tuple[str, int], app: App, ssl_context: ssl.SSLContext | None, max_connections: int
+        self,
+        address: tuple[str, int],
+        app: Any,
+        ssl_context: ssl.SSLContext | None,
+        max_connections: int,
+        handler: type[BaseHTTPRequestHandler] = Handler,
     ) -> None:
         self.app = app
         self._slots = threading.BoundedSemaphore(max_connections)
@@ -151,7 +165,7 @@ class HTTPServer(ListeningServer):
         self.thread_failures = 0  # connections closed unanswered: their thread could not start
         self.last_thread_failure: float | None = None  # time.monotonic() of the last one
         self._failures_logged = (0, float("-inf"))  # (thread_failures, when) at the last WARNING
-        super().__init__(address, Handler, ssl_context)
+        super().__init__(address, handler, ssl_context)
 
     def process_request(self, request: Any, client_address: Any) -> None:
         if not self._take_slot():
@@ -215,6 +229,14 @@ class HTTPServer(ListeningServer):
             self.evicted += 1
             with contextlib.suppress(OSError):
                 victim.sock.shutdown(socket.SHUT_RDWR)
+
+    def head_started(self) -> None:
+        """The calling connection waits on its client (the next head of a kept-alive connection, or the rest of a
+        refused body): evictable again, from now."""
+        with self._active_lock:
+            conn = self._active.get(threading.current_thread())
+            if conn is not None:
+                conn.head_done, conn.accepted = False, time.monotonic()
 
     def head_done(self) -> None:
         """The calling connection's request head is in: it is being served, never evicted."""

@@ -10,10 +10,13 @@ from __future__ import annotations
 import json
 import urllib.error
 import urllib.request
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from opentelemetry._logs import LogRecord
 from opentelemetry.exporter.otlp.proto.http._log_exporter import OTLPLogExporter
+from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest
+from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
+from opentelemetry.proto.logs.v1 import logs_pb2
 from opentelemetry.sdk._logs import ReadableLogRecord
 from opentelemetry.sdk.resources import Resource
 
@@ -93,3 +96,16 @@ def post(url: str, body: bytes, headers: dict[str, str], path: str = "/v1/logs",
             return r.status, dict(r.headers), r.read()
     except urllib.error.HTTPError as e:
         return e.code, dict(e.headers), e.read()
+
+
+def attributes(attrs: Mapping[str, str]) -> list[KeyValue]:
+    """String attributes as OTLP KeyValues."""
+    return [KeyValue(key=k, value=AnyValue(string_value=v)) for k, v in attrs.items()]
+
+
+def proto_request(resource: Mapping[str, str], bodies: Sequence[str], t: int = 5) -> ExportLogsServiceRequest:
+    """A request of one resource whose records carry bodies, all at time t (ns)."""
+    logs = [logs_pb2.LogRecord(time_unix_nano=t, body=AnyValue(string_value=b)) for b in bodies]
+    rl = logs_pb2.ResourceLogs(scope_logs=[logs_pb2.ScopeLogs(log_records=logs)])
+    rl.resource.attributes.extend(attributes(resource))
+    return ExportLogsServiceRequest(resource_logs=[rl])

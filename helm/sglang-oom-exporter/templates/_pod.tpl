@@ -137,8 +137,13 @@ spec:
         timeoutSeconds: 10
         failureThreshold: 5
       {{- end }}
+      {{- $resources := deepCopy (.Values.resources | default dict) }}
+      {{- if and (eq $mode "receiver") $rcv.memoryLimit }}
+      {{- /* The receiver's memory: the daemon and the requests it admits at once (docs/otlp.md, "Connections and memory"). */}}
+      {{- $_ := set $resources "limits" (merge (dict "memory" $rcv.memoryLimit) (get $resources "limits" | default dict)) }}
+      {{- end }}
       resources:
-        {{- toYaml (.Values.resources | default dict) | nindent 8 }}
+        {{- toYaml $resources | nindent 8 }}
       securityContext:
         {{- toYaml $sc | nindent 8 }}
       volumeMounts:
