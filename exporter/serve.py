@@ -23,6 +23,7 @@ from .config.values import parse_listen
 from .daemon.app import App
 from .daemon.signals import SignalRelay
 from .metrics.exposition import PageRegistry
+from .sources.fsname import ShownFormatter
 from .sources.handles import raise_open_file_limit
 from .sources.watch import Waker
 from .web.server import ExporterServer
@@ -81,10 +82,9 @@ def serve(args: argparse.Namespace) -> int:
         print(f"configuration ok: {len(config.paths)} path(s), kubernetes={'on' if config.kubernetes else 'off'}, "
               f"listen {config.listen}, {len(catalog.kinds)} OOM kinds")  # fmt: skip
         return 0
-    logging.basicConfig(
-        level=config.log_level.upper(), stream=sys.stderr,
-        format="%(asctime)s level=%(levelname)s logger=%(name)s %(message)s",
-    )  # fmt: skip
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(ShownFormatter("%(asctime)s level=%(levelname)s logger=%(name)s %(message)s"))
+    logging.basicConfig(level=config.log_level.upper(), handlers=[handler])
     for name in unknown:
         log.warning("unknown variable %s (ignored): no setting reads it; see --help for the names", name)
     soft, hard = raise_open_file_limit()  # before the App, whose file-handle bound is taken from it

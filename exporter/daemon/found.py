@@ -15,19 +15,22 @@ from typing import Any
 from ..config.model import Config
 from ..sources.discover import FilterTimeouts, KubernetesFilter
 from ..sources.fileid import TailPosition
+from ..sources.fsname import shown
 from .logsource import LogSource
 
 
 def source_name(names: Mapping[str, str], path: str, taken: set[str]) -> str:
-    """The `source` label of a plain file: its configured name, else its stem, else parent/stem when taken."""
+    """The `source` label of a plain file: its configured name, else its stem, else parent/stem when taken.
+
+    A name that is not UTF-8 is shown with \\xNN escapes (sources/fsname.py), as every label must encode."""
     for pattern, name in names.items():
         if pattern == path:
-            return name
-    base = os.path.basename(path)
+            return shown(name)
+    base = shown(os.path.basename(path))
     stem = base[:-4] if base.endswith(".log") else base
     if stem in taken:
-        parent = os.path.basename(os.path.dirname(path))
-        return f"{parent}/{stem}" if parent else path
+        parent = shown(os.path.basename(os.path.dirname(path)))
+        return f"{parent}/{stem}" if parent else shown(path)
     return stem
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 
 from ..events.store import Health
+from ..sources.fsname import shown
 from .sourceset import SourceFacts, SourceSet
 from .state import StateKeeper
 
@@ -82,6 +83,7 @@ def waiting(paths: list[str]) -> str:
     """The configured files that do not exist yet, in words ("" for none)."""
     if not paths:
         return ""
+    paths = [shown(p) for p in paths[:3]] + paths[3:]  # a configured name that is not UTF-8 (sources/fsname.py)
     why = "(normal until SGLang starts and writes its log)"
     if len(paths) == 1:
         return f"waiting for {paths[0]} to appear {why}"

@@ -33,6 +33,7 @@ from ..detect.match import excerpt
 from ..detect.model import OomEvent, Report
 from ..detect.prefix import epoch_of, iso_time
 from ..detect.window import NO_TIME_LINES, SAME_RANK_SECONDS, Group, Seen, Window
+from ..sources.fsname import shown
 
 RANK_WINDOW_SECONDS = 0.15  # the ranks of one tick, and a traceback written with its block, arrive within this
 RECENT_GROUPS = 256
@@ -69,8 +70,9 @@ class Deduper:
         settle_seconds: float = RANK_WINDOW_SECONDS,
     ) -> None:
         self._resolve = resolve  # the matcher's: (kind, phase, subphase) of the joined reports, decided once
-        self._source = source
-        self._location = location
+        # A file name that is not UTF-8 reaches every event, label and answer escaped (sources/fsname.py).
+        self._source = shown(source)
+        self._location = shown(location)
         self._sink = sink
         self._wait = wait_seconds
         self.settle_seconds = settle_seconds  # the rank window
