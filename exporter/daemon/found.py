@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ..config.model import Config
+from ..sources import saved as checked
 from ..sources.discover import FilterTimeouts, KubernetesFilter
 from ..sources.fileid import TailPosition
 from ..sources.fsname import shown
@@ -66,11 +67,15 @@ def restore(source: LogSource, saved: Mapping[str, Any]) -> TailPosition:
     the source as new."""
     try:
         position = TailPosition.from_dict(saved["position"])
-        lineno = saved.get("lineno", 1)
-        source.resume_lineno = None if lineno is None else int(lineno)
+        # Each field by type and range (sources/saved.py): a string where a number was, or a dedupe memory of
+        # the wrong shape, costs this entry (counted), never the start.
+        lineno = checked.optional(checked.integer, saved.get("lineno", 1), "lineno")
+        epoch = checked.integer(saved.get("epoch", 0), "epoch")
+        dedupe = dict(checked.obj(saved.get("dedupe", {}), "dedupe"))
+        source.resume_lineno = lineno
         source.resume_offset = position.offset
-        source.epoch = int(saved.get("epoch", 0))
-        source.pipeline.restore_state(saved.get("dedupe", {}))
+        source.epoch = epoch
+        source.pipeline.restore_state(dedupe)
     except (KeyError, TypeError, ValueError):
         source.resume_lineno = source.resume_offset = None
         raise

@@ -33,6 +33,7 @@ from ..detect.match import excerpt
 from ..detect.model import OomEvent, Report
 from ..detect.prefix import epoch_of, iso_time
 from ..detect.window import NO_TIME_LINES, SAME_RANK_SECONDS, Group, Seen, Window
+from ..sources import saved
 from ..sources.fsname import shown
 
 RANK_WINDOW_SECONDS = 0.15  # the ranks of one tick, and a traceback written with its block, arrive within this
@@ -160,8 +161,11 @@ class Deduper:
     def restore_state(self, raw: dict[str, Any]) -> None:
         """Take back what export_state() gave; ValueError when it is malformed."""
         try:
-            keys = [str(k) for k in raw.get("emitted_keys", [])]
-            groups = [Group.from_dict(g) for g in raw.get("groups", [])]
+            memory = saved.obj(raw, "dedupe")
+            keys = [saved.text(k, "emitted_keys[]") for k in saved.array(memory.get("emitted_keys", []), "keys")]
+            groups = [
+                Group.from_dict(dict(saved.obj(g, "groups[]"))) for g in saved.array(memory.get("groups", []), "groups")
+            ]
         except (KeyError, TypeError, ValueError, IndexError) as exc:
             raise ValueError(f"bad dedupe state: {exc}") from exc
         for k in keys[-EMITTED_KEYS:]:
