@@ -12,7 +12,8 @@ It records every GET (path, Authorization header) in `requests` and every call i
   .../events/<name> (200 with the merged Event; 404 when there is none), kept in `events` by (namespace, name).
 Modes: ok, unauthorized (401 Status), forbidden (403 for writes), conflict (409 for writes), invalid (422 for
 writes), garbage (200 with a non-JSON body), not_a_list (200 with JSON that is no PodList), hang (accept, never
-answer, until stop()).
+answer, until stop()). `busy` holds answers that the next writes get first, one each: (status, Retry-After or
+None), a Status body (API Priority and Fairness's 429, an overloaded server's 500/503).
 """
 
 from __future__ import annotations
@@ -71,6 +72,7 @@ class FakeKubeApi:
         self.requests: list[tuple[str, str]] = []  # GETs: (raw path, Authorization header)
         self.calls: list[tuple[str, str, str, dict[str, Any] | None]] = []  # (method, path, Authorization, body)
         self.events: dict[tuple[str, str], dict[str, Any]] = {}  # (namespace, name) -> the stored Event
+        self.busy: list[tuple[int, str | None]] = []  # (status, Retry-After) for the next writes, first in first out
         self.lock = threading.Lock()
         self._release = threading.Event()
         self._server = _Server(("127.0.0.1", 0), _Handler)
@@ -186,6 +188,13 @@ class _Handler(BaseHTTPRequestHandler):
         if fake.mode == "hang":
             fake._release.wait(30)
             return
+        with fake.lock:
+            busy = fake.busy.pop(0) if fake.busy else None
+        if busy is not None:
+            status, after = busy
+            self._send_raw(status, json.dumps(_status(status, "TooManyRequests", "busy (fake)")).encode(),
+                           {} if after is None else {"Retry-After": after})  # fmt: skip
+            return
         refusal = {"unauthorized": (401, "Unauthorized"), "forbidden": (403, "Forbidden"),
                    "conflict": (409, "AlreadyExists"), "invalid": (422, "Invalid")}.get(fake.mode)  # fmt: skip
         if refusal is not None:
@@ -232,9 +241,11 @@ class _Handler(BaseHTTPRequestHandler):
     def _send(self, status: int, doc: dict[str, Any]) -> None:
         self._send_raw(status, json.dumps(doc).encode())
 
-    def _send_raw(self, status: int, body: bytes) -> None:
+    def _send_raw(self, status: int, body: bytes, headers: dict[str, str] | None = None) -> None:
         with contextlib.suppress(OSError):
             self.send_response(status)
+            for name, value in (headers or {}).items():
+                self.send_header(name, value)
             self.send_header("Content-Type", "application/json")
             self.send_header("Content-Length", str(len(body)))
             self.send_header("Connection", "close")
