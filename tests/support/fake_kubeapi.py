@@ -11,7 +11,7 @@ It records every GET (path, Authorization header) in `requests` and every call i
   Event validation refuses: a namespace other than the involved object's, no name, no reason) and PATCH
   .../events/<name> (200 with the merged Event; 404 when there is none), kept in `events` by (namespace, name).
 Modes: ok, unauthorized (401 Status), forbidden (403 for writes), conflict (409 for writes), invalid (422 for
-writes), garbage (200 with a non-JSON body), not_a_list (200 with JSON that is no PodList), hang (accept, never
+writes), garbage (200 with a non-JSON body), huge (a 60 MiB Content-Length), not_a_list (200 with JSON that is no PodList), hang (accept, never
 answer, until stop()). `busy` holds answers that the next writes get first, one each: (status, Retry-After or
 None), a Status body (API Priority and Fairness's 429, an overloaded server's 500/503).
 """
@@ -136,6 +136,15 @@ class _Handler(BaseHTTPRequestHandler):
             return
         if fake.mode == "garbage":
             self._send_raw(200, b"<html>this is not JSON</html>")
+            return
+        if fake.mode == "huge":  # a 60 MiB answer announced by its Content-Length; its first MiB sent
+            with contextlib.suppress(OSError):
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(60 << 20))
+                self.end_headers()
+                self.wfile.write(b'{"items": [' + b" " * (1 << 20))
+            self.close_connection = True
             return
         if fake.mode == "not_a_list":
             self._send(200, {"kind": "Status", "items": "nope"})
