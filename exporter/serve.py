@@ -144,6 +144,11 @@ def _otlp_server(app: App, registry: PageRegistry, web: WebConfig | None) -> Otl
             token = fh.read().strip()
         if not token:
             raise ValueError(f"otlp_bearer_token_file: {config.otlp_bearer_token_file} is empty")
+    elif web is None or not (web.basic_auth_users or web.tls_client_ca_file):
+        # Records name their pod themselves: an open port lets any client page for any pod (docs/otlp.md).
+        log.warning("otlp receiver on %s is open: any client that reaches it can post an OOM for any namespace and "
+                    "pod; set otlp_bearer_token_file (the chart does by default) or the web config's basic auth or "
+                    "client certificates", config.otlp_listen)  # fmt: skip
     otlp = OtlpServer(parse_listen(config.otlp_listen), receiver, web_config=web, bearer_token=token,
                       max_request_bytes=config.otlp_max_request_kib * 1024)  # fmt: skip
     registry.register(OtlpCollector(otlp, lambda: (receiver.written, receiver.duplicates, receiver.filtered),
