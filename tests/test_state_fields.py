@@ -144,3 +144,17 @@ def test_a_bad_last_event_time_is_set_aside(tmp_path, timestamp):
     assert all(math.isfinite(v) and v >= 0 for v in _page_values(app))
     assert len(app.store.entries()) == 2  # the events are kept
     assert _stat(app) == 1
+
+
+@pytest.mark.parametrize("entry", [5, "x", [1], None, {"position": "x"}, {"lineno": "7"}, {"epoch": 1e20}])
+def test_a_file_entry_of_the_wrong_type_is_set_aside_not_read_again(tmp_path, entry):
+    doc = _saved(tmp_path)
+    (path,) = doc["data"]["files"]
+    doc["data"]["files"][path] = entry if not isinstance(entry, dict) else {**doc["data"]["files"][path], **entry}
+    app, clock = _restart(tmp_path, doc)
+    assert app.counts.total("decode") == 2  # not 4: the file is not read again from 0 under counters that hold it
+    assert _stat(app) == 1
+    with open(tmp_path / "a.log", "a") as fh:
+        fh.write(BLOCK.format(s=30))
+    run_app(app, clock, 8.0)
+    assert app.counts.total("decode") == 3
