@@ -236,6 +236,19 @@ def test_a_corrupt_ledger_is_a_warning_and_a_fresh_start(tmp_path, caplog):
     assert "k" in Ledger(str(tmp_path))
 
 
+@pytest.mark.parametrize(
+    ("text", "kept"),
+    [("[" * 100_000 + "]" * 100_000, []), ('{"version": 1, "keys": ["a", 1, {"b": 2}, null, "c"]}', ["a", "c"])],
+    ids=["nested-past-the-recursion-limit", "keys-that-are-no-string"],
+)
+def test_a_hostile_ledger_costs_itself_never_the_start(tmp_path, text, kept):
+    (tmp_path / "k8s-events.json").write_text(text)
+    ledger = Ledger(str(tmp_path))
+    assert ledger.errors == 1
+    assert [k for k in ("a", "c") if k in ledger] == kept
+    assert "1" not in ledger
+
+
 # ---------------------------------------------------------------------------------------------- failures
 
 
