@@ -9,6 +9,8 @@ import logging
 import os
 import re
 import signal
+import subprocess
+import sys
 import urllib.request
 
 import pytest
@@ -124,3 +126,25 @@ def test_daemon_follows_a_file_whose_name_is_not_utf8(tmp_path, daemon_factory) 
         handle.write(oom_block().encode())
     settle(d2, 2)
     assert d2.count(source=label) == 2
+
+
+@pytest.mark.slow
+def test_scan_shows_the_name_the_same_way(tmp_path) -> None:
+    odd = os.path.join(os.fsencode(tmp_path), b"caf\xe9.log")
+    with open(odd, "wb") as handle:
+        handle.write(oom_block().encode())
+    missing = os.path.join(os.fsencode(tmp_path), b"gone\xe9.log")
+
+    def scan(path: bytes) -> subprocess.CompletedProcess[bytes]:
+        argv = [sys.executable, "-m", "sglang_oom_exporter", "scan", "--format", "json", path]
+        return subprocess.run(argv, capture_output=True, timeout=60, check=False)
+
+    report = json.loads(scan(odd).stdout)
+    shown_odd = f"{tmp_path}/caf\\xe9.log"
+    assert [i["path"] for i in report["inputs"]] == [shown_odd]
+    assert [e["source"] for e in report["events"]] == [f"{shown_odd}:1"]
+    failed = scan(missing)
+    assert (
+        failed.stderr.decode()
+        == f"sglang-oom-exporter: cannot read {tmp_path}/gone\\xe9.log: No such file or directory\n"
+    )
