@@ -106,6 +106,9 @@ def test_daemon_follows_a_file_whose_name_is_not_utf8(tmp_path, daemon_factory) 
     settle(d, 1)
     assert d.count(source=label) == 1
     assert d.count(source="server") == 0
+    page = d.metrics()  # the whole page parses (prometheus_client's parser), every family
+    sources = {dict(labels).get("source") for (name, labels) in page if name == "sglang_oom_exporter_file_lag_bytes"}
+    assert sources == {label, "server"}
     with urllib.request.urlopen(f"http://127.0.0.1:{d.port}/events", timeout=5) as r:
         [event] = json.loads(r.read())["events"]
     assert (event["source"], event["labels"]) == (f"{logs}/caf\\xe9.log:1", {"source": label})
