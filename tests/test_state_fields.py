@@ -11,9 +11,11 @@ import math
 from email.message import Message
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry
 
-from sglang_oom_exporter.events.store import Health
+from sglang_oom_exporter.events.store import EventStore, Health
 from sglang_oom_exporter.web.routes import Routes
 from tests.support.app import counted_app, make_app, run_app, state_path, write_state
 from tests.support.helpers import CATALOG
@@ -158,3 +160,61 @@ def test_a_file_entry_of_the_wrong_type_is_set_aside_not_read_again(tmp_path, en
         fh.write(BLOCK.format(s=30))
     run_app(app, clock, 8.0)
     assert app.counts.total("decode") == 3
+
+
+_JSON = st.recursive(
+    st.none() | st.booleans() | st.integers(-(2**70), 2**70) | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(max_size=20) | st.sampled_from(["NaN", "1e400", "-Infinity", "nan", "decode", "", "TP0"]),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
+    max_leaves=12,
+)  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def saved_event(tmp_path_factory) -> dict:
+    """One recent event as a real run saves it, with pools, a suggestion and a context."""
+    doc = _saved(tmp_path_factory.mktemp("saved"))
+    event = doc["data"]["recent"]["events"][0]
+    event["pools"] = [{"pool": "full", "total": 100, "available": 5, "evictable": 0, "free": 5}]
+    event["context"] = {"kv": {"token_usage": 0.97}, "server_args": {"chunked_prefill_size": 8192}, "target": "x"}
+    return event
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_any_value_in_any_field_of_a_restored_event_never_fails_a_page(saved_event, data):
+    item = json.loads(json.dumps(saved_event))
+    path = data.draw(st.sampled_from(_paths(item)))
+    value = data.draw(_JSON)
+    _set(item, path, value)
+    store = EventStore(10)
+    restored, bad = store.restore_state([item], CATALOG.ids)
+    assert restored + bad == 1
+    routes = Routes(registry=CollectorRegistry(), catalog=CATALOG, events=store, health=lambda: Health(True))
+    for where in ("/", "/events"):
+        answer = routes.respond(where, Message())
+        assert answer.status == 200
+        if where == "/events":
+            json.loads(answer.body, parse_constant=_no_constant)  # strict JSON: no NaN or Infinity in it
+
+
+def _no_constant(name: str) -> None:
+    raise AssertionError(f"/events holds {name}")
+
+
+def _paths(value, prefix=()) -> list[tuple]:
+    """Every key path in a JSON value (the whole of each container too)."""
+    out = [prefix] if prefix else []
+    if isinstance(value, dict):
+        for k, v in value.items():
+            out += _paths(v, (*prefix, k))
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            out += _paths(v, (*prefix, i))
+    return out
+
+
+def _set(root, path: tuple, value) -> None:
+    for key in path[:-1]:
+        root = root[key]
+    root[path[-1]] = value
