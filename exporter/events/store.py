@@ -128,13 +128,17 @@ def _scalars(value: object, what: str) -> dict[str, Any]:
 
 
 def _context(value: object) -> dict[str, Any]:
-    """An event's context: "kv" and "server_args" of scalars, "target" a URL (events/sink.py, daemon/targets.py)."""
+    """An event's context (events/sink.py, daemon/targets.py): "kv" and "server_args" objects of scalars, "target"
+    the scraped URL; a key a later build adds, a scalar or an object of scalars."""
     out: dict[str, Any] = {}
     for key, part in saved.obj(value, "context").items():
-        where = f"context.{key}"
-        out[saved.text(key, "context")] = (
-            _scalar(part, where) if part is None or isinstance(part, str) else (_scalars(part, where))
-        )
+        where = f"context.{saved.text(key, 'context')}"
+        if key in ("kv", "server_args"):
+            out[key] = saved.optional(_scalars, part, where)
+        elif key == "target":
+            out[key] = saved.optional(saved.text, part, where)
+        else:
+            out[key] = _scalars(part, where) if isinstance(part, dict) else _scalar(part, where)
     return out
 
 
