@@ -18,11 +18,14 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
 
+from sglang_oom_exporter.config.model import KubernetesConfig
 from sglang_oom_exporter.daemon.found import source_name
 from sglang_oom_exporter.daemon.health import waiting
+from sglang_oom_exporter.events.store import Health
 from sglang_oom_exporter.metrics.exposition import Page, join_plain
 from sglang_oom_exporter.sources.discover import KubernetesFilter, discover_pods, pod_log_ref
 from sglang_oom_exporter.sources.fsname import ShownFormatter, shown
+from tests.support.app import run_app, started_app
 from tests.support.daemon import settle
 from tests.support.logs import oom_block
 
@@ -151,3 +154,12 @@ def test_scan_shows_the_name_the_same_way(tmp_path) -> None:
         failed.stderr.decode()
         == f"sglang-oom-exporter: cannot read {tmp_path}/gone\\xe9.log: No such file or directory\n"
     )
+
+
+def test_healthz_shows_a_kubernetes_log_root_that_is_not_utf8(tmp_path) -> None:
+    root = os.fsdecode(os.fsencode(tmp_path) + b"/pods\xe9")  # configured, and missing
+    app, clock = started_app(tmp_path, kubernetes=KubernetesConfig(logs_root=root))
+    run_app(app, clock, 1.0)
+    health = app.loop.health()
+    assert health == Health(False, f"the Kubernetes log root {tmp_path}/pods\\xe9 does not exist")
+    health.reason.encode("utf-8")

@@ -61,7 +61,11 @@ class HealthWatch:
         return Health(False, trouble)
 
     def _trouble(self, facts: SourceFacts) -> str:
-        """What keeps the daemon from reading every configured source and saving its state ("": nothing)."""
+        """What keeps the daemon from reading every configured source and saving its state ("": nothing), a name
+        in it that is not UTF-8 shown escaped (sources/fsname.py): /healthz's body must encode."""
+        return shown(self._what_keeps(facts))
+
+    def _what_keeps(self, facts: SourceFacts) -> str:
         if facts.problem:
             return facts.problem
         if not facts.followed and self.sources.received_root is None:  # the OTLP receiver waits for its records
