@@ -19,6 +19,7 @@ from .catalog import CatalogError, load_catalog
 from .scan.report import format_text
 from .scan.run import load_server_args, scan_paths
 from .scan.serial import InputError
+from .sources.fsname import shown
 
 EXIT_OK, EXIT_OOM, EXIT_USAGE = 0, 1, 2
 
@@ -207,7 +208,7 @@ def _isatty(stream: Any) -> bool:
 
 
 def _fail(message: str) -> int:
-    print(f"sglang-oom-exporter: {message}", file=sys.stderr)
+    print(f"sglang-oom-exporter: {shown(message)}", file=sys.stderr)  # a file name in it as the page shows it
     return EXIT_USAGE
 
 

@@ -23,6 +23,7 @@ from .config.values import parse_listen
 from .daemon.app import App
 from .daemon.signals import SignalRelay
 from .metrics.exposition import PageRegistry
+from .sources.fsname import ShownFormatter
 from .sources.handles import raise_open_file_limit
 from .sources.watch import Waker
 from .web.server import ExporterServer
@@ -79,10 +80,9 @@ def serve(args: argparse.Namespace) -> int:
         print(f"configuration ok: {len(config.paths)} path(s), kubernetes={'on' if config.kubernetes else 'off'}, "
               f"listen {config.listen}, {len(catalog.kinds)} OOM kinds")  # fmt: skip
         return 0
-    logging.basicConfig(
-        level=config.log_level.upper(), stream=sys.stderr,
-        format="%(asctime)s level=%(levelname)s logger=%(name)s %(message)s",
-    )  # fmt: skip
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(ShownFormatter("%(asctime)s level=%(levelname)s logger=%(name)s %(message)s"))
+    logging.basicConfig(level=config.log_level.upper(), handlers=[handler])
     for name in unknown:
         log.warning("unknown variable %s (ignored): no setting reads it; see --help for the names", name)
     soft, hard = raise_open_file_limit()  # before the App, whose file-handle bound is taken from it
@@ -126,6 +126,11 @@ def _otlp_server(app: App, registry: PageRegistry, web: WebConfig | None) -> Otl
             token = fh.read().strip()
         if not token:
             raise ValueError(f"otlp_bearer_token_file: {config.otlp_bearer_token_file} is empty")
+    elif web is None or not (web.basic_auth_users or web.tls_client_ca_file):
+        # Records name their pod themselves: an open port lets any client page for any pod (docs/otlp.md).
+        log.warning("otlp receiver on %s is open: any client that reaches it can post an OOM for any namespace and "
+                    "pod; set otlp_bearer_token_file (the chart does by default) or the web config's basic auth or "
+                    "client certificates", config.otlp_listen)  # fmt: skip
     otlp = OtlpServer(parse_listen(config.otlp_listen), receiver, web_config=web, bearer_token=token,
                       max_request_bytes=config.otlp_max_request_kib * 1024)  # fmt: skip
     registry.register(OtlpCollector(otlp, lambda: (receiver.written, receiver.duplicates, receiver.filtered),

@@ -367,7 +367,8 @@ def test_receiver_pod_runs_unprivileged_and_counts_golden_records_sent_by_the_sd
         "mode": "receiver",
         "image": {"repository": repository, "tag": tag},
         "port": port,
-        "receiver": {"port": otlp},
+        # Open, for the SDK's exporter to send without a token (the token path: test_helm_receiver.py's daemon).
+        "receiver": {"port": otlp, "allowUnauthenticated": True},
         "extraArgs": [f"--listen=127.0.0.1:{port}", f"--otlp-listen=127.0.0.1:{otlp}"],
     })  # fmt: skip
     config_map, _, pod, probes = workload_pod(docs, "Deployment", f"soe-receiver-{port}")

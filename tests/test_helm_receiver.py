@@ -4,11 +4,28 @@ exporter's own loader."""
 
 from __future__ import annotations
 
+import base64
+import shutil
+
 import pytest
 import yaml
 
 from sglang_oom_exporter.config.load import load_config
-from tests.support.helm import CHART, helm, helm_with_values, one, rendered_config, template, workload
+from tests.support.helm import (
+    CHART,
+    by_kind,
+    helm,
+    helm_with_values,
+    install_notes,
+    one,
+    rendered_config,
+    run_tool,
+    template,
+    workload,
+)
+from tests.support.helpers import free_port, wait_until
+from tests.support.logs import oom_block
+from tests.support.otlp import json_request, post
 
 pytestmark = pytest.mark.e2e  # every test here runs helm
 
@@ -156,3 +173,158 @@ def test_the_receivers_memory_limit_is_receiver_memory_limit_and_the_other_modes
     assert deployment["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"] == {"memory": "1Gi"}
     (daemonset,) = [d for d in template() if d["kind"] == "DaemonSet"]
     assert daemonset["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"] == {"memory": "256Mi"}
+
+
+# ---------------------------------------------------------------------------------------------- closed by default
+
+GENERATED = "t-sglang-oom-exporter-otlp-token"
+TOKEN_FILE = "/etc/sglang-oom-exporter-otlp/token"  # noqa: S105 - a path, not a password
+
+
+def _pod(docs) -> dict:
+    return workload(docs)["spec"]["template"]["spec"]
+
+
+def test_receiver_mode_is_closed_by_default_with_a_generated_token():
+    docs = template(values={"mode": "receiver"})
+    secret = one(docs, "Secret")
+    assert secret["metadata"]["name"] == GENERATED
+    assert set(secret["data"]) == {"token"}
+    token = base64.b64decode(secret["data"]["token"]).decode()
+    assert len(token) == 48
+    assert token.isalnum()
+    assert rendered_config(docs)["otlp_bearer_token_file"] == TOKEN_FILE
+    volumes = {v["name"]: v for v in _pod(docs)["volumes"]}
+    assert volumes["otlp-token"]["secret"] == {"secretName": GENERATED, "items": [{"key": "token", "path": "token"}]}
+    mounts = {m["name"]: m for m in _pod(docs)["containers"][0]["volumeMounts"]}
+    assert mounts["otlp-token"] == {
+        "name": "otlp-token",
+        "mountPath": "/etc/sglang-oom-exporter-otlp",
+        "readOnly": True,
+    }
+    assert by_kind(docs, "NetworkPolicy") == []  # offered, not on: it needs the agents' namespace
+
+
+def test_a_named_token_secret_is_used_and_none_is_generated():
+    docs = template(values={"mode": "receiver", "receiver": {"bearerTokenSecret": "mine"}})
+    assert by_kind(docs, "Secret") == []
+    assert rendered_config(docs)["otlp_bearer_token_file"] == TOKEN_FILE
+    volumes = {v["name"]: v for v in _pod(docs)["volumes"]}
+    assert volumes["otlp-token"]["secret"]["secretName"] == "mine"
+
+
+def test_only_allow_unauthenticated_opens_the_receiver_and_the_notes_say_so():
+    values = {"mode": "receiver", "receiver": {"allowUnauthenticated": True}}
+    docs = template(values=values)
+    assert by_kind(docs, "Secret") == []
+    assert "otlp_bearer_token_file" not in rendered_config(docs)
+    assert "otlp-token" not in {v["name"] for v in _pod(docs)["volumes"]}
+    assert "WARNING: open (receiver.allowUnauthenticated)" in install_notes(values=values)
+    closed = install_notes(values={"mode": "receiver"})
+    assert f"get secret {GENERATED} -o jsonpath='{{.data.token}}' | base64 -d" in closed
+    assert 'headers: {Authorization: "Bearer ${env:SGLANG_OOM_TOKEN}"}' in closed
+    assert "WARNING: open" not in closed
+
+
+def test_other_modes_make_no_token_secret():
+    for mode in ("daemonset", "deployment"):
+        values = {"mode": mode, "deployment": {"volume": {"emptyDir": {}}}} if mode == "deployment" else {}
+        assert by_kind(template(values=values), "Secret") == []
+
+
+def test_the_network_policy_admits_only_the_agents_to_the_otlp_port():
+    np = {"enabled": True, "agentNamespaces": ["opentelemetry", "logging"],
+          "agentPodLabels": {"app.kubernetes.io/name": "opentelemetry-collector"}}  # fmt: skip
+    docs = template(values={"mode": "receiver", "receiver": {"port": 14318, "networkPolicy": np}})
+    policy = one(docs, "NetworkPolicy")
+    agents = {"matchLabels": {"app.kubernetes.io/name": "opentelemetry-collector"}}
+    assert policy["spec"] == {
+        "podSelector": {"matchLabels": {"app.kubernetes.io/name": "sglang-oom-exporter",
+                                        "app.kubernetes.io/instance": "t"}},
+        "policyTypes": ["Ingress"],
+        "ingress": [
+            {"from": [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": ns}}, "podSelector": agents}
+                      for ns in ("opentelemetry", "logging")],
+             "ports": [{"port": 14318, "protocol": "TCP"}]},
+            {"ports": [{"port": 9877, "protocol": "TCP"}]},  # the metrics port: any source (no metricsFrom)
+        ],
+    }  # fmt: skip
+    # The policy selects the exporter's own pod.
+    labels = workload(docs)["spec"]["template"]["metadata"]["labels"]
+    assert policy["spec"]["podSelector"]["matchLabels"].items() <= labels.items()
+
+
+def test_the_network_policy_can_narrow_the_metrics_port_and_needs_the_agents_namespace():
+    peer = {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}
+    np = {"enabled": True, "agentNamespaces": ["otel"], "metricsFrom": [peer]}
+    (_, metrics) = one(template(values={"mode": "receiver", "receiver": {"networkPolicy": np}}), "NetworkPolicy")[
+        "spec"
+    ]["ingress"]
+    assert metrics == {"ports": [{"port": 9877, "protocol": "TCP"}], "from": [peer]}
+    out = template(values={"mode": "receiver", "receiver": {"networkPolicy": {"enabled": True}}}, ok=False)
+    assert "receiver.networkPolicy.enabled: set receiver.networkPolicy.agentNamespaces" in out
+
+
+@pytest.mark.parametrize(
+    ("values", "where"),
+    [
+        ({"receiver": {"networkPolicy": {"agentNamespace": ["x"]}}}, "/receiver/networkPolicy"),
+        (
+            {"receiver": {"networkPolicy": {"agentNamespaces": ["Not_A_Name"]}}},
+            "/receiver/networkPolicy/agentNamespaces/0",
+        ),
+        ({"receiver": {"allowUnauthenticated": "yes"}}, "/receiver/allowUnauthenticated"),
+    ],
+)
+def test_the_closed_receivers_values_are_checked_by_the_schema(values, where):
+    assert where in template(values={"mode": "receiver", **values}, ok=False)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("k8s", ["1.25.0", "1.37.0"])
+def test_the_token_secret_and_the_network_policy_validate_strictly(tmp_path, k8s):
+    if shutil.which("kubernetes-validate") is None:
+        pytest.skip("kubernetes-validate is not installed (dev extra)")
+    np = {"enabled": True, "agentNamespaces": ["otel"], "agentPodLabels": {"app": "collector"},
+          "metricsFrom": [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}]}  # fmt: skip
+    docs = template(values={"mode": "receiver", "receiver": {"networkPolicy": np}})
+    paths = []
+    for doc in (one(docs, "Secret"), one(docs, "NetworkPolicy"), workload(docs)):
+        path = tmp_path / f"{doc['kind']}.yaml"
+        path.write_text(yaml.safe_dump(doc))
+        paths.append(str(path))
+    proc = run_tool("kubernetes-validate", "--strict", "--quiet", "-k", k8s, *paths)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(60)
+def test_the_daemon_as_the_chart_configures_it_refuses_a_post_without_the_token(tmp_path, daemon_factory):
+    docs = template(values={"mode": "receiver"})
+    token = base64.b64decode(one(docs, "Secret")["data"]["token"])
+    (tmp_path / "token").write_bytes(token)
+    config = rendered_config(docs)
+    port = free_port()
+    config.update(otlp_listen=f"127.0.0.1:{port}", otlp_bearer_token_file=str(tmp_path / "token"))
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(config))
+    d = daemon_factory("--config", str(tmp_path / "config.yaml"))
+    body = json_request({"k8s.namespace.name": "prod", "k8s.pod.name": "llama-0", "k8s.pod.uid": "u1",
+                         "k8s.container.name": "sglang"}, [oom_block()])  # fmt: skip
+    url, json_type = f"http://127.0.0.1:{port}", {"Content-Type": "application/json"}
+    assert post(url, body, json_type)[0] == 401  # a false page for prod/llama-0 is refused
+    assert post(url, body, {**json_type, "Authorization": "Bearer wrong"})[0] == 401
+    assert post(url, body, {**json_type, "Authorization": f"Bearer {token.decode()}"})[0] == 200
+    assert "is open" not in d.log_tail()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(60)
+def test_an_open_receiver_says_so_in_its_log(tmp_path, daemon_factory):
+    d = daemon_factory("--otlp-listen", f"127.0.0.1:{free_port()}")
+    seen: list[str] = []
+
+    def warned() -> bool:
+        seen.append(d.log_tail(100000))  # each call returns what was written since the last
+        return "otlp receiver on 127.0.0.1" in "".join(seen) and "is open: any client" in "".join(seen)
+
+    wait_until(warned, timeout=15, what="the warning that the receiver is open")

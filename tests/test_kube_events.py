@@ -24,7 +24,7 @@ from sglang_oom_exporter.events.sink import Context, EventSink
 from sglang_oom_exporter.kubeevents import EventsCollector, event_poster
 from sglang_oom_exporter.kubeevents.correlate import SPAM_BURST, Correlator
 from sglang_oom_exporter.kubeevents.ledger import Ledger
-from sglang_oom_exporter.kubeevents.poster import RESULTS, EventPoster
+from sglang_oom_exporter.kubeevents.poster import MAX_TRIES, RESULTS, RETRY_AFTER_CAP, EventPoster
 from sglang_oom_exporter.kubeevents.text import MESSAGE_LIMIT, message_for, reason_for, runbook_url
 from sglang_oom_exporter.render.options import DEFAULT_RUNBOOK_BASE_URL
 from sglang_oom_exporter.sources.kubeclient import ApiClient
@@ -236,6 +236,19 @@ def test_a_corrupt_ledger_is_a_warning_and_a_fresh_start(tmp_path, caplog):
     assert "k" in Ledger(str(tmp_path))
 
 
+@pytest.mark.parametrize(
+    ("text", "kept"),
+    [("[" * 100_000 + "]" * 100_000, []), ('{"version": 1, "keys": ["a", 1, {"b": 2}, null, "c"]}', ["a", "c"])],
+    ids=["nested-past-the-recursion-limit", "keys-that-are-no-string"],
+)
+def test_a_hostile_ledger_costs_itself_never_the_start(tmp_path, text, kept):
+    (tmp_path / "k8s-events.json").write_text(text)
+    ledger = Ledger(str(tmp_path))
+    assert ledger.errors == 1
+    assert [k for k in ("a", "c") if k in ledger] == kept
+    assert "1" not in ledger
+
+
 # ---------------------------------------------------------------------------------------------- failures
 
 
@@ -250,6 +263,111 @@ def test_an_answer_that_refuses_the_write_is_counted_and_never_retried(api, tls,
     p.run_pending()
     assert nonzero(p) == {result: 1}
     assert len(writes(api)) == 1
+
+
+class Waits:
+    """The poster's retry wait, recorded instead of waited (a settable clock: no test sleeps)."""
+
+    def __init__(self) -> None:
+        self.delays: list[float] = []
+
+    def __call__(self, seconds: float) -> bool:
+        self.delays.append(seconds)
+        return False  # not ended by a shutdown
+
+
+@pytest.mark.parametrize(("status", "after"), [(429, "1"), (500, "2"), (503, "0"), (504, "3")])
+def test_a_busy_answer_with_retry_after_is_tried_again_as_client_go_does(api, tls, status, after):
+    """API Priority and Fairness answers Events with 429 and Retry-After exactly when a cluster is busy."""
+    api.busy = [(status, after), (status, after)]
+    waits = Waits()
+    p = poster(api, tls, wait=waits)
+    p.offer(fatal())
+    p.run_pending()
+    assert nonzero(p) == {"created": 1}
+    assert [m for m, _, _ in writes(api)] == ["POST", "POST", "POST"]
+    assert waits.delays == [float(after), float(after)]
+    assert p.retries == 2
+    (stored,) = api.events.values()
+    assert stored["count"] == 1
+
+
+def test_busy_answers_are_tried_ten_times_in_all_then_counted(api, tls):
+    api.busy = [(429, "1")] * 12
+    waits = Waits()
+    p = poster(api, tls, wait=waits)
+    p.offer(fatal())
+    p.run_pending()
+    assert nonzero(p) == {"http_error": 1}
+    assert len(writes(api)) == MAX_TRIES == 10  # client-go's maxRetries
+    assert waits.delays == [1.0] * 9
+    assert len(api.busy) == 2
+
+
+def test_a_long_retry_after_is_waited_at_most_the_cap(api, tls):
+    api.busy = [(429, "3600")]
+    waits = Waits()
+    p = poster(api, tls, wait=waits)
+    p.offer(fatal())
+    p.run_pending()
+    assert nonzero(p) == {"created": 1}
+    assert waits.delays == [RETRY_AFTER_CAP]
+
+
+@pytest.mark.parametrize(("status", "after"), [(500, None), (429, None), (503, "soon"), (400, "1"), (404, "1")])
+def test_an_answer_without_a_usable_retry_after_is_final(api, tls, status, after):
+    api.busy = [(status, after)]
+    waits = Waits()
+    p = poster(api, tls, wait=waits)
+    p.offer(fatal())
+    p.run_pending()
+    assert len(writes(api)) == 1
+    assert waits.delays == []
+    assert nonzero(p) == {{404: "pod_gone"}.get(status, "http_error"): 1}
+
+
+def test_a_shutdown_ends_a_retry_wait(api, tls):
+    api.busy = [(429, "1")] * 3
+    halted = []
+
+    def wait(seconds: float) -> bool:
+        halted.append(seconds)
+        return True  # stop() set the halt while the poster waited
+
+    p = poster(api, tls, wait=wait)
+    p.offer(fatal())
+    p.run_pending()
+    assert halted == [1.0]
+    assert len(writes(api)) == 1
+    assert nonzero(p) == {"http_error": 1}
+
+
+def test_a_throttled_api_server_never_delays_counting(api, tls):
+    """While the poster's thread waits out a Retry-After, offer() (the counting thread) only queues."""
+    api.busy = [(429, "1")]
+    waiting, release = threading.Event(), threading.Event()
+
+    def wait(seconds: float) -> bool:
+        waiting.set()
+        release.wait(30)  # the poster holds here until the test has offered everything
+        return False
+
+    p = poster(api, tls, wait=wait)
+    p.start()
+    try:
+        base = fatal()
+        p.offer(base)
+        wait_until(waiting.is_set, timeout=10, what="the poster to wait out the Retry-After")
+        for i in range(1, 50):
+            p.offer(replace(base, offset=base.offset + i))  # returns while the poster is held: never blocks
+        assert sum(p.counts().values()) == 0
+        release.set()
+        wait_until(lambda: sum(p.counts().values()) == 50, timeout=30, what="every OOM handled")
+    finally:
+        release.set()
+        assert p.stop(timeout=10) is True
+    assert p.retries == 1
+    assert p.counts()["created"] + p.counts()["updated"] + p.counts()["rate_limited"] == 50
 
 
 def test_a_vanished_pod_is_dropped_and_counted(api, tls):

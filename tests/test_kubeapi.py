@@ -13,7 +13,7 @@ from sglang_oom_exporter.config.load import ConfigError
 from sglang_oom_exporter.config.model import DiscoverTargetsConfig
 from sglang_oom_exporter.sources.http import LABELS, HttpError, Reason
 from sglang_oom_exporter.sources.kubeapi import DiscoveryCollector, node_targets
-from sglang_oom_exporter.sources.kubeclient import REASONS, ApiClient, PodEndpoint, endpoints
+from sglang_oom_exporter.sources.kubeclient import MAX_BODY_BYTES, REASONS, ApiClient, PodEndpoint, endpoints
 from sglang_oom_exporter.sources.nodetargets import NodeTargets
 from sglang_oom_exporter.sources.scrape import TargetScraper
 from tests.support.app import config_from_text
@@ -68,6 +68,26 @@ def test_bad_answers_are_errors_with_a_reason(api, tls, mode, reason, detail):
         api_client(api, tls).list_pods(NODE)
     assert LABELS[info.value.reason].discovery == reason
     assert detail in info.value.detail
+
+
+def test_a_runaway_answer_is_refused_unread_at_the_cap(api, tls):
+    api.mode = "huge"  # 60 MiB announced
+    with pytest.raises(HttpError) as info:
+        api_client(api, tls).list_pods(NODE)
+    assert LABELS[info.value.reason].discovery == "too_large"
+    assert info.value.detail.startswith(f"the pod list of node {NODE} is over the 8 MiB cap, unread (Content-Length")
+
+
+def test_a_pod_list_past_the_cap_is_refused_and_one_under_it_is_read(api, tls):
+    big = {"note": "x" * (100 << 10)}  # 100 KiB of annotations a pod
+    api.mode = "ok"
+    api.pods = [pod("llm", f"p-{i}", f"10.0.0.{i}", annotations=big) for i in range(90)]  # about 8.8 MiB: over
+    with pytest.raises(HttpError) as info:
+        api_client(api, tls).list_pods(NODE)
+    assert LABELS[info.value.reason].discovery == "too_large"
+    assert MAX_BODY_BYTES == 8 << 20
+    api.pods = api.pods[:70]  # about 7 MiB: read
+    assert len(api_client(api, tls).list_pods(NODE)["items"]) == 70
 
 
 def test_a_hanging_api_server_times_out(api, tls):

@@ -105,13 +105,19 @@ def test_restore_continues_from_saved_values_and_rejects_garbage():
     again.restore_state(saved)
     again.record(("a",), _event("prefill"), 2.0)
     assert again.total("prefill") == 2.0
-    for bad in ({}, {"label_names": ["pod"], "sources": []}, {"label_names": ["source"], "sources": [{"labels": 1}]},
-                {"label_names": ["source"], "sources": [{"labels": ["a"], "events": {"prefill": -1}, "fatal": {},
-                                                          "retracted": 0}]}):  # fmt: skip
-        with pytest.raises(ValueError, match=r"labels|bad"):
+    for bad in ({}, {"label_names": ["pod"], "sources": []}, {"label_names": ["source"], "sources": "a"}):
+        with pytest.raises(ValueError, match=r"labels|bad|not an array"):
             EventCounts(
                 CATALOG.ids, ("source",), CATALOG.retraction_kind, fatal_kinds=fatal_kinds(CATALOG)
             ).restore_state(bad)
+    # A malformed source's entry is set aside (counted by the caller); the others are restored.
+    good = saved["sources"][0]
+    for entry in ({"labels": 1}, {**good, "events": {"prefill": -1}}, {**good, "events": {"prefill": "NaN"}},
+                  {**good, "retracted": "1e400"}, {**good, "labels": ["a", "b"]}):  # fmt: skip
+        counts = EventCounts(CATALOG.ids, ("source",), CATALOG.retraction_kind, fatal_kinds=fatal_kinds(CATALOG))
+        assert counts.restore_state({"label_names": ["source"], "sources": [entry, {**good, "labels": ["b"]}]}) == 1
+        assert counts.known() == [("b",)]
+        assert counts.total("prefill") == 1.0
 
 
 def test_target_values_and_suggested_flags():

@@ -76,9 +76,9 @@ def test_a_bad_recent_key_costs_only_itself(tmp_path, caplog):
     (tmp_path / "state" / "state.json").write_text(json.dumps(doc))
     app, _ = make_app(tmp_path)
     app.keeper.load()
-    assert (app.keeper.errors, app.counts.total("decode"), len(app.store)) == (1, 2, 0)
+    assert (app.keeper.errors, app.counts.total("decode"), len(app.store)) == (1, 2, 1)  # the other event is kept
     assert os.path.exists(tmp_path / "state" / "state.json"), "the file is not moved aside"
-    assert "recent events not restored" in caplog.text
+    assert "one recent event set aside: pools is str, not an array" in caplog.text
 
 
 def test_the_saved_events_are_bounded_and_newest(tmp_path):
@@ -90,7 +90,7 @@ def test_the_saved_events_are_bounded_and_newest(tmp_path):
     assert [s["seen"] for s in saved] == [float(n) for n in range(30, SAVED_EVENTS + 30)]
     small = EventStore(capacity=10)
     small.add(_event(999), seen=999.0)
-    assert small.restore_state(saved) == 10
+    assert small.restore_state(saved) == (10, 0)
     assert [s.seen for s in small.entries()] == [
         999.0,
         *(float(n) for n in range(SAVED_EVENTS + 29, SAVED_EVENTS + 20, -1)),

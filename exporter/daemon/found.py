@@ -13,21 +13,25 @@ from collections.abc import Mapping
 from typing import Any
 
 from ..config.model import Config
+from ..sources import saved as checked
 from ..sources.discover import FilterTimeouts, KubernetesFilter
 from ..sources.fileid import TailPosition
+from ..sources.fsname import shown
 from .logsource import LogSource
 
 
 def source_name(names: Mapping[str, str], path: str, taken: set[str]) -> str:
-    """The `source` label of a plain file: its configured name, else its stem, else parent/stem when taken."""
+    """The `source` label of a plain file: its configured name, else its stem, else parent/stem when taken.
+
+    A name that is not UTF-8 is shown with \\xNN escapes (sources/fsname.py), as every label must encode."""
     for pattern, name in names.items():
         if pattern == path:
-            return name
-    base = os.path.basename(path)
+            return shown(name)
+    base = shown(os.path.basename(path))
     stem = base[:-4] if base.endswith(".log") else base
     if stem in taken:
-        parent = os.path.basename(os.path.dirname(path))
-        return f"{parent}/{stem}" if parent else path
+        parent = shown(os.path.basename(os.path.dirname(path)))
+        return f"{parent}/{stem}" if parent else shown(path)
     return stem
 
 
@@ -63,11 +67,15 @@ def restore(source: LogSource, saved: Mapping[str, Any]) -> TailPosition:
     the source as new."""
     try:
         position = TailPosition.from_dict(saved["position"])
-        lineno = saved.get("lineno", 1)
-        source.resume_lineno = None if lineno is None else int(lineno)
+        # Each field by type and range (sources/saved.py): a string where a number was, or a dedupe memory of
+        # the wrong shape, costs this entry (counted), never the start.
+        lineno = checked.optional(checked.integer, saved.get("lineno", 1), "lineno")
+        epoch = checked.integer(saved.get("epoch", 0), "epoch")
+        dedupe = dict(checked.obj(saved.get("dedupe", {}), "dedupe"))
+        source.resume_lineno = lineno
         source.resume_offset = position.offset
-        source.epoch = int(saved.get("epoch", 0))
-        source.pipeline.restore_state(saved.get("dedupe", {}))
+        source.epoch = epoch
+        source.pipeline.restore_state(dedupe)
     except (KeyError, TypeError, ValueError):
         source.resume_lineno = source.resume_offset = None
         raise

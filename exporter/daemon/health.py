@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 
 from ..events.store import Health
+from ..sources.fsname import shown
 from .sourceset import SourceFacts, SourceSet
 from .state import StateKeeper
 
@@ -60,7 +61,11 @@ class HealthWatch:
         return Health(False, trouble)
 
     def _trouble(self, facts: SourceFacts) -> str:
-        """What keeps the daemon from reading every configured source and saving its state ("": nothing)."""
+        """What keeps the daemon from reading every configured source and saving its state ("": nothing), a name
+        in it that is not UTF-8 shown escaped (sources/fsname.py): /healthz's body must encode."""
+        return shown(self._what_keeps(facts))
+
+    def _what_keeps(self, facts: SourceFacts) -> str:
         if facts.problem:
             return facts.problem
         if not facts.followed and self.sources.received_root is None:  # the OTLP receiver waits for its records
@@ -82,6 +87,7 @@ def waiting(paths: list[str]) -> str:
     """The configured files that do not exist yet, in words ("" for none)."""
     if not paths:
         return ""
+    paths = [shown(p) for p in paths[:3]] + paths[3:]  # a configured name that is not UTF-8 (sources/fsname.py)
     why = "(normal until SGLang starts and writes its log)"
     if len(paths) == 1:
         return f"waiting for {paths[0]} to appear {why}"

@@ -382,7 +382,9 @@ class SourceSet:
     def resume_from(self, files: Mapping[str, object]) -> None:
         """Take the saved positions of a loaded state file: new sources resume there, and this is not a first run."""
         with self._lock:
-            self._saved = {str(k): v for k, v in files.items() if isinstance(v, dict)}
+            # An entry that is no object is kept as an unusable position (counted, and its file not read from 0
+            # again under counters that hold its events), never dropped: dropped, the file would look new.
+            self._saved = {str(k): v if isinstance(v, dict) else {"position": v} for k, v in files.items()}
             self._had_state = True
 
     def forget_saved(self) -> None:

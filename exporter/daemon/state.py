@@ -17,6 +17,7 @@ import json
 import logging
 import math
 import os
+import shutil
 import tempfile
 import time
 from collections.abc import Callable, Mapping
@@ -123,6 +124,17 @@ class StateStore:
             aside,
         )
 
+    def keep_copy(self, reason: str) -> None:
+        """Keep a copy of a state file whose malformed entries were set aside (the next save drops them), as
+        state.json.corrupt-<unix time>, and warn."""
+        aside = f"{self.path}.corrupt-{int(self._clock())}"
+        try:
+            shutil.copyfile(self.path, aside)
+        except OSError as exc:
+            log.warning("state file path=%s: %s (could not keep a copy: %s)", self.path, reason, exc)
+            return
+        log.warning("state file path=%s: %s; the file as it was is kept as %s", self.path, reason, aside)
+
     def _remove_stale_temps(self) -> None:
         # A crash between mkstemp and os.replace leaves a temp file that nobody will ever read.
         try:
@@ -227,7 +239,7 @@ class StateKeeper:
             if "counters" not in data:
                 raise ValueError("'counters' is missing")
             # Checked before anything is applied: restore_state raises before it changes a counter.
-            self._counts.restore_state(data["counters"])
+            set_aside = self._counts.restore_state(data["counters"])
             self._sources.resume_from(files)
         except (ValueError, KeyError, TypeError) as exc:
             # Documented fallback, as for a corrupt file: moved aside, and a first run (files read from their end).
@@ -235,21 +247,28 @@ class StateKeeper:
             self._store.reject(f"wrong types: {exc}")
             self._sources.forget_saved()
             return
-        self._load_recent(data.get("recent"))
+        set_aside += self._load_recent(data.get("recent"))
+        if set_aside:
+            # Each malformed entry cost itself (warned where it was found); the file as it was is kept for a human.
+            self.errors += set_aside
+            self._store.keep_copy(f"{set_aside} malformed entries set aside")
 
-    def _load_recent(self, recent: object) -> None:
-        """The recent events and last-event times ("recent"; older state files have none); a bad one costs itself."""
+    def _load_recent(self, recent: object) -> int:
+        """The recent events and last-event times ("recent"; older state files have none); a bad one costs itself.
+
+        The number of entries set aside (the malformed ones, and events of a kind this build does not know)."""
         if recent is None or self._events is None:
-            return
+            return 0
         try:
             if not isinstance(recent, dict):
                 raise ValueError(f"'recent' is {type(recent).__name__}, not an object")
-            self._counts.restore_last(recent.get("last", []))
-            restored = self._events.restore_state(recent.get("events", []))
+            bad = self._counts.restore_last(recent.get("last", []))
+            restored, bad_events = self._events.restore_state(recent.get("events", []), self._counts.kinds)
             log.info("state: %d recent events restored", restored)
         except ValueError as exc:
-            self.errors += 1
             log.warning("state: recent events not restored (the counters and positions are): %s", exc)
+            return 1
+        return bad + bad_events
 
     def save_if_due(self) -> None:
         """The periodic save: every interval, and only when something was read or counted since the last.

@@ -35,6 +35,8 @@ from ..detect.match import excerpt
 from ..detect.model import OomEvent, Report
 from ..detect.prefix import epoch_of, iso_time
 from ..detect.window import NO_TIME_LINES, SAME_RANK_SECONDS, Group, Seen, Window
+from ..sources import saved
+from ..sources.fsname import shown
 
 RANK_WINDOW_SECONDS = 0.15  # the ranks of one tick, and a traceback written with its block, arrive within this
 RECENT_GROUPS = 256
@@ -71,8 +73,9 @@ class Deduper:
         settle_seconds: float = RANK_WINDOW_SECONDS,
     ) -> None:
         self._resolve = resolve  # the matcher's: (kind, phase, subphase) of the joined reports, decided once
-        self._source = source
-        self._location = location
+        # A file name that is not UTF-8 reaches every event, label and answer escaped (sources/fsname.py).
+        self._source = shown(source)
+        self._location = shown(location)
         self._sink = sink
         self._wait = wait_seconds
         self.settle_seconds = settle_seconds  # the rank window
@@ -166,8 +169,11 @@ class Deduper:
     def restore_state(self, raw: dict[str, Any]) -> None:
         """Take back what export_state() gave; ValueError when it is malformed."""
         try:
-            keys = [str(k) for k in raw.get("emitted_keys", [])]
-            groups = [Group.from_dict(g) for g in raw.get("groups", [])]
+            memory = saved.obj(raw, "dedupe")
+            keys = [saved.text(k, "emitted_keys[]") for k in saved.array(memory.get("emitted_keys", []), "keys")]
+            groups = [
+                Group.from_dict(dict(saved.obj(g, "groups[]"))) for g in saved.array(memory.get("groups", []), "groups")
+            ]
         except (KeyError, TypeError, ValueError, IndexError) as exc:
             raise ValueError(f"bad dedupe state: {exc}") from exc
         for k in keys[-EMITTED_KEYS:]:

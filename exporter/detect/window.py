@@ -17,6 +17,7 @@ from typing import Any
 
 from ..catalog.vocabulary import KV_FAILURE_PHASES
 from ..detect.model import Report
+from ..sources import saved
 
 CROSS_RANK_SECONDS = 1.5  # ranks of one tick straddle a second boundary (R6)
 SAME_RANK_SECONDS = 10.0  # block -> its traceback, with a tree dump printed in between
@@ -84,12 +85,18 @@ class Group:
         """Inverse of to_dict; raises (KeyError, TypeError, ValueError) on a malformed entry."""
 
         def seen(v: Any) -> Seen | None:
-            return None if v is None else Seen(str(v[0]), None if v[1] is None else float(v[1]), int(v[2]), int(v[3]))
+            if v is None:
+                return None
+            short, epoch, lineno, offset = saved.array(v, "members.*[]")
+            return Seen(saved.text(short, "short"), saved.optional(saved.number, epoch, "epoch"),
+                        saved.integer(lineno, "lineno"), saved.integer(offset, "offset"))  # fmt: skip
 
-        group = cls(str(raw["body"]), None if raw["epoch"] is None else float(raw["epoch"]), int(raw["lineno"]),
-                    int(raw["offset"]), 0.0, emitted=True)  # fmt: skip
-        for rank, (block, trace) in dict(raw["members"]).items():
-            group.members[str(rank)] = Member(seen(block), seen(trace))
+        group = cls(saved.text(raw["body"], "body"), saved.optional(saved.number, raw["epoch"], "epoch"),
+                    saved.integer(raw["lineno"], "lineno"), saved.integer(raw["offset"], "offset"), 0.0,
+                    emitted=True)  # fmt: skip
+        for rank, halves in saved.obj(raw["members"], "members").items():
+            block, trace = saved.array(halves, "members.*")
+            group.members[saved.text(rank, "rank")] = Member(seen(block), seen(trace))
         group.last_lineno = max([group.lineno] + [s.lineno for m in group.members.values() for s in _halves(m)])
         return group
 

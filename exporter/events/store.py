@@ -7,14 +7,20 @@ file (export_state/restore_state), so a restart keeps them; those come back mark
 
 from __future__ import annotations
 
+import functools
+import logging
+import math
 import threading
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any
 
 from ..detect.model import OomEvent, PoolState, Suggestion
+from ..sources import saved
+
+log = logging.getLogger(__name__)
 
 DEFAULT_CAPACITY = 200  # events kept by an EventStore
 # Events kept in the state file: an event is at most about 3 KB of JSON (an 8-line excerpt, its context), and the
@@ -76,20 +82,27 @@ class EventStore:
         """The newest `limit` events as plain data for the state file, oldest first."""
         return [_saved(s) for s in reversed(self.entries(limit))]
 
-    def restore_state(self, raw: object) -> int:
-        """Put saved events back, marked restored, before any new one; ValueError (nothing restored) if malformed."""
-        if not isinstance(raw, list):
-            raise ValueError(f"saved events are {type(raw).__name__}, not a list")
-        try:
-            restored = [_restored(item) for item in raw[-self.capacity :]]
-        except (KeyError, TypeError, AttributeError, ValueError) as exc:
-            raise ValueError(f"bad saved event: {exc!r}") from exc
+    def restore_state(self, raw: object, kinds: Collection[str] | None = None) -> tuple[int, int]:
+        """Put saved events back, marked restored, before any new one: (restored, set aside). Each is checked by
+        type and range (sources/saved.py); a malformed one, or one of a kind not in `kinds` (a downgrade after a
+        release added a kind), is set aside with a warning. ValueError (nothing restored) when raw is no list."""
+        restored, bad = [], 0
+        for item in saved.array(raw, "recent.events")[-self.capacity :]:
+            try:
+                stored = _restored(item)
+                if kinds is not None and stored.event.kind not in kinds:
+                    raise ValueError(f"kind {stored.event.kind!r} is not one this build knows")
+            except ValueError as exc:
+                bad += 1
+                log.warning("state: one recent event set aside: %s", exc)
+                continue
+            restored.append(stored)
         with self._lock:
             live = list(self._ring)
             self._ring.clear()
             self._ring.extend(restored)
             self._ring.extend(live)
-        return len(restored)
+        return len(restored), bad
 
 
 def _saved(stored: StoredEvent) -> dict[str, Any]:
@@ -103,35 +116,69 @@ def _saved(stored: StoredEvent) -> dict[str, Any]:
     }  # fmt: skip
 
 
-def _opt_int(value: object) -> int | None:
-    return None if value is None else int(value)  # type: ignore[call-overload]
+def _scalar(value: object, what: str) -> object:
+    """A JSON value a context can hold: a string, a finite number, true/false or null (no nesting)."""
+    if value is None or isinstance(value, str | bool):
+        return value
+    return saved.number(value, what, -math.inf, math.inf)
 
 
-def _opt_float(value: object) -> float | None:
-    return None if value is None else float(value)  # type: ignore[arg-type]
+def _scalars(value: object, what: str) -> dict[str, Any]:
+    return {saved.text(k, what): _scalar(v, f"{what}.{k}") for k, v in saved.obj(value, what).items()}
 
 
-def _opt_str(value: object) -> str | None:
-    return None if value is None else str(value)
+def _context(value: object) -> dict[str, Any]:
+    """An event's context (events/sink.py, daemon/targets.py): "kv" and "server_args" objects of scalars, "target"
+    the scraped URL; a key a later build adds, a scalar or an object of scalars."""
+    out: dict[str, Any] = {}
+    for key, part in saved.obj(value, "context").items():
+        where = f"context.{saved.text(key, 'context')}"
+        if key in ("kv", "server_args"):
+            out[key] = saved.optional(_scalars, part, where)
+        elif key == "target":
+            out[key] = saved.optional(saved.text, part, where)
+        else:
+            out[key] = _scalars(part, where) if isinstance(part, dict) else _scalar(part, where)
+    return out
 
 
-def _restored(item: Mapping[str, Any]) -> StoredEvent:
-    pools = tuple(
-        PoolState(str(p["pool"]), *(_opt_int(p.get(k)) for k in ("total", "available", "evictable", "free",
-                                                                 "protected", "session_held", "uncached")))
-        for p in item["pools"]
-    )  # fmt: skip
-    suggestions = tuple(
-        Suggestion(str(s["flag"]), _opt_float(s["current"]), _opt_float(s["suggested"]), str(s["rule"]),
-                   str(s.get("when") or ""))
-        for s in item["suggestions"]
-    )  # fmt: skip
+_POOL_FIELDS = ("total", "available", "evictable", "free", "protected", "session_held", "uncached", "counted", "cached")
+
+
+def _pool(raw: object) -> PoolState:
+    p = saved.obj(raw, "pools[]")
+    sizes = (saved.optional(saved.integer, p.get(k), f"pools[].{k}") for k in _POOL_FIELDS)
+    return PoolState(saved.text(p.get("pool"), "pools[].pool"), *sizes)
+
+
+def _suggestion(raw: object) -> Suggestion:
+    s = saved.obj(raw, "suggestions[]")
+    current, suggested = (
+        saved.optional(saved.number, s.get(k), f"suggestions[].{k}") for k in ("current", "suggested")
+    )
+    return Suggestion(saved.text(s.get("flag"), "suggestions[].flag"), current, suggested,
+                      saved.text(s.get("rule"), "suggestions[].rule"),
+                      saved.text(s.get("when") or "", "suggestions[].when"))  # fmt: skip
+
+
+def _restored(raw: object) -> StoredEvent:
+    """One saved event, every field checked by type and range; ValueError naming the first bad one."""
+    item = saved.obj(raw, "recent.events[]")
+    text, opt_text = saved.text, functools.partial(saved.optional, saved.text)
+    numbers = {text(k, "numbers"): saved.optional(saved.number, v, f"numbers.{k}")
+               for k, v in saved.obj(item.get("numbers"), "numbers").items()}  # fmt: skip
     event = OomEvent(
-        kind=str(item["kind"]), fatal=bool(item["fatal"]), source=str(item["source"]),
-        location=str(item["location"]), time=_opt_str(item["time"]), ranks=tuple(str(r) for r in item["ranks"]),
-        message=str(item["message"]), excerpt=str(item["excerpt"]), phase=_opt_str(item["phase"]),
-        subphase=_opt_str(item["subphase"]), inferred=bool(item["inferred"]), numbers=dict(item["numbers"]),
-        pools=pools, context=dict(item["context"]), suggestions=suggestions,
+        kind=text(item.get("kind"), "kind"), fatal=saved.flag(item.get("fatal"), "fatal"),
+        source=text(item.get("source"), "source"), location=text(item.get("location"), "location"),
+        time=opt_text(item.get("time"), "time"),
+        ranks=tuple(text(r, "ranks[]") for r in saved.array(item.get("ranks"), "ranks")),
+        message=text(item.get("message"), "message"), excerpt=text(item.get("excerpt"), "excerpt"),
+        phase=opt_text(item.get("phase"), "phase"), subphase=opt_text(item.get("subphase"), "subphase"),
+        inferred=saved.flag(item.get("inferred"), "inferred"), numbers=numbers,
+        pools=tuple(_pool(p) for p in saved.array(item.get("pools"), "pools")),
+        context=_context(item.get("context")),
+        suggestions=tuple(_suggestion(s) for s in saved.array(item.get("suggestions"), "suggestions")),
     )  # fmt: skip
-    labels = {str(k): str(v) for k, v in dict(item["labels"]).items()}
-    return StoredEvent(event, MappingProxyType(labels), _opt_float(item.get("seen")), restored=True)
+    labels = saved.texts(item.get("labels"), "labels")
+    seen = saved.optional(saved.timestamp, item.get("seen"), "seen")
+    return StoredEvent(event, MappingProxyType(dict(labels)), seen, restored=True)

@@ -70,11 +70,18 @@ class Ledger:
                 raise ValueError("no keys list of this version")
         except FileNotFoundError:
             return
-        except (OSError, ValueError, KeyError, UnicodeDecodeError) as exc:
+        except (OSError, ValueError, KeyError, UnicodeDecodeError, RecursionError) as exc:
+            # RecursionError: nested deeper than the parser's limit; no ledger of ours is, and every start would stop.
             self.errors += 1
             log.warning("k8s events: ignoring %s: %s", path, exc)
             return
-        self._keys = {str(k): None for k in keys[-KEYS_KEPT:]}
+        taken = [k for k in keys[-KEYS_KEPT:] if isinstance(k, str)]  # a key is event_key()'s hex string
+        if len(taken) != len(keys[-KEYS_KEPT:]):
+            self.errors += 1
+            log.warning(
+                "k8s events: %s: %d keys that are no string set aside", path, len(keys[-KEYS_KEPT:]) - len(taken)
+            )
+        self._keys = dict.fromkeys(taken)
 
     def _save(self, path: str) -> None:
         directory = os.path.dirname(path)

@@ -10,9 +10,11 @@ events.k8s.io/v1 would carry the same object (one storage, two views) with `seri
 action and a series heartbeat, and gives `describe` nothing more.
 
 Every outcome is counted by result (RESULTS; sglang_oom_exporter_k8s_events_total). A failure is logged once
-per streak, never retried forever (client-go's rule: an answer from the server is final; only a refused
-connection, which never reached it, is tried again, twice), and never delays counting: a full queue drops
-the Event and counts it.
+per streak, never retried forever, and never delays counting: a full queue drops the Event and counts it.
+Retries are client-go's (rest/with_retry.go): an answer from the server is final, except a 429 or a 5xx that
+carries Retry-After (API Priority and Fairness answers Events with 429 exactly when a cluster is busy), tried
+again after that many seconds (at most RETRY_AFTER_CAP) up to MAX_TRIES in all; a refused connection, which
+never reached the server, is tried again twice (RETRY_DELAYS).
 """
 
 from __future__ import annotations
@@ -47,6 +49,8 @@ WRITTEN = frozenset({"created", "updated", "owner"})
 NOT_FAILURES = WRITTEN | {"rate_limited"}
 QUEUE_SIZE = 256  # OOMs waiting for the API; more are dropped and counted (client-go keeps 1000 per process)
 RETRY_DELAYS = (1.0, 5.0)  # after a refused connection only: the request never reached the server
+MAX_TRIES = 10  # client-go's maxRetries for a 429 or 5xx with Retry-After
+RETRY_AFTER_CAP = 10.0  # seconds: a longer Retry-After is waited this long (one Event never holds the queue long)
 DRAIN_SECONDS = 2.0  # at shutdown, how long the queue may still be worked off
 PODS_KEPT = 4096  # pods checked to exist (by uid), so a repeat needs no GET
 _STATUS_RESULTS = {401: "unauthorized", 403: "forbidden", 404: "pod_gone", 409: "conflict", 422: "invalid"}
@@ -76,7 +80,9 @@ class EventPoster:
         wall: Callable[[], float] = time.time,
         queue_size: int = QUEUE_SIZE,
         retry_delays: tuple[float, ...] = RETRY_DELAYS,
+        wait: Callable[[float], bool] | None = None,
     ) -> None:
+        """wait(seconds) is how a retry waits, True when a shutdown ended it (tests pass one that only records)."""
         self.client = client
         self.logs_root = logs_root
         self.node = node
@@ -94,6 +100,8 @@ class EventPoster:
         self._stopped = False
         self._thread: threading.Thread | None = None
         self._halt = threading.Event()  # set by stop(): ends a retry's wait
+        self._wait = wait if wait is not None else self._halt.wait
+        self.retries = 0  # tries again after a 429 or 5xx with Retry-After
         self._pods: OrderedDict[str, None] = OrderedDict()  # uids a GET found alive
         self._lock = threading.Lock()
         self.results = dict.fromkeys(RESULTS, 0)
@@ -262,25 +270,35 @@ class EventPoster:
         return ObjectRef(owner["apiVersion"], owner["kind"], pod.namespace, owner["name"], owner["uid"]), True
 
     def _call(self, item: _Item, method: str, path: str, doc: dict[str, Any], content_type: str, ok: str) -> str:
-        """One write, tried again only after a refused connection; the result to count."""
+        """One write, tried again after a refused connection, or a 429 or 5xx with Retry-After; the result."""
         body = json.dumps(doc).encode()
-        for delay in (*self.retry_delays, None):
+        refused = list(self.retry_delays)
+        tries = 0
+        while True:
+            tries += 1
             try:
                 answer = self.client.request(method, path, body, content_type)
             except HttpError as exc:
                 result = LABELS[exc.reason].k8s_events
-                if exc.reason is Reason.REFUSED and delay is not None and not self._halt.wait(delay):
+                if exc.reason is Reason.REFUSED and refused and not self._wait(refused.pop(0)):
                     continue  # the poster's own thread waits; a shutdown ends the wait and the tries
                 self._note(result, exc.detail, item)
                 return result
             if answer.status in (200, 201):
                 self._recovered()
                 return ok
+            delay = retry_after(answer.status, answer.retry_after)
+            if delay is not None and tries < MAX_TRIES:
+                log.debug("k8s events: HTTP %d, Retry-After %s: try %d of %d in %gs", answer.status,
+                          answer.retry_after, tries + 1, MAX_TRIES, delay)  # fmt: skip
+                self.retries += 1
+                if not self._wait(delay):
+                    continue
             result = _STATUS_RESULTS.get(answer.status, "http_error")
             if not (method == "PATCH" and answer.status == 404):
-                self._note(result, f"HTTP {answer.status}: {_status_message(answer.body)}", item)
+                after = f" after {tries} tries" if tries > 1 else ""
+                self._note(result, f"HTTP {answer.status}{after}: {_status_message(answer.body)}", item)
             return result
-        return "unreachable"  # not reached: the last try has no delay
 
     # --- results -------------------------------------------------------------------------------
 
@@ -304,6 +322,17 @@ class EventPoster:
         """Events by result so far (a copy, for the collector)."""
         with self._lock:
             return dict(self.results)
+
+
+def retry_after(status: int, header: str | None) -> float | None:
+    """Seconds to wait before the next try of an answer client-go tries again (a 429 or 5xx with a Retry-After of
+    whole seconds, rest.checkWait), at most RETRY_AFTER_CAP; None for a final answer."""
+    if not (status == 429 or status >= 500) or header is None:
+        return None
+    text = header.strip()
+    if not text.isascii() or not text.isdigit():
+        return None  # client-go reads whole seconds only (an HTTP date is no retry there either)
+    return min(float(text), RETRY_AFTER_CAP)
 
 
 def _events_path(namespace: str, name: str | None = None) -> str:

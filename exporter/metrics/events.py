@@ -8,15 +8,19 @@ series appears with its first non-zero value.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from ..catalog import Catalog
 from ..detect.model import OomEvent
+from ..sources import saved
 from .exposition import Family, Page
 from .names import NAMESPACE, Labels
 from .sources import SourceTable
+
+log = logging.getLogger(__name__)
 
 
 def fatal_kinds(catalog: Catalog) -> tuple[str, ...]:
@@ -212,21 +216,23 @@ class EventCounts:
                 ],
             }  # fmt: skip
 
-    def restore_state(self, raw: Mapping[str, Any]) -> None:
-        """Continue from saved values; ValueError when malformed or saved under other label names."""
+    def restore_state(self, raw: Mapping[str, Any]) -> int:
+        """Continue from saved values; the number of sources' entries set aside as malformed (each checked by type
+        and range: a count is a JSON number from 0 to 2^53, never the string "NaN"). ValueError, nothing restored,
+        when the whole is malformed or saved under other label names."""
         try:
             if tuple(raw["label_names"]) != self.label_names:
                 raise ValueError(f"saved with labels {raw['label_names']}, now {list(self.label_names)}")
-            restored = []
-            for entry in raw["sources"]:
-                labels = tuple(str(v) for v in entry["labels"])
-                events = {str(k): float(v) for k, v in dict(entry["events"]).items()}
-                fatal = {str(k): float(v) for k, v in dict(entry["fatal"]).items()}
-                if len(labels) != len(self.label_names) or any(v < 0 for v in (*events.values(), *fatal.values())):
-                    raise ValueError(f"bad entry {entry!r}")
-                restored.append((labels, events, fatal, float(entry["retracted"])))
+            entries = saved.array(raw["sources"], "counters.sources")
         except (KeyError, TypeError, AttributeError) as exc:
             raise ValueError(f"bad counter state: {exc!r}") from exc
+        restored, bad = [], 0
+        for entry in entries:
+            try:
+                restored.append(self._restored(entry))
+            except ValueError as exc:
+                bad += 1
+                log.warning("state: one source's counters set aside (they start again from 0): %s", exc)
         with self._lock:
             self._sum = None
             for labels, events, fatal, retracted in restored:
@@ -235,6 +241,20 @@ class EventCounts:
                 self._fatal[labels].update(fatal)
                 self._retracted[labels] = retracted
                 self._show_source(labels)
+        return bad
+
+    def _restored(self, raw: object) -> tuple[Labels, dict[str, float], dict[str, float], float]:
+        """One source's saved counters, checked; ValueError naming the first bad field."""
+        entry = saved.obj(raw, "counters.sources[]")
+        labels = tuple(saved.text(v, "labels[]") for v in saved.array(entry.get("labels"), "labels"))
+        if len(labels) != len(self.label_names):
+            raise ValueError(f"labels {list(labels)} are not {len(self.label_names)} values")
+        # A kind this build does not know (a downgrade) keeps its count: shown while not zero, as after a reload.
+        events, fatal = (
+            {saved.text(k, key): saved.count(v, f"{key}.{k}") for k, v in saved.obj(entry.get(key), key).items()}
+            for key in ("events", "fatal")
+        )
+        return labels, events, fatal, saved.count(entry.get("retracted"), "retracted")
 
     def export_last(self) -> list[dict[str, Any]]:
         """Each source and kind's last event (time seen, requested and available tokens) for the state file."""
@@ -245,29 +265,36 @@ class EventCounts:
                 for (labels, kind), last in self._last.items()
             ]  # fmt: skip
 
-    def restore_last(self, raw: object) -> None:
-        """Put the saved last events back (their gauges too), unless one newer was counted already; ValueError
-        (nothing restored) when malformed or saved under other label names."""
-        try:
-            restored = []
-            for entry in raw:  # type: ignore[attr-defined]
-                labels = tuple(str(v) for v in entry["labels"])
-                if len(labels) != len(self.label_names):
-                    raise ValueError(f"bad entry {entry!r}")
-                req, avail = entry["requested"], entry["available"]
-                # A state file written before the info series has no texts: that series waits for the next event.
-                info = tuple(_label_text(str(entry[k])) for k in INFO_LABELS) if INFO_LABELS[0] in entry else None
-                last = _Last(float(entry["timestamp"]), None if req is None else float(req),
-                             None if avail is None else float(avail), info)  # fmt: skip
-                restored.append((labels, str(entry["kind"]), last))
-        except (KeyError, TypeError, AttributeError) as exc:
-            raise ValueError(f"bad last-event state: {exc!r}") from exc
+    def restore_last(self, raw: object) -> int:
+        """Put the saved last events back (their gauges too), unless one newer was counted already; the number of
+        entries set aside as malformed (each checked by type and range). ValueError, nothing restored, when raw is
+        not a list."""
+        restored, bad = [], 0
+        for entry in saved.array(raw, "recent.last"):
+            try:
+                restored.append(self._restored_last(entry))
+            except ValueError as exc:
+                bad += 1
+                log.warning("state: one last-event entry set aside: %s", exc)
         with self._lock:
             for labels, kind, last in restored:
                 key = (labels, kind)
                 if key in self._last and self._last[key].timestamp >= last.timestamp:
                     continue
                 self._show_last(labels, kind, last)
+        return bad
+
+    def _restored_last(self, raw: object) -> tuple[Labels, str, _Last]:
+        entry = saved.obj(raw, "recent.last[]")
+        labels = tuple(saved.text(v, "labels[]") for v in saved.array(entry.get("labels"), "labels"))
+        if len(labels) != len(self.label_names):
+            raise ValueError(f"labels {list(labels)} are not {len(self.label_names)} values")
+        # A state file written before the info series has no texts: that series waits for the next event.
+        info = tuple(_label_text(saved.text(entry.get(k), k)) for k in INFO_LABELS) if INFO_LABELS[0] in entry else None
+        last = _Last(saved.timestamp(entry.get("timestamp"), "timestamp"),
+                     saved.optional(saved.count, entry.get("requested"), "requested"),
+                     saved.optional(saved.count, entry.get("available"), "available"), info)  # fmt: skip
+        return labels, saved.text(entry.get("kind"), "kind"), last
 
     def _show_last(self, labels: Labels, kind: str, last: _Last) -> None:
         """Make `last` the kind's last event: its gauges, and its one info series (the previous one removed)."""

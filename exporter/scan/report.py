@@ -10,6 +10,7 @@ from ..catalog import Catalog
 from ..detect.model import OomEvent
 from ..detect.pipeline import PipelineStats
 from ..events.sink import event_json, explanation
+from ..sources.fsname import shown
 
 
 @dataclass(slots=True)
@@ -39,7 +40,7 @@ class ScanResult:
     def to_json(self) -> dict[str, Any]:
         """The documented `scan --format json` object."""
         retract = self.retractions()
-        errors = {"errors": [{"path": p, "error": why} for p, why in self.errors]} if self.errors else {}
+        errors = {"errors": [{"path": shown(p), "error": why} for p, why in self.errors]} if self.errors else {}
         return {
             **errors,
             "counts": self.counts(),
@@ -51,7 +52,7 @@ class ScanResult:
             "events": [event_json(e, self.catalog) for e in self.events],
             "inputs": [
                 {
-                    "path": path,
+                    "path": shown(path),  # a name that is not UTF-8 as every output shows it (sources/fsname.py)
                     "lines_read": s.lines_read,
                     "events": s.events,
                     "oversized_lines": s.oversized_lines,

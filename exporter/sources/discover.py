@@ -20,6 +20,8 @@ from dataclasses import dataclass, field
 
 import regex
 
+from .fsname import shown
+
 log = logging.getLogger(__name__)
 
 
@@ -183,7 +185,13 @@ def pod_log_ref(root: str, path: str) -> PodLogRef | None:
     match = _POD_LOG_NAME.fullmatch(parts[2])
     if pod is None or match is None:
         return None
-    return PodLogRef(pod[0], pod[1], pod[2], parts[1], int(match.group(1)), path)
+    return _ref(pod, parts[1], int(match.group(1)), path)
+
+
+def _ref(pod: tuple[str, str, str], container: str, restart: int, path: str) -> PodLogRef:
+    """The names as labels show them (a directory name that is not UTF-8 escaped, sources/fsname.py); the path
+    as the filesystem gave it (it opens the file)."""
+    return PodLogRef(shown(pod[0]), shown(pod[1]), shown(pod[2]), shown(container), restart, path)
 
 
 def discover_pods(root: str, pod_filter: KubernetesFilter | None = None) -> list[PodLogRef]:
@@ -202,7 +210,7 @@ def discover_pods(root: str, pod_filter: KubernetesFilter | None = None) -> list
                 match = _POD_LOG_NAME.fullmatch(name)
                 if match is not None:
                     path = os.path.join(container_dir, name)
-                    refs.append(PodLogRef(pod[0], pod[1], pod[2], container, int(match.group(1)), path))
+                    refs.append(_ref(pod, container, int(match.group(1)), path))
     refs.sort(key=lambda r: (r.namespace, r.pod, r.uid, r.container, r.restart))
     return refs
 

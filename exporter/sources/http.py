@@ -87,10 +87,11 @@ LABELS: dict[Reason, Labels] = {
 
 @dataclass(frozen=True, slots=True)
 class Response:
-    """An answer: any HTTP status, and the whole body (at most max_bytes)."""
+    """An answer: any HTTP status, the whole body (at most max_bytes), and the Retry-After header when sent."""
 
     status: int
     body: bytes
+    retry_after: str | None = None  # the header as sent (the Events poster waits by it on a 429 or 5xx)
 
 
 class DeadlineReader(io.RawIOBase):
@@ -201,7 +202,7 @@ def request(
         conn.request(method, path, body=body, headers=sent)
         response = http.client.HTTPResponse(_DeadlineSocket(conn.sock, deadline), method=method)  # type: ignore[arg-type]
         response.begin()
-        return Response(response.status, _read_body(response, max_bytes))
+        return Response(response.status, _read_body(response, max_bytes), response.getheader("Retry-After"))
     except HttpError:
         raise
     except ssl.SSLError as exc:  # an OSError too: before the general case

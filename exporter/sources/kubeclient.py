@@ -19,7 +19,10 @@ from .http import HttpError, Reason, Response, bearer, request, tls_context
 
 SERVICE_ACCOUNT_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
 REASONS = ("no_node_name", "no_token", "refused", "timeout", "tls", "http_status", "bad_json", "too_large", "error")
-MAX_BODY_BYTES = 64 << 20  # one node's pod list is far smaller; a runaway answer must not fill memory
+# One node's pod list is far smaller (110 pods, kubelet's default maxPods, at 5-15 KB each: 0.5-1.7 MB; 250 at
+# 30 KB: 7.5 MB), an Event or a pod well under 100 KB. Parsed, JSON takes about 4x its size (55 MiB of pods took
+# 244 MiB more RSS), so a runaway answer is refused at this cap, unread.
+MAX_BODY_BYTES = 8 << 20
 
 PodKey = tuple[str, str]  # (namespace, pod)
 LWS_PREFIX = "leaderworkerset.sigs.k8s.io/"
@@ -95,7 +98,13 @@ class ApiClient:
         # resourceVersion=0: served from the API server's watch cache, not etcd; a thousand nodes listing every
         # interval stay cheap (what client-go's informers do for their lists).
         path = "/api/v1/pods?fieldSelector=" + quote(f"spec.nodeName={node}", safe="") + "&resourceVersion=0"
-        answer = self.request("GET", path)
+        try:
+            answer = self.request("GET", path)
+        except HttpError as exc:
+            if exc.reason is not Reason.TOO_LARGE:
+                raise
+            raise HttpError(Reason.TOO_LARGE, f"the pod list of node {node} is over the {self.max_bytes >> 20} MiB "
+                            f"cap, unread ({exc.detail}); a node's pods take far less") from None  # fmt: skip
         if answer.status != 200:
             detail = f"HTTP {answer.status}: {answer.body[:200].decode('utf-8', 'replace')}"
             raise HttpError(Reason.HTTP_STATUS, detail, answer.status)

@@ -11,8 +11,9 @@ It records every GET (path, Authorization header) in `requests` and every call i
   Event validation refuses: a namespace other than the involved object's, no name, no reason) and PATCH
   .../events/<name> (200 with the merged Event; 404 when there is none), kept in `events` by (namespace, name).
 Modes: ok, unauthorized (401 Status), forbidden (403 for writes), conflict (409 for writes), invalid (422 for
-writes), garbage (200 with a non-JSON body), not_a_list (200 with JSON that is no PodList), hang (accept, never
-answer, until stop()).
+writes), garbage (200 with a non-JSON body), huge (a 60 MiB Content-Length), not_a_list (200 with JSON that is no PodList), hang (accept, never
+answer, until stop()). `busy` holds answers that the next writes get first, one each: (status, Retry-After or
+None), a Status body (API Priority and Fairness's 429, an overloaded server's 500/503).
 """
 
 from __future__ import annotations
@@ -71,6 +72,7 @@ class FakeKubeApi:
         self.requests: list[tuple[str, str]] = []  # GETs: (raw path, Authorization header)
         self.calls: list[tuple[str, str, str, dict[str, Any] | None]] = []  # (method, path, Authorization, body)
         self.events: dict[tuple[str, str], dict[str, Any]] = {}  # (namespace, name) -> the stored Event
+        self.busy: list[tuple[int, str | None]] = []  # (status, Retry-After) for the next writes, first in first out
         self.lock = threading.Lock()
         self._release = threading.Event()
         self._server = _Server(("127.0.0.1", 0), _Handler)
@@ -135,6 +137,15 @@ class _Handler(BaseHTTPRequestHandler):
         if fake.mode == "garbage":
             self._send_raw(200, b"<html>this is not JSON</html>")
             return
+        if fake.mode == "huge":  # a 60 MiB answer announced by its Content-Length; its first MiB sent
+            with contextlib.suppress(OSError):
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(60 << 20))
+                self.end_headers()
+                self.wfile.write(b'{"items": [' + b" " * (1 << 20))
+            self.close_connection = True
+            return
         if fake.mode == "not_a_list":
             self._send(200, {"kind": "Status", "items": "nope"})
             return
@@ -186,6 +197,13 @@ class _Handler(BaseHTTPRequestHandler):
         if fake.mode == "hang":
             fake._release.wait(30)
             return
+        with fake.lock:
+            busy = fake.busy.pop(0) if fake.busy else None
+        if busy is not None:
+            status, after = busy
+            self._send_raw(status, json.dumps(_status(status, "TooManyRequests", "busy (fake)")).encode(),
+                           {} if after is None else {"Retry-After": after})  # fmt: skip
+            return
         refusal = {"unauthorized": (401, "Unauthorized"), "forbidden": (403, "Forbidden"),
                    "conflict": (409, "AlreadyExists"), "invalid": (422, "Invalid")}.get(fake.mode)  # fmt: skip
         if refusal is not None:
@@ -232,9 +250,11 @@ class _Handler(BaseHTTPRequestHandler):
     def _send(self, status: int, doc: dict[str, Any]) -> None:
         self._send_raw(status, json.dumps(doc).encode())
 
-    def _send_raw(self, status: int, body: bytes) -> None:
+    def _send_raw(self, status: int, body: bytes, headers: dict[str, str] | None = None) -> None:
         with contextlib.suppress(OSError):
             self.send_response(status)
+            for name, value in (headers or {}).items():
+                self.send_header(name, value)
             self.send_header("Content-Type", "application/json")
             self.send_header("Content-Length", str(len(body)))
             self.send_header("Connection", "close")

@@ -108,6 +108,19 @@ too, but only once the pod runs). */}}
 {{- end }}
 {{- end }}
 
+{{/* The Secret whose `token` agents must send to the receiver: the one named, else the one the chart creates;
+empty when the receiver is open (allowUnauthenticated) or the mode is not receiver. */}}
+{{- define "sglang-oom-exporter.otlpTokenSecret" -}}
+{{- $r := .Values.receiver | default dict }}
+{{- if eq .Values.mode "receiver" }}
+{{- if $r.bearerTokenSecret }}
+{{- $r.bearerTokenSecret }}
+{{- else if not $r.allowUnauthenticated }}
+{{- printf "%s-otlp-token" (include "sglang-oom-exporter.fullname" .) }}
+{{- end }}
+{{- end }}
+{{- end }}
+
 {{/* Both monitors on would scrape every exporter twice and double every count. */}}
 {{- define "sglang-oom-exporter.checkMonitors" -}}
 {{- if and ((.Values.serviceMonitor | default dict).enabled) ((.Values.podMonitor | default dict).enabled) }}

@@ -164,7 +164,7 @@ spec:
           readOnly: true
         {{- end }}
         {{- else if eq $mode "receiver" }}
-        {{- if $rcv.bearerTokenSecret }}
+        {{- if include "sglang-oom-exporter.otlpTokenSecret" . }}
         - name: otlp-token
           mountPath: /etc/sglang-oom-exporter-otlp
           readOnly: true
@@ -209,7 +209,7 @@ spec:
     # No hostPath: the received lines are spooled here (docs/otlp.md), with the positions and counters.
     - name: state
       {{- toYaml ($rcv.stateVolume | default (dict "emptyDir" dict)) | nindent 6 }}
-    {{- with $rcv.bearerTokenSecret }}
+    {{- with include "sglang-oom-exporter.otlpTokenSecret" . }}
     - name: otlp-token
       secret:
         secretName: {{ . }}
