@@ -33,7 +33,7 @@ _KIND_KEYS = frozenset(
         "__line__",
     }
 )
-_PATTERN_KEYS = frozenset({"regex", "versions", "fatal", "suggest", "__line__"})
+_PATTERN_KEYS = frozenset({"regex", "versions", "fatal", "suggest", "frames", "__line__"})
 
 
 class KindFields:
@@ -182,8 +182,13 @@ class KindFields:
             if fatal is not None and not isinstance(fatal, bool):
                 self.v.err(item, f"{pwhere}.fatal", "must be true or false")
                 fatal = None
+            frames = item.get("frames", [])
+            if not isinstance(frames, list) or not all(isinstance(f, str) and f.strip(":") for f in frames):
+                self.v.err(item, f"{pwhere}.frames", 'must be a list of "function" or "path-fragment:function"')
+                frames = []
             if compiled is not None:
-                out.append(Pattern(compiled, fatal, str(item.get("versions", "")), self._suggest(item, pwhere)))
+                suggest = self._suggest(item, pwhere)
+                out.append(Pattern(compiled, fatal, str(item.get("versions", "")), suggest, tuple(frames)))
         return out
 
     def _remediation(self, raw: dict[str, Any], where: str) -> tuple[str, list[RemediationStep]]:

@@ -20,6 +20,8 @@ class Pattern:
     fatal: bool | None  # None: the kind's default
     versions: str
     suggest: str | None = None  # None: the kind's suggestion rule
+    # Only in a traceback with one of these frames ("function" or "path-fragment:function"); () anywhere.
+    frames: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
