@@ -61,9 +61,18 @@ def configure(ratio):
 def helper():
     logger.error("KV cache is full" if True else "pool exhausted")
     raise TimeoutError("took too long")
+
+
+def sized(total, fraction):
+    msg = "Not enough memory."
+    if fraction is not None:
+        msg += f" Current value: {fraction}"
+    msg += " Raise it."
+    raise RuntimeError(msg)
 """
 # What the vocabulary lists from SOURCE, in key order: the function as Class.method, holes as "*", a name's last
-# assignment followed, a message that does not speak of memory only inside an allocation or eviction function.
+# assignment followed (a part added under an `if` optional, "{?...}"), a message that does not speak of memory only
+# inside an allocation or eviction function.
 EXPECTED = [
     ("srt/mem_cache/pool.py", "TokenPool.Inner.leak", "warnings.warn", "Memory pool leak detected! total=*", 22),
     ("srt/mem_cache/pool.py", "TokenPool.alloc", "assert", "pool size went negative", 12),
@@ -72,6 +81,7 @@ EXPECTED = [
     ("srt/mem_cache/pool.py", "TokenPool.evict", "raise ValueError", "bad eviction request", 18),
     ("srt/mem_cache/pool.py", "configure", "raise ValueError", "Not enough host memory: ratio * leaves nothing", 27),
     ("srt/mem_cache/pool.py", "helper", "logger.error", "KV cache is full | pool exhausted", 33),
+    ("srt/mem_cache/pool.py", "sized", "raise RuntimeError", "Not enough memory.{? Current value: *} Raise it.", 42),
 ]
 
 
@@ -119,7 +129,7 @@ def test_a_key_survives_a_line_shift_and_a_reworded_text_is_new(tmp_path, capsys
         row["excluded"] = "test"
     inventory.write_text(sglang_texts.dump(drafted))
     assert sglang_texts.main(["check", str(tree), "--inventory", str(inventory)]) == 0
-    assert "7 memory texts" in capsys.readouterr().out
+    assert "8 memory texts" in capsys.readouterr().out
 
     pool = tree / "sglang" / "srt" / "mem_cache" / "pool.py"
     pool.write_text("\n\n" + SOURCE.replace("bad eviction request", "eviction request refused"))
@@ -143,7 +153,7 @@ def test_check_fails_on_an_undecided_row(tmp_path, capsys):
     drafted = sglang_texts.draft(sglang_texts.release_texts(tree), None, "0.9.1")
     inventory.write_text(sglang_texts.dump(drafted))
     assert sglang_texts.main(["check", str(tree), "--inventory", str(inventory)]) == 1
-    assert "0 new, 0 no longer in the release, 7 undecided" in capsys.readouterr().out
+    assert "0 new, 0 no longer in the release, 8 undecided" in capsys.readouterr().out
 
 
 def _newest() -> Path:
@@ -158,9 +168,17 @@ ROWS: list[dict[str, Any]] = sglang_texts.load_inventory(INVENTORY)["texts"]
 
 
 def _pattern(message: str) -> re.Pattern[str]:
-    """A row's message as a regex over a log: each alternative's first line, `*` any run of characters."""
-    alternatives = [alt.split("\\n")[0].strip() for alt in message.split(" | ")]
-    return re.compile("|".join(".*?".join(map(re.escape, alt.split("*"))) for alt in alternatives))
+    """A row's message as a regex over a log: each alternative's first line, `*` any run of characters, `{?part}`
+    the part or nothing."""
+
+    def literal(text: str) -> str:
+        return ".*?".join(map(re.escape, text.split("*")))
+
+    def alternative(text: str) -> str:
+        pieces = re.split(r"\{\?([^{}]*)\}", text.split("\\n")[0].strip())
+        return "".join(f"(?:{literal(p)})?" if i % 2 else literal(p) for i, p in enumerate(pieces))
+
+    return re.compile("|".join(alternative(alt) for alt in message.split(" | ")))
 
 
 def test_every_text_of_the_pinned_release_is_mapped_or_excluded_with_a_known_reason():

@@ -5,7 +5,8 @@ Given an SGLang wheel (.whl) or a source tree, it walks every Python file with `
 `assert` with a message, `logger.*` / `logging.*` call and `warnings.warn` whose message, enclosing function or file
 speaks of memory (the vocabulary below, the one place that says what that means), with the file, the line, the call, the
 enclosing function and the message as a pattern: the literal text with `*` where an f-string hole, a `%s` or a `{}`
-goes. Its key (file, function, call, message) survives line shifts, so an inventory
+goes, `A | B` for a conditional expression's two texts, and `{?part}` for a part added on some paths only
+(`msg += ...` under an `if`). Its key (file, function, call, message) survives line shifts, so an inventory
 (tools/sglang-texts/<release>.yaml) maps each text once, to a catalog kind and the golden case that proves it, or
 to an exclusion and its reason, and the next release is a list of keys the inventory does not have.
 
@@ -57,6 +58,7 @@ SKIPPED_CALLS = ("logger.debug", "logging.debug", "raise NotImplementedError", "
 LOG_METHODS = {"debug", "info", "warning", "warn", "error", "exception", "critical", "fatal", "log"}
 LOG_OWNERS = {"logger", "logging", "_logger", "log", "LOGGER", "logger_"}
 HOLE = "*"
+OPTIONAL = "<optional>"  # marks a part a message gains on some paths only: written "{?part}"
 
 
 @dataclass(frozen=True, order=True)
@@ -122,6 +124,8 @@ class _Messages:
             return HOLE
         if isinstance(node, ast.Name) and node.id in self.assigned:
             return self.of(self.assigned[node.id])
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == OPTIONAL:
+            return "{?" + self.of(node.args[0]) + "}"
         if isinstance(node, ast.IfExp):
             return self.of(node.body) + " | " + self.of(node.orelse)
         return HOLE
@@ -152,6 +156,8 @@ class _Walker(ast.NodeVisitor):
         self.scope: list[str] = []
         self.assigned: list[dict[str, ast.expr]] = [{}]
         self.found: list[Text] = []
+        self.branch = 0  # how many if/for/while/try/with bodies deep the walk is, within its function
+        self.assigned_at: dict[tuple[int, str], int] = {}  # (function level, name) -> branch depth of its assignment
 
     def _function(self, node: ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef) -> None:
         self.scope.append(node.name)
@@ -171,15 +177,39 @@ class _Walker(ast.NodeVisitor):
     def visit_ClassDef(self, node: ast.ClassDef) -> None:
         self._function(node)
 
+    def _branch(self, node: ast.AST) -> None:
+        self.branch += 1
+        self.generic_visit(node)
+        self.branch -= 1
+
+    def visit_If(self, node: ast.If) -> None:  # a message grown in a branch has two forms
+        self._branch(node)
+
+    def visit_For(self, node: ast.For) -> None:
+        self._branch(node)
+
+    def visit_While(self, node: ast.While) -> None:
+        self._branch(node)
+
+    def visit_Try(self, node: ast.Try) -> None:
+        self._branch(node)
+
     def visit_Assign(self, node: ast.Assign) -> None:
         for target in node.targets:
             if isinstance(target, ast.Name):
                 self.assigned[-1][target.id] = node.value
+                self.assigned_at[(len(self.assigned), target.id)] = self.branch
         self.generic_visit(node)
 
     def visit_AugAssign(self, node: ast.AugAssign) -> None:
-        if isinstance(node.target, ast.Name) and isinstance(node.op, ast.Add) and node.target.id in self.assigned[-1]:
-            self.assigned[-1][node.target.id] = ast.BinOp(self.assigned[-1][node.target.id], ast.Add(), node.value)
+        name = node.target.id if isinstance(node.target, ast.Name) else ""
+        if name in self.assigned[-1] and isinstance(node.op, ast.Add):
+            before = self.assigned[-1][name]
+            grown = ast.BinOp(before, ast.Add(), node.value)
+            # Grown only on some paths (msg += ... under an if or in a loop): the part is optional, "A{?B}".
+            if self.branch > self.assigned_at.get((len(self.assigned), name), 0):
+                grown = ast.BinOp(before, ast.Add(), ast.Call(ast.Name(OPTIONAL), [node.value], []))
+            self.assigned[-1][name] = grown
         self.generic_visit(node)
 
     def _add(self, node: ast.AST, call: str, message: str) -> None:
