@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import os
 import re
+import subprocess
 import zipfile
 from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from sglang_oom_exporter.scan.run import scan_paths
 from tests.support.golden import LOGS_DIR, load_expected
@@ -243,3 +245,25 @@ def test_the_pinned_release_has_no_text_the_inventory_lacks():
     assert not new, f"texts of {wheel.name} that {INVENTORY.name} neither maps nor excludes:\n{listing}"
     assert [sglang_texts.row_key(r) for r in gone] == []
     assert len(texts) == len(ROWS)
+
+
+def test_the_weekly_workflow_checks_the_newest_wheel_against_the_newest_inventory(tmp_path):
+    # actionlint checks the file (tests/test_release.py); this checks what it does: weekly, the newest wheel
+    # without dependencies, and the tool's check on the inventory `sort -V` puts last, which is _newest()'s.
+    workflow = yaml.safe_load((ROOT / ".github" / "workflows" / "sglang-texts.yml").read_text(encoding="utf-8"))
+    assert workflow[True] == {"schedule": [{"cron": "23 5 * * 1"}], "workflow_dispatch": None}  # YAML 1.1: on
+    runs = [step.get("run", "") for step in workflow["jobs"]["new-texts"]["steps"]]
+    download = next(r for r in runs if "pip download" in r)
+    assert "--no-deps" in download
+    assert "sglang -d wheel" in download
+    assert "==" not in download
+    check = next(r for r in runs if "sglang_texts.py check" in r)
+    assert "find tools/sglang-texts -name '*.yaml' | sort -V | tail -n 1" in check
+    for name in ("0.5.9.yaml", "0.5.23.yaml", "0.10.0.yaml"):
+        (tmp_path / name).write_text("")
+    newest = subprocess.run(["sh", "-c", f"find {tmp_path} -name '*.yaml' | sort -V | tail -n 1"],
+                            capture_output=True, text=True, check=True, timeout=30).stdout.strip()  # fmt: skip
+    assert Path(newest).name == "0.10.0.yaml"
+    picked = subprocess.run(["sh", "-c", "find tools/sglang-texts -name '*.yaml' | sort -V | tail -n 1"], cwd=ROOT,
+                            capture_output=True, text=True, check=True, timeout=30).stdout.strip()  # fmt: skip
+    assert ROOT / picked == INVENTORY  # the workflow checks the inventory these tests check
