@@ -139,10 +139,11 @@ def test_a_pattern_with_frames_matches_only_under_one_of_them():
     capture = [("/x/sglang/srt/model_executor/runner/prefill_cuda_graph_runner.py", "capture")]
     replay = [("/x/sglang/srt/model_executor/runner/prefill_cuda_graph_runner.py", "replay")]
     wrong_file = [("/x/sglang/srt/model_executor/runner/decode_cuda_graph_runner.py", "capture")]
+    foreign = [("/x/vllm/worker/prefill_cuda_graph_runner.py", "capture")]  # another program's file of that name
     found = {name: MATCHER.match_line(line, frames=frames) for name, frames in
-             (("none", ()), ("capture", capture), ("replay", replay), ("wrong_file", wrong_file))}  # fmt: skip
+             (("none", ()), ("capture", capture), ("replay", replay), ("wrong_file", wrong_file), ("foreign", foreign))}  # fmt: skip
     assert {name: f[0].id if f else None for name, f in found.items()} == {
-        "none": "cuda_oom", "capture": "startup", "replay": "cuda_oom", "wrong_file": "cuda_oom"}  # fmt: skip
+        "none": "cuda_oom", "capture": "startup", "replay": "cuda_oom", "wrong_file": "cuda_oom", "foreign": "cuda_oom"}  # fmt: skip
     assert found["capture"][1].suggest == "none"  # type: ignore[index]
 
 
