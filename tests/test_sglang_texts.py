@@ -142,6 +142,9 @@ def test_a_key_survives_a_line_shift_and_a_reworded_text_is_new(tmp_path, capsys
     assert "  srt/mem_cache/pool.py:18 TokenPool.evict: raise ValueError 'bad eviction request'" in out
 
     # draft keeps the decisions of the keys it still has (at their new lines) and asks about the new text only
+    assert sglang_texts.main(["draft", str(tree), "--inventory", str(inventory)]) == 0
+    printed = yaml.safe_load(capsys.readouterr().out)
+    assert (printed["release"], printed["source"]) == ("0.9.1", "tree")
     redrafted = sglang_texts.draft(sglang_texts.release_texts(tree), sglang_texts.load_inventory(inventory), "0.9.2")
     decided = {(r["message"], r["line"]): r.get("excluded", r.get("decide")) for r in redrafted["texts"]}
     assert decided[("eviction request refused", 20)] == "kind + golden, or excluded + reason"

@@ -335,7 +335,7 @@ def _describe(text: Text | dict[str, Any]) -> str:
     return f"  {row['file']}:{row.get('line', '?')} {row['function']}: {row['call']} {row['message']!r}"
 
 
-def draft(texts: list[Text], inventory: dict[str, Any] | None, release: str) -> dict[str, Any]:
+def draft(texts: list[Text], inventory: dict[str, Any] | None, release: str, source: str = "") -> dict[str, Any]:
     """The inventory of a release: the rows of `inventory` whose key it still has (decision kept, line updated),
     a new row with `decide:` for each other text."""
     old = {row_key(r): r for r in (inventory or {}).get("texts", [])}
@@ -344,8 +344,8 @@ def draft(texts: list[Text], inventory: dict[str, Any] | None, release: str) -> 
         row = text.row()
         decision = {k: v for k, v in old.get(text.key, {}).items() if k not in row}
         rows.append({**row, **(decision or {"decide": "kind + golden, or excluded + reason"})})
-    head = {k: v for k, v in (inventory or {}).items() if k not in ("texts", "release")}
-    return {"release": release, **head, "texts": rows}
+    head = {k: v for k, v in (inventory or {}).items() if k not in ("texts", "release", "source")}
+    return {"release": release, **({"source": source} if source else {}), **head, "texts": rows}
 
 
 def dump(data: Any) -> str:
@@ -375,7 +375,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     inventory = load_inventory(args.inventory) if args.inventory else None
     if args.command == "draft":
-        sys.stdout.write(dump(draft(texts, inventory, release_version(args.release))))
+        sys.stdout.write(dump(draft(texts, inventory, release_version(args.release), args.release.name)))
         return 0
     if inventory is None:
         parser.error("check needs --inventory")
