@@ -71,16 +71,21 @@ def sized(total, fraction):
         msg += f" Current value: {fraction}"
     msg += " Raise it."
     raise RuntimeError(msg)
+
+
+def _exhausted(need):
+    return RuntimeError(f"pool exhausted: need {need}")
 """
 # What the vocabulary lists from SOURCE, in key order: the function as Class.method, holes as "*", a name's last
-# assignment followed (a part added under an `if` optional, "{?...}"), a message that does not speak of memory only
-# inside an allocation or eviction function.
+# assignment followed (a part added under an `if` optional, "{?...}"), an exception built to be raised elsewhere, a
+# message that does not speak of memory only inside an allocation or eviction function.
 EXPECTED = [
     ("srt/mem_cache/pool.py", "TokenPool.Inner.leak", "warnings.warn", "Memory pool leak detected! total=*", 22),
     ("srt/mem_cache/pool.py", "TokenPool.alloc", "assert", "pool size went negative", 12),
     ("srt/mem_cache/pool.py", "TokenPool.alloc", "raise RuntimeError", "Out of memory. Need * tokens, have *.", 11),
     ("srt/mem_cache/pool.py", "TokenPool.evict", "logger.warning", "evicted * tokens from the * pool", 16),
     ("srt/mem_cache/pool.py", "TokenPool.evict", "raise ValueError", "bad eviction request", 18),
+    ("srt/mem_cache/pool.py", "_exhausted", "construct RuntimeError", "pool exhausted: need *", 46),
     ("srt/mem_cache/pool.py", "configure", "raise ValueError", "Not enough host memory: ratio * leaves nothing", 27),
     ("srt/mem_cache/pool.py", "helper", "logger.error", "KV cache is full | pool exhausted", 33),
     ("srt/mem_cache/pool.py", "sized", "raise RuntimeError", "Not enough memory.{? Current value: *} Raise it.", 42),
@@ -131,7 +136,7 @@ def test_a_key_survives_a_line_shift_and_a_reworded_text_is_new(tmp_path, capsys
         row["excluded"] = "test"
     inventory.write_text(sglang_texts.dump(drafted))
     assert sglang_texts.main(["check", str(tree), "--inventory", str(inventory)]) == 0
-    assert "8 memory texts" in capsys.readouterr().out
+    assert "9 memory texts" in capsys.readouterr().out
 
     pool = tree / "sglang" / "srt" / "mem_cache" / "pool.py"
     pool.write_text("\n\n" + SOURCE.replace("bad eviction request", "eviction request refused"))
@@ -158,7 +163,7 @@ def test_check_fails_on_an_undecided_row(tmp_path, capsys):
     drafted = sglang_texts.draft(sglang_texts.release_texts(tree), None, "0.9.1")
     inventory.write_text(sglang_texts.dump(drafted))
     assert sglang_texts.main(["check", str(tree), "--inventory", str(inventory)]) == 1
-    assert "0 new, 0 no longer in the release, 8 undecided" in capsys.readouterr().out
+    assert "0 new, 0 no longer in the release, 9 undecided" in capsys.readouterr().out
 
 
 def _newest() -> Path:

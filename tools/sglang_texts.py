@@ -1,14 +1,15 @@
 #!/usr/bin/env python3
 """SGLang's memory-failure texts, read from a release: a maintainer tool (CONTRIBUTING "A new SGLang release").
 
-Given an SGLang wheel (.whl) or a source tree, it walks every Python file with `ast` and lists each `raise`,
-`assert` with a message, `logger.*` / `logging.*` call and `warnings.warn` whose message, enclosing function or file
-speaks of memory (the vocabulary below, the one place that says what that means), with the file, the line, the call, the
-enclosing function and the message as a pattern: the literal text with `*` where an f-string hole, a `%s` or a `{}`
-goes, `A | B` for a conditional expression's two texts, and `{?part}` for a part added on some paths only
-(`msg += ...` under an `if`). Its key (file, function, call, message) survives line shifts, so an inventory
-(tools/sglang-texts/<release>.yaml) maps each text once, to a catalog kind and the golden case that proves it, or
-to an exclusion and its reason, and the next release is a list of keys the inventory does not have.
+Given an SGLang wheel (.whl) or a source tree, it walks every Python file with `ast` and lists each `raise`, each
+exception built to be raised elsewhere (`construct`), `assert` with a message, `logger.*` / `logging.*` call and
+`warnings.warn` whose message, enclosing function or file speaks of memory (the vocabulary below, the one place
+that says what that means), with the file, the line, the call, the enclosing function and the message as a pattern:
+the literal text with `*` where an f-string hole, a `%s` or a `{}` goes, `A | B` for a conditional expression's two
+texts, and `{?part}` for a part added on some paths only (`msg += ...` under an `if`). Its key (file, function,
+call, message) survives line shifts, so an inventory (tools/sglang-texts/<release>.yaml) maps each text once, to a
+catalog kind and the golden case that proves it, or to an exclusion and its reason, and the next release is a list
+of keys the inventory does not have.
 
     python tools/sglang_texts.py list sglang-0.5.23-*.whl                 # every text, as YAML
     python tools/sglang_texts.py check sglang-0.5.24-*.whl --inventory tools/sglang-texts/0.5.23.yaml
@@ -36,7 +37,7 @@ import yaml
 
 # The vocabulary, in one place. A text is listed when it is SGLang's server runtime (SCOPE: the package's `srt/`,
 # whose logs the exporter reads; kernels, benchmarks, tests and the diffusion server `multimodal_gen/` are not), is
-# not a debug log or a programming error (SKIPPED_CALLS), and
+# not a debug log or a programming error (SKIPPED_LOGS, SKIPPED_CLASSES), and
 #  - its message speaks of memory (MESSAGE), or
 #  - it fails (FAILING_CALLS) inside a function whose name speaks of allocation, pools, retraction or eviction
 #    (FUNCTION), or
@@ -50,11 +51,13 @@ MESSAGE = re.compile(
 )
 FUNCTION = re.compile(r"alloc|memory_pool|init_memory|retract|evict", re.IGNORECASE)
 FILE = re.compile(r"alloc|memory_pool|mem_cache/|kv_cache_configurator|pool_configurator", re.IGNORECASE)
-FAILING_CALLS = ("raise", "assert", "logger.error", "logger.exception", "logger.critical", "logger.fatal",
+FAILING_CALLS = ("raise", "construct", "assert", "logger.error", "logger.exception", "logger.critical", "logger.fatal",
                  "logger.warning", "logger.warn", "logging.error", "logging.exception", "logging.critical",
                  "logging.warning", "warnings.warn")  # fmt: skip
-SKIPPED_CALLS = ("logger.debug", "logging.debug", "raise NotImplementedError", "raise TypeError", "raise ImportError",
-                 "raise ModuleNotFoundError", "raise KeyError", "raise AttributeError", "raise IndexError")  # fmt: skip
+SKIPPED_LOGS = ("logger.debug", "logging.debug")
+# Programming errors, raised or built: never memory.
+SKIPPED_CLASSES = ("NotImplementedError", "TypeError", "ImportError", "ModuleNotFoundError", "KeyError",
+                   "AttributeError", "IndexError")  # fmt: skip
 LOG_METHODS = {"debug", "info", "warning", "warn", "error", "exception", "critical", "fatal", "log"}
 LOG_OWNERS = {"logger", "logging", "_logger", "log", "LOGGER", "logger_"}
 HOLE = "*"
@@ -156,6 +159,7 @@ class _Walker(ast.NodeVisitor):
         self.scope: list[str] = []
         self.assigned: list[dict[str, ast.expr]] = [{}]
         self.found: list[Text] = []
+        self.raised: set[int] = set()  # the exception calls a raise statement already listed
         self.branch = 0  # how many if/for/while/try/with bodies deep the walk is, within its function
         self.assigned_at: dict[tuple[int, str], int] = {}  # (function level, name) -> branch depth of its assignment
 
@@ -222,6 +226,7 @@ class _Walker(ast.NodeVisitor):
         messages = _Messages(self.assigned[-1])
         exc = node.exc
         if isinstance(exc, ast.Call):
+            self.raised.add(id(exc))
             self._add(node, f"raise {_name(exc.func)}", messages.of_call(exc))
         elif exc is not None:
             self._add(node, f"raise {_name(exc)}", "")
@@ -245,12 +250,16 @@ class _Walker(ast.NodeVisitor):
                 self._add(node, f"{owner}.{func.attr}", message)
             elif func.attr == "warn" and owner == "warnings":
                 self._add(node, "warnings.warn", messages.of_call(node))
+        # An exception built here and raised elsewhere (`return RuntimeError(...)` in a helper): its text too.
+        name = _name(func).split(".")[-1]
+        if node.args and id(node) not in self.raised and name.endswith(("Error", "Exception")):
+            self._add(node, f"construct {name}", _Messages(self.assigned[-1]).of_call(node))
         self.generic_visit(node)
 
 
 def listed(file: str, function: str, call: str, message: str) -> bool:
     """Does the vocabulary list this text (file relative to the package, the innermost function's name)?"""
-    if not file.startswith(SCOPE) or call in SKIPPED_CALLS:
+    if not file.startswith(SCOPE) or call in SKIPPED_LOGS or call.split(".")[-1].split()[-1] in SKIPPED_CLASSES:
         return False
     if MESSAGE.search(message):
         return True
