@@ -6,6 +6,8 @@
 #   make render-check  the generated files equal a fresh render of the catalog and code
 #   make image         the container image (docker or podman; BASE_IMAGE=... to build on another base)
 #   make all           lint, render-check, then the whole suite (the lint tests excluded: lint ran first)
+#   make sglang-wheel  the wheel of the SGLang release the newest tools/sglang-texts inventory pins, into
+#                      .cache/sglang-wheels (once; tests/test_sglang_texts.py reads it, and skips without it)
 # PYTHON picks the interpreter (tools/test.sh passes its own); PYTEST_ARGS go to every pytest run.
 
 PYTHON ?= python3
@@ -17,7 +19,10 @@ VERSION := $(shell sed -n 's/^__version__ = "\(.*\)"$$/\1/p' exporter/__init__.p
 IMAGE ?= sglang-oom-exporter:$(VERSION)
 BASE_IMAGE ?=
 
-.PHONY: all lint test e2e render-check image
+SGLANG_TEXTS := $(lastword $(shell ls tools/sglang-texts/*.yaml | sort -V))
+SGLANG_RELEASE := $(shell sed -n 's/^release: //p' $(SGLANG_TEXTS))
+
+.PHONY: all lint test e2e render-check image sglang-wheel
 
 all: lint render-check
 	$(PYTEST) -m "not lint"
@@ -38,3 +43,8 @@ render-check:
 
 image:
 	$(CONTAINER) build -t $(IMAGE) --build-arg VERSION=$(VERSION) $(if $(BASE_IMAGE),--build-arg BASE_IMAGE=$(BASE_IMAGE)) .
+
+sglang-wheel:
+	@ls .cache/sglang-wheels/sglang-$(SGLANG_RELEASE)-*.whl >/dev/null 2>&1 || \
+		$(PYTHON) -m pip download --disable-pip-version-check -q --no-deps --only-binary=:all: \
+		"sglang==$(SGLANG_RELEASE)" -d .cache/sglang-wheels

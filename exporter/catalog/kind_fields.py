@@ -33,7 +33,7 @@ _KIND_KEYS = frozenset(
         "__line__",
     }
 )
-_PATTERN_KEYS = frozenset({"regex", "versions", "fatal", "suggest", "joins", "__line__"})
+_PATTERN_KEYS = frozenset({"regex", "versions", "fatal", "suggest", "joins", "frames", "__line__"})
 
 
 class KindFields:
@@ -186,9 +186,13 @@ class KindFields:
             if joins is not None and not (isinstance(joins, str) and ID_RE.match(joins)):
                 self.v.err(item, f"{pwhere}.joins", "must be a snake_case name")
                 joins = None
+            frames = item.get("frames", [])
+            if not isinstance(frames, list) or not all(isinstance(f, str) and f.strip(":") for f in frames):
+                self.v.err(item, f"{pwhere}.frames", 'must be a list of "function" or "path-fragment:function"')
+                frames = []
             if compiled is not None:
                 suggest = self._suggest(item, pwhere)
-                out.append(Pattern(compiled, fatal, str(item.get("versions", "")), suggest, joins))
+                out.append(Pattern(compiled, fatal, str(item.get("versions", "")), suggest, joins, tuple(frames)))
         return out
 
     def _remediation(self, raw: dict[str, Any], where: str) -> tuple[str, list[RemediationStep]]:

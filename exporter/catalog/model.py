@@ -23,6 +23,8 @@ class Pattern:
     # Patterns of one kind with the same `joins` name are one failure on one rank when they name the same request
     # (rid): a logged warning and the assertion that follows it join as a block and its traceback do (R2).
     joins: str | None = None
+    # Only in a traceback with one of these frames ("function" or "path-fragment:function"); () anywhere.
+    frames: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

@@ -2,7 +2,8 @@
 
 Outer wrappers come off from the outside in (facts 4 and 7): CRI records (`<ts> <stream> <P|F> <text>`,
 with consecutive P records of one stream joined up to their F), docker json-file objects, then a
-docker-compose `service  | ` or a CI timestamp, then a trailing CR. Invalid UTF-8 is replaced, never fatal.
+docker-compose `service  | ` or a CI timestamp, then a Markdown blockquote's `> ` (a log pasted into a report, each
+line quoted; nested quotes too), then a trailing CR. Invalid UTF-8 is replaced, never fatal.
 Detection is per line, because a file can change format (a pasted log, a restarted runtime).
 
 Each line keeps the wrapper stream it came from (the CRI or docker stream, the compose service): records
@@ -47,6 +48,8 @@ _CRI_FULL_TAG = CRI_FULL.encode()
 _CI_TIME = regex.compile(r"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d+Z) ")
 _COMPOSE = regex.compile(r"^([\w.-]+) +\| ?")
 _ANSI = regex.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+# A blockquote marker: ">" and one space, per level, so a quoted frame keeps its own indentation.
+_QUOTE = regex.compile(r"^(?:> ?)+")
 _COMPOSE_TAG = regex.compile(rb"^([\w.-]+) +\|")
 _ANSI_B = regex.compile(rb"\x1b\[[0-9;]*[A-Za-z]")
 
@@ -72,6 +75,8 @@ class Decoder:
             if m is not None:
                 return LogLine(raw.lineno, _tail(text[m.end() :]), "", m.group(1), raw.offset)
         service, text = _strip_compose(text)
+        if text[:1] == ">":
+            text = text[_QUOTE.match(text).end() :]  # type: ignore[union-attr]
         return LogLine(raw.lineno, _tail(text), service, offset=raw.offset)
 
     def idle(self) -> bool:

@@ -97,16 +97,22 @@ class Matcher:
         self._kinds = catalog.kinds
         self._phase_frames = [(g, _frame_specs(catalog.phase_frames.get(g, ()))) for g in PHASE_GROUPS]
         self._allocators = dict(catalog.allocator_frames)
+        self._pattern_frames: dict[tuple[str, ...], tuple[tuple[str, str], ...]] = {}
         self.numbers_dropped = 0  # numbers out of range left out of events (numbers_dropped_total)
 
-    def match_line(self, line: str, lead: Lead | None = None) -> tuple[OomKind, Pattern, regex.Match[str]] | None:
+    def match_line(
+        self, line: str, lead: Lead | None = None, frames: Sequence[tuple[str, str]] = ()
+    ) -> tuple[OomKind, Pattern, regex.Match[str]] | None:
         """The first kind whose pattern starts this line's message, or None. `lead` judges where a match may start
-        (line, match start -> bool); by default after a log prefix or an exception class, never in quoted text."""
+        (line, match start -> bool); by default after a log prefix or an exception class, never in quoted text.
+        A pattern that names frames matches only in a traceback with one of them (`frames`: its (path, function))."""
         lead_ok = _context_ok if lead is None else lead
         for kind in self._kinds:
             if not any(a in line for a in kind.anchors):
                 continue
             for pattern in kind.patterns:
+                if pattern.frames and not self._under(pattern, frames):
+                    continue
                 m = pattern.regex.search(line)
                 if m is not None and lead_ok(line, m.start()):
                     return kind, pattern, m
@@ -133,7 +139,7 @@ class Matcher:
         for group in reversed(groups):
             if not group:
                 continue
-            found = self.match_line(group[0], lead)
+            found = self.match_line(group[0], lead, record.frames)
             if found is not None:
                 return self._report(record, group, found, frames_phase)
         if record.kind == "traceback":
@@ -228,6 +234,13 @@ class Matcher:
                 "%d such number(s) so far (sglang_oom_exporter_numbers_dropped_total)",
                 kind, record.lineno, ", ".join(sorted(set(names))), MAX_NUMBER, self.numbers_dropped,
             )  # fmt: skip
+
+    def _under(self, pattern: Pattern, frames: Sequence[tuple[str, str]]) -> bool:
+        """Is one of these traceback frames one the pattern names?"""
+        specs = self._pattern_frames.get(pattern.frames)
+        if specs is None:
+            specs = self._pattern_frames[pattern.frames] = _frame_specs(pattern.frames)
+        return any(func == name and (not frag or frag in path) for path, func in frames for frag, name in specs)
 
     def _frames_phase(self, frames: Iterable[tuple[str, str]]) -> str | None:
         frames = tuple(frames)
