@@ -766,6 +766,25 @@ def test_notes_say_nothing_pages_until_routed_and_where_the_dashboard_is():
     assert routing in _notes(values={"mode": "receiver"})
 
 
+@pytest.mark.e2e
+def test_readme_uninstall_removes_the_state_directory_the_daemonset_leaves_on_each_node():
+    readme = (ROOT / "README.md").read_text()
+    install = readme.split("<!-- helm-install -->", 1)[1].split("<!-- /helm-install -->", 1)[0]
+    argv = shlex.split(re.findall(r"```sh\n(.*?)\n```", install, re.S)[0].replace("\\\n", " "))
+    release, namespace = argv[2], argv[argv.index("-n") + 1]
+    block = readme.split("<!-- uninstall -->", 1)[1].split("<!-- /uninstall -->", 1)[0]
+    commands = [shlex.split(c.replace("\\\n", " ")) for c in re.findall(r"```sh\n(.*?)\n```", block, re.S)]
+    assert commands[0] == ["helm", "uninstall", release, "-n", namespace]
+    volumes = one(template(release=release, namespace=namespace), "DaemonSet")["spec"]["template"]["spec"]["volumes"]
+    (state,) = [v["hostPath"]["path"] for v in volumes if v["name"] == "state"]
+    assert state == f"/var/lib/sglang-oom-exporter/{namespace}.{release}"
+    assert f"`{state}`" in " ".join(block.split())
+    script = " ".join(commands[1])
+    assert f"rm -rf /host{state}" in script
+    assert f"-n {namespace} debug" in script
+    assert commands[1][-4:] == ["kubectl", "delete", "namespace", namespace]
+
+
 # ---------------------------------------------------------------------------------------------- chart README
 
 

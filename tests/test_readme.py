@@ -65,6 +65,6 @@ def _marked(text: str, name: str) -> str:
 
 
 def test_the_chart_readme_installs_with_the_readmes_commands():
-    for name in ("helm-install", "helm-install-released"):
+    for name in ("helm-install", "helm-install-released", "uninstall"):
         assert _marked(CHART_README, name) == _marked(README, name)
     assert "discovery.enabled=true" in _marked(CHART_README, "helm-install")
