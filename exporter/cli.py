@@ -295,7 +295,7 @@ def _scan(args: argparse.Namespace) -> int:
         # Compact on purpose: the C encoder is ten times faster than indent= on a big scan; pipe to jq.
         sys.stdout.write(json.dumps(result.to_json()) + "\n")
     else:
-        sys.stdout.write(format_text(result))
+        sys.stdout.write(format_text(result, {sample_path(): "sample.log"} if args.sample else None))
     for path, why in result.errors:
         _fail(f"cannot scan {path} (the other inputs are reported): {why}")
     if result.errors:

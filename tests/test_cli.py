@@ -37,6 +37,19 @@ def test_sample_shows_every_fatal_kind_in_text(cli):
     assert "total: 12 events (8 fatal), 3 retraction events retracting 6 requests, 125 lines read" in out
 
 
+def test_sample_text_names_the_sample_and_says_each_fix_once(cli):
+    out = cli("scan", "--sample").stdout.decode()
+    heads = [line for line in out.splitlines() if " ranks=" in line]
+    assert len(heads) == 12
+    assert [h.rsplit(" ", 1)[1] for h in heads][:3] == ["sample.log:6", "sample.log:9", "sample.log:12"]
+    assert sample_path() not in out
+    assert out.count("    advice: Fix: ") == 0
+    # Each event block: one fix line, and an advice line only where it says more (a suggested value).
+    blocks = out.split(" ranks=")[1:]
+    assert [b.count("    fix: ") for b in blocks] == [1] * 12
+    assert sum("    advice: Suggested: " in b for b in blocks) == sum("    advice: " in b for b in blocks)
+
+
 def test_sample_json_has_the_documented_shape(cli):
     proc = cli("scan", "--sample", "--format", "json")
     data = json.loads(proc.stdout)

@@ -317,6 +317,14 @@ def test_variables_are_datasource_plus_the_dashboard_url_ones(dash):
             assert v["query"].startswith('label_values(sglang_oom_events_total{cluster=~"$cluster"'), v["query"]
 
 
+@pytest.mark.parametrize("path", DASHBOARD_FILES, ids=lambda p: p.name)
+def test_docs_name_every_variable_the_dashboards_define(path):
+    text = (ROOT / "docs" / "dashboards.md").read_text()
+    paragraph = text.split("\nVariables: ", 1)[1].split("\n\n", 1)[0]
+    named = set(re.findall(r"`(\w+)`", paragraph.split(" (", 1)[0]))  # the list, before its parenthesis
+    assert named == {v["name"] for v in _load(path)["templating"]["list"]}
+
+
 def test_every_selector_filters_by_the_variables_or_is_scoped_to_their_exporters(dash):
     """A series without source labels is kept to the exporters that follow the selected sources."""
     for expr in _exprs(dash):

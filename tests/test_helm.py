@@ -704,6 +704,87 @@ def test_notes_show_the_check_and_warn_without_release():
     assert 'job="sglang-oom-exporter"' in off
 
 
+def _node_lookup(text: str) -> tuple[dict[str, str], str]:
+    """The pod selector and the forwarded port of the 'exporter on the paged pod's node' commands in a text."""
+    (selector,) = re.findall(r"get pods -l (\S+) -o wide \\?\n?\s*--field-selector spec\.nodeName=\$node", text)
+    (port,) = re.findall(r"port-forward pod/<that pod> (\S+)", text)
+    assert "node=$(kubectl -n <namespace> get pod <pod> -o jsonpath='{.spec.nodeName}')" in text
+    return dict(pair.split("=", 1) for pair in selector.split(",")), port
+
+
+def _pod_labels_and_port(docs) -> tuple[dict[str, str], str]:
+    pod = one(docs, "DaemonSet")["spec"]["template"]
+    return pod["metadata"]["labels"], str(pod["spec"]["containers"][0]["ports"][0]["containerPort"])
+
+
+@pytest.mark.e2e
+def test_notes_and_readme_say_the_service_is_one_node_and_how_to_reach_the_paged_one():
+    notes = _notes()
+    assert "The Service forwards to one node's exporter, and each shows only its own\nnode's events." in notes
+    selector, port = _node_lookup(notes)
+    labels, container_port = _pod_labels_and_port(template())
+    assert selector.items() <= labels.items()
+    assert selector["app.kubernetes.io/instance"] == "t"
+    assert port == f"{container_port}:{container_port}"
+    # README: the same steps for its install (release and namespace sglang-oom-exporter).
+    readme = (ROOT / "README.md").read_text()
+    assert "Each node's\nexporter shows only its own node's events, and the Service forwards to one of them." in readme
+    selector, port = _node_lookup(readme)
+    labels, container_port = _pod_labels_and_port(
+        template(release="sglang-oom-exporter", namespace="sglang-oom-exporter")
+    )
+    assert selector == {"app.kubernetes.io/instance": "sglang-oom-exporter"}
+    assert selector.items() <= labels.items()
+    assert port == container_port
+    # One pod (a Deployment, the receiver): the Service reaches all there is, so nothing to say.
+    assert "--field-selector" not in _notes("deployment-values.yaml")
+
+
+@pytest.mark.e2e
+def test_notes_say_nothing_pages_until_routed_and_where_the_dashboard_is():
+    routing = (
+        "Nothing pages until Alertmanager routes these alerts: merge alerts/alertmanager.example.yml into your "
+        "routing (docs/alertmanager-routing.md)."
+    )
+    assert (ROOT / "alerts" / "alertmanager.example.yml").is_file()
+    assert (ROOT / "docs" / "alertmanager-routing.md").is_file()
+    off = _notes("all-off-values.yaml")
+    assert off.count(routing) == 1
+    assert (
+        "Dashboard: import dashboards/sglang-oom-overview.json into Grafana (docs/dashboards.md), or set "
+        "grafanaDashboards.enabled=true." in off
+    )
+    assert (ROOT / "dashboards" / "sglang-oom-overview.json").is_file()
+    needs_dashboards()
+    values = {"grafanaDashboards": {"enabled": True, "label": "my_dashboards", "labelValue": "yes"}}
+    on = _notes(values=values)
+    assert on.count(routing) == 1
+    title = json.loads((ROOT / "dashboards" / "sglang-oom-overview.json").read_text())["title"]
+    assert f'Dashboard: "{title}", a ConfigMap labelled my_dashboards=yes that Grafana\'s dashboard sidecar' in on
+    (cm,) = [d for d in by_kind(template(values=values), "ConfigMap") if "my_dashboards" in d["metadata"]["labels"]]
+    assert cm["metadata"]["labels"]["my_dashboards"] == "yes"
+    assert routing in _notes(values={"mode": "receiver"})
+
+
+@pytest.mark.e2e
+def test_readme_uninstall_removes_the_state_directory_the_daemonset_leaves_on_each_node():
+    readme = (ROOT / "README.md").read_text()
+    install = readme.split("<!-- helm-install -->", 1)[1].split("<!-- /helm-install -->", 1)[0]
+    argv = shlex.split(re.findall(r"```sh\n(.*?)\n```", install, re.S)[0].replace("\\\n", " "))
+    release, namespace = argv[2], argv[argv.index("-n") + 1]
+    block = readme.split("<!-- uninstall -->", 1)[1].split("<!-- /uninstall -->", 1)[0]
+    commands = [shlex.split(c.replace("\\\n", " ")) for c in re.findall(r"```sh\n(.*?)\n```", block, re.S)]
+    assert commands[0] == ["helm", "uninstall", release, "-n", namespace]
+    volumes = one(template(release=release, namespace=namespace), "DaemonSet")["spec"]["template"]["spec"]["volumes"]
+    (state,) = [v["hostPath"]["path"] for v in volumes if v["name"] == "state"]
+    assert state == f"/var/lib/sglang-oom-exporter/{namespace}.{release}"
+    assert f"`{state}`" in " ".join(block.split())
+    script = " ".join(commands[1])
+    assert f"rm -rf /host{state}" in script
+    assert f"-n {namespace} debug" in script
+    assert commands[1][-4:] == ["kubectl", "delete", "namespace", namespace]
+
+
 # ---------------------------------------------------------------------------------------------- chart README
 
 

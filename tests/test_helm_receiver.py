@@ -5,6 +5,7 @@ exporter's own loader."""
 from __future__ import annotations
 
 import base64
+import re
 import shutil
 
 import pytest
@@ -173,6 +174,65 @@ def test_the_receivers_memory_limit_is_receiver_memory_limit_and_the_other_modes
     assert deployment["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"] == {"memory": "1Gi"}
     (daemonset,) = [d for d in template() if d["kind"] == "DaemonSet"]
     assert daemonset["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"] == {"memory": "256Mi"}
+
+
+# ------------------------------------------------------------------------------- every endpoint the docs give
+
+ROOT = CHART.parent.parent
+ENDPOINT_DOCS = ("README.md", "helm/sglang-oom-exporter/README.md", "docs/otlp.md", "docs/kubernetes.md")
+# <service>.<namespace>.svc[:port] (a URL, or Fluent Bit's Host line and the Port line under it), the loadbalancing
+# resolver's `service: <service>.<namespace>, ports: [<port>]`, and `-n <namespace> port-forward svc/<service> <port>`.
+_SVC = re.compile(r"(?<![\w<.-])([a-z0-9][a-z0-9-]*)\.([a-z0-9][a-z0-9-]*)\.svc(?::(\d+)|\s*\n\s*Port\s+(\d+))")
+_RESOLVER = re.compile(r"service: ([a-z0-9][a-z0-9-]*)\.([a-z0-9][a-z0-9-]*), ports: \[(\d+)")
+_FORWARD = re.compile(r"-n (\S+) port-forward svc/([a-z0-9][a-z0-9-]*) (\d+)")
+_SECRET = re.compile(r"-n (\S+) get secret ([a-z0-9][a-z0-9-]*)")
+
+
+def _endpoints(text: str) -> list[tuple[str, str, int]]:
+    """Every (service, namespace, port) a text tells a client or an agent to reach, in order."""
+    found = [(m[1], m[2], int(m[3] or m[4])) for m in _SVC.finditer(text)]
+    found += [(m[1], m[2], int(m[3])) for m in _RESOLVER.finditer(text)]
+    return found + [(m[2], m[1], int(m[3].split(":")[0])) for m in _FORWARD.finditer(text)]
+
+
+def _services(docs) -> set[tuple[str, str, int]]:
+    return {(d["metadata"]["name"], d["metadata"]["namespace"], p["port"]) for d in by_kind(docs, "Service")
+            for p in d["spec"]["ports"]}  # fmt: skip
+
+
+def test_every_endpoint_the_docs_give_is_a_service_port_the_chart_renders():
+    # The docs name the Service of README's install: release sglang-oom-exporter in the namespace of that name.
+    names = {"release": "sglang-oom-exporter", "namespace": "sglang-oom-exporter"}
+    receiver = template(values={"mode": "receiver"}, **names)
+    rendered = _services(template(**names)) | _services(receiver)
+    secrets = {(d["metadata"]["namespace"], d["metadata"]["name"]) for d in by_kind(receiver, "Secret")}
+    given: dict[str, list[tuple[str, str, int]]] = {}
+    for rel in ENDPOINT_DOCS:
+        text = (ROOT / rel).read_text(encoding="utf-8")
+        given[rel] = _endpoints(text)
+        assert [e for e in given[rel] if e not in rendered] == [], rel
+        told = list(map(tuple, _SECRET.findall(text)))
+        assert [s for s in told if s not in secrets] == [], rel
+        assert len(told) == (1 if rel == "docs/otlp.md" else 0), rel
+    receiver_url = ("sglang-oom-exporter", "sglang-oom-exporter", 4318)
+    # The Collector, Alloy, Fluent Bit and Vector, and the sentence before them; the chart README's receiver text.
+    assert given["docs/otlp.md"].count(receiver_url) == 5
+    assert given["helm/sglang-oom-exporter/README.md"].count(receiver_url) == 1
+    assert given["README.md"] == [("sglang-oom-exporter", "sglang-oom-exporter", 9877)]
+
+
+def test_every_endpoint_the_notes_give_is_a_service_port_the_chart_renders():
+    for values in (None, {"mode": "receiver"}, {"mode": "receiver", "receiver": {"port": 14318}}):
+        notes = install_notes(values=values)
+        endpoints = _endpoints(notes)
+        assert len(endpoints) == (3 if values else 1), notes
+        assert set(endpoints) <= _services(template(values=values)), notes
+        secrets = {
+            (d["metadata"]["namespace"], d["metadata"]["name"]) for d in by_kind(template(values=values), "Secret")
+        }
+        told = set(map(tuple, _SECRET.findall(notes)))
+        assert told <= secrets
+        assert len(told) == (1 if values else 0)
 
 
 # ---------------------------------------------------------------------------------------------- closed by default

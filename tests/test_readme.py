@@ -9,6 +9,7 @@ from tests.support.helpers import CATALOG
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 README = open(os.path.join(ROOT, "README.md")).read()
+CHART_README = open(os.path.join(ROOT, "helm", "sglang-oom-exporter", "README.md")).read()
 CI_RUN = os.path.join(ROOT, ".ci", "run")
 TEST_COMMAND = os.path.join(ROOT, ".ci", "test-command")
 
@@ -55,3 +56,15 @@ def test_the_test_script_installs_helm_and_the_dev_extras_and_runs_the_whole_sui
 def test_readme_documents_every_kind():
     for kind in CATALOG.ids:
         assert f"| `{kind}` |" in README, kind
+
+
+def _marked(text: str, name: str) -> str:
+    """The text between <!-- name --> and <!-- /name -->, which must be there once."""
+    assert text.count(f"<!-- {name} -->") == text.count(f"<!-- /{name} -->") == 1, name
+    return text.split(f"<!-- {name} -->", 1)[1].split(f"<!-- /{name} -->", 1)[0]
+
+
+def test_the_chart_readme_installs_with_the_readmes_commands():
+    for name in ("helm-install", "helm-install-released", "uninstall"):
+        assert _marked(CHART_README, name) == _marked(README, name)
+    assert "discovery.enabled=true" in _marked(CHART_README, "helm-install")

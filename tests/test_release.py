@@ -233,10 +233,10 @@ def _template(argv: list[str]) -> list[dict]:
 @pytest.mark.e2e
 def test_chart_readme_installs_from_the_clone_until_a_release_exists_then_from_the_registry():
     text = (CHART / "README.md").read_text()
-    first, released = _sh_blocks(text)[:2]
+    first, released = [a for block in _sh_blocks(text) for a in block if a[:2] == ["helm", "install"]][:2]
     # First: the chart in this checkout, with the image the user built (nothing is published yet).
     # The namespace is created and labelled for Pod Security first (tests/test_docs_truth.py), then installed into.
-    argv = next(a for a in first if a[:2] == ["helm", "install"])
+    argv = first
     assert argv[:4] == ["helm", "install", "sglang-oom-exporter", "./helm/sglang-oom-exporter"]
     assert "No release is published yet" in text
     (ds,) = [d for d in _template(argv[2:]) if d["kind"] == "DaemonSet"]
@@ -245,7 +245,7 @@ def test_chart_readme_installs_from_the_clone_until_a_release_exists_then_from_t
         == f"registry.example.com/sglang-oom-exporter:{__version__}"
     )
     # Then, marked as what a release brings: the OCI chart at this version, whose default image is the published one.
-    argv = released[0]
+    argv = released
     assert argv[:4] == ["helm", "install", "sglang-oom-exporter", f"{CHARTS}/sglang-oom-exporter"]
     assert argv[argv.index("--version") + 1] == __version__
     assert "Once a version is released, its tag publishes the chart" in text

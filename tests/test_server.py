@@ -6,8 +6,10 @@ Servers listen on 127.0.0.1 port 0 and are stopped by the fixture, so the thread
 from __future__ import annotations
 
 import base64
+import html
 import http.client
 import json
+import re
 import shutil
 import socket
 import ssl
@@ -18,7 +20,7 @@ import pytest
 from prometheus_client import Counter
 
 from sglang_oom_exporter.config.values import parse_listen
-from sglang_oom_exporter.detect.model import OomEvent, PoolState
+from sglang_oom_exporter.detect.model import OomEvent, PoolState, Suggestion
 from sglang_oom_exporter.events.sink import event_json
 from sglang_oom_exporter.events.store import EventStore, Health
 from sglang_oom_exporter.web.httpd import MAX_HEAD_BYTES
@@ -556,3 +558,54 @@ def test_chromium_renders_the_event_table(serve, catalog, tmp_path):
     assert "requested_tokens: 5001" in dom
     assert "<title>SGLang OOM events</title>" in dom, "the hostile message ran no script"
     assert "&lt;script&gt;" in dom
+
+
+PHONE_WIDTH = 390  # px: an iPhone 12-15's portrait viewport
+
+
+@pytest.mark.e2e
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+@pytest.mark.skipif(shutil.which(CHROMIUM) is None, reason=f"{CHROMIUM} is missing (Debian package chromium)")
+def test_the_events_page_fits_a_phone_screen(catalog, tmp_path):
+    store = EventStore()
+    pod = "llama-3-70b-instruct-decode-7c9f8b6d5-x2k4q"
+    long_path = f"/var/log/pods/inference-production_{pod}_0b1c2d3e-4f5a-6b7c-8d9e-0f1a2b3c4d5e/sglang/0.log:12345"
+    suggestion = Suggestion("--chunked-prefill-size", 16384, 4096, "the largest power of two that fits the 6100 tokens")
+    store.add(event(1, location=long_path, ranks=("TP0", "TP1", "TP2", "TP3"), suggestions=(suggestion,)),
+              {"namespace": "inference-production", "pod": pod, "container": "sglang"})  # fmt: skip
+    store.add(event(2, kind="decode", message=HOSTILE))
+    page = render_page(store.entries(), catalog, Health(True, ""), store.capacity)
+    # The page in an iframe exactly a phone wide (headless Chromium keeps its window at least 500 px); the
+    # frame's own width is the viewport its media queries see. The outer page writes what it measured.
+    measure = (
+        "<script>document.getElementById('phone').addEventListener('load',()=>{"
+        "const root=document.getElementById('phone').contentDocument.documentElement;"
+        "const out=document.createElement('p');out.id='measured';"
+        "out.textContent=root.scrollWidth+' '+root.clientWidth+' '+root.querySelectorAll('tr.event').length;"
+        "document.body.appendChild(out);});</script>"
+    )
+    wrapper = tmp_path / "phone.html"
+    wrapper.write_text(
+        f"<!DOCTYPE html><html><body style='margin:0'><iframe id='phone' style='width:{PHONE_WIDTH}px;"
+        f'height:844px;border:0\' srcdoc="{html.escape(page, quote=True)}"></iframe>{measure}</body></html>'
+    )
+    argv = [*CHROMIUM_HEADLESS, "--disable-background-networking", f"--user-data-dir={tmp_path / 'profile'}"]
+    result = subprocess.run([*argv, "--dump-dom", wrapper.as_uri()], capture_output=True, text=True, timeout=90,
+                            check=False)  # fmt: skip
+    assert result.returncode == 0, result.stderr[-2000:]
+    (measured,) = re.findall(r'<p id="measured">(\d+) (\d+) (\d+)</p>', result.stdout)
+    scroll_width, client_width, events = map(int, measured)
+    assert events == 2
+    assert 0 < client_width <= PHONE_WIDTH
+    assert scroll_width <= PHONE_WIDTH, f"the page is {scroll_width} px wide on a {PHONE_WIDTH} px screen"
+    # And a picture of it at that width, to look at (tmp_path keeps it).
+    shot = tmp_path / "phone.png"
+    page_file = tmp_path / "page.html"
+    page_file.write_text(page)
+    result = subprocess.run([*argv, f"--window-size={PHONE_WIDTH},1600", f"--screenshot={shot}", page_file.as_uri()],
+                            capture_output=True, text=True, timeout=90, check=False)  # fmt: skip
+    assert result.returncode == 0, result.stderr[-2000:]
+    png = shot.read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n"
+    assert int.from_bytes(png[16:20], "big") == PHONE_WIDTH

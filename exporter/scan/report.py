@@ -64,15 +64,25 @@ class ScanResult:
         }
 
 
-def format_text(result: ScanResult) -> str:
-    """A readable report: one block per event with its numbers and fix, then the totals."""
+def _shown(location: str, names: dict[str, str]) -> str:
+    """An event's path:line with its path as names shows it."""
+    path, sep, line = location.rpartition(":")
+    return f"{names[path]}{sep}{line}" if sep and path in names else location
+
+
+def format_text(result: ScanResult, names: dict[str, str] | None = None) -> str:
+    """A readable report: one block per event with its numbers and fix, then the totals.
+
+    names maps an input path to the name the report shows for it (the bundled sample: "sample.log")."""
     out: list[str] = []
+    names = names or {}
     catalog = result.catalog
     for e in result.events:
         kind = catalog.kind(e.kind)
         n = e.numbers
         ranks = ",".join(e.ranks) or "-"
-        head = f"{e.time or '-':<26} {e.kind:<12} {'FATAL' if e.fatal else 'warn ':<5} ranks={ranks:<12} {e.location}"
+        where = _shown(e.location, names)
+        head = f"{e.time or '-':<26} {e.kind:<12} {'FATAL' if e.fatal else 'warn ':<5} ranks={ranks:<12} {where}"
         out.append(head)
         facts = []
         if e.phase:
@@ -111,7 +121,8 @@ def format_text(result: ScanResult) -> str:
                 out.append(f"    suggest: {s.flag} {s.change()}  ({s.rule}{when})")
             elif skipped(s):
                 out.append(f"    not {s.flag}: {s.rule}{when}")
-        out.append(f"    advice: {told.advice}")
+        if told.advice != f"Fix: {told.fix}":  # the fix line says it already
+            out.append(f"    advice: {told.advice}")
     counts = result.counts()
     out.append("")
     out.append("kind           events")

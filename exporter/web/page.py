@@ -44,7 +44,12 @@ def render_page(entries: list[StoredEvent], catalog: Catalog, health: Health, ca
         "th{background:#eee}.fatal{color:#b00;font-weight:bold}.unhealthy{color:#b00}"
         ".restored{color:#666;font-style:italic}.zone{color:#666;font-size:smaller}td.time{min-width:11em}"
         "ul.suggestions{margin:.2em 0;padding-left:1.2em}"
-        "code,pre{white-space:pre-wrap;word-break:break-all}ol{margin:.3em 0;padding-left:1.4em}</style>"
+        "code,pre{white-space:pre-wrap;word-break:break-all}ol{margin:.3em 0;padding-left:1.4em}"
+        # A phone: each event a card of labelled cells, every cell wrapped to the screen's width.
+        "@media (max-width:40em){body{margin:.6em}table,tbody,tr,td{display:block}thead{display:none}"
+        "tr.event{border:1px solid #ccc;margin:0 0 1em}td{border:0;border-top:1px solid #eee;overflow-wrap:anywhere}"
+        "td.time{min-width:0}td[data-label]::before{content:attr(data-label);display:block;font-weight:bold;"
+        "color:#555}code,pre{word-break:normal}}</style>"
         f'</head><body><h1>SGLang OOM events</h1><p class="{"ok" if health.ok else "unhealthy"}">'
         f"Exporter status: {_e(status)}</p><p>{len(entries)} recent events, newest first{kept}; the last "
         f"{capacity} are kept, and with --state-dir the newest of them survive a restart. "
@@ -75,13 +80,14 @@ def _event_row(index: int, stored: StoredEvent, catalog: Catalog) -> str:
     told = explanation(e, catalog)
     what = f'<p class="detail">{_e(told.sentence)}</p>' if told.sentence else ""
     return (
-        f'<tr class="event" id="event-{index}"><td class="time">{_time(stored)}</td>'
-        f"<td>{what}{_suggestions(e)}{_e(told.fix)}<ol>{steps}</ol>{_context(e)}</td>"
-        f"<td><code>{_e(e.kind)}</code> ({fatal})<br>{_e(kind.title)}<br><code>{_e(e.message)}</code>"
+        f'<tr class="event" id="event-{index}"><td class="time" data-label="Time">{_time(stored)}</td>'
+        f'<td data-label="What to change">{what}{_suggestions(e)}{_e(told.fix)}<ol>{steps}</ol>{_context(e)}</td>'
+        f'<td data-label="Event"><code>{_e(e.kind)}</code> ({fatal})<br>{_e(kind.title)}'
+        f"<br><code>{_e(e.message)}</code>"
         f'<br><a class="runbook" href="{_e(runbook_href(e.kind))}">runbook</a>'
         f"<details><summary>log excerpt</summary><pre>{_e(e.excerpt)}</pre></details></td>"
-        f"<td>{_numbers(e)}</td>"
-        f"<td>{_e(e.source)}<br><code>{_e(e.location)}</code>{ranks}{labels}</td></tr>"
+        f'<td data-label="Numbers">{_numbers(e)}</td>'
+        f'<td data-label="Source">{_e(e.source)}<br><code>{_e(e.location)}</code>{ranks}{labels}</td></tr>'
     )
 
 

@@ -78,28 +78,32 @@ def helm_with_values(
 
 
 @functools.cache
-def _template_once(ci: tuple[str, ...], values_json: str | None) -> tuple[int, str, tuple[dict, ...]]:
+def _template_once(
+    ci: tuple[str, ...], values_json: str | None, release: str = "t", namespace: str = "monitoring"
+) -> tuple[int, str, tuple[dict, ...]]:
     """One `helm template` per distinct input in this process: (returncode, stderr, documents).
 
     The ci files' renders, which most tests and kubernetes-validate read, are rendered once per run."""
 
     def render() -> tuple[int, str, list[dict]]:
         values = None if values_json is None else json.loads(values_json)
-        proc = helm_with_values([helm(), "template", "t", str(CHART), "-n", "monitoring"], ci, values)
+        proc = helm_with_values([helm(), "template", release, str(CHART), "-n", namespace], ci, values)
         docs = [d for d in yaml.load_all(proc.stdout, Loader=YAML_LOADER) if d] if proc.returncode == 0 else []
         return proc.returncode, proc.stderr, docs
 
-    if values_json is None and len(ci) == 1 and ci[0] in CI_FILES:
+    default_release = (release, namespace) == ("t", "monitoring")
+    if default_release and values_json is None and len(ci) == 1 and ci[0] in CI_FILES:
         returncode, stderr, docs = once_per_run(f"helm-template-{ci[0]}", render)
     else:
         returncode, stderr, docs = render()
     return returncode, stderr, tuple(docs)
 
 
-def template(*ci: str, values: dict | None = None, ok: bool = True):
-    """helm template (release t, namespace monitoring): the documents, or helm's error when ok is False."""
+def template(*ci: str, values: dict | None = None, ok: bool = True, release: str = "t", namespace: str = "monitoring"):
+    """helm template (release t, namespace monitoring unless given): the documents, or helm's error when ok is False."""
     # Rendered once per input and handed out as a deep copy, so a test that edits its documents edits only its own.
-    returncode, stderr, docs = _template_once(ci, None if values is None else json.dumps(values, sort_keys=True))
+    values_json = None if values is None else json.dumps(values, sort_keys=True)
+    returncode, stderr, docs = _template_once(ci, values_json, release, namespace)
     if ok:
         assert returncode == 0, stderr
         return copy.deepcopy(list(docs))
