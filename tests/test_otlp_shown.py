@@ -1,13 +1,15 @@
 """What a person reads about the OTLP receiver, end to end: a real `serve --otlp-listen` fed by the OpenTelemetry
 SDK's exporter names each received source as it is (the pod, the service or the file and its host) on /events, the
-page and /metrics, never by the spool's internal file.
+page and /metrics, never by the spool's internal file; and /healthz says it is receiving, where, and what came.
 """
 
 from __future__ import annotations
 
+import calendar
 import json
 import os
 import re
+import time
 import urllib.request
 
 import pytest
@@ -91,3 +93,26 @@ def test_received_sources_are_named_as_a_person_knows_them_on_events_the_page_an
     assert page.count("llm/sglang-0/server (received over OTLP, uid u1, run 0):") == per_source
     assert re.findall(r"otlp/(?:pods|files)|%2F|%5F|" + re.escape(d.state_dir), page) == []
 
+
+def test_healthz_says_the_receiver_listens_and_what_it_received(tmp_path, daemon_factory):
+    d, port = receiver(daemon_factory)
+    # Before anything arrives: ready, receiving, on which port, and that nothing came yet.
+    assert get(d, "/healthz") == (
+        200,
+        f"ok: receiving OTLP/HTTP logs on 127.0.0.1:{port}: nothing received yet (an agent must send to it: "
+        "docs/otlp.md); following 0 log source(s)\n",
+    )
+    before = int(time.time())
+    sent = send_three_sources(d, f"http://127.0.0.1:{port}")
+    after = time.time()
+    # Then: what came, from how many sources, and when the last batch was answered.
+    status, text = get(d, "/healthz")
+    at = re.search(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC", text)
+    assert at is not None, text
+    assert before <= calendar.timegm(time.strptime(at.group(), "%Y-%m-%d %H:%M:%S UTC")) <= after
+    got_health = text.replace(at.group(), "<time>")
+    assert (status, got_health) == (
+        200,
+        f"ok: receiving OTLP/HTTP logs on 127.0.0.1:{port}: {3 * sent} record(s) received from 3 source(s), "
+        "the last batch at <time>; following 3 log source(s)\n",
+    )
