@@ -188,6 +188,8 @@ def _run(
             print(f"sglang-oom-exporter: cannot listen on {app.config.otlp_listen} (OTLP): {exc}", file=sys.stderr)
             return 2
         log.info("receiving OTLP/HTTP logs on %s port=%d", app.config.otlp_listen, otlp.port)
+        if app.receiver is not None:
+            app.receiver.bound(otlp.port)
     log.info("serving on %s port=%d paths=%d kubernetes=%s state_dir=%s tls=%s", app.config.listen, server.port,
              len(app.config.paths), app.config.kubernetes is not None, app.config.state_dir,
              bool(web and web.tls_cert_file))  # fmt: skip

@@ -11,6 +11,7 @@ import re
 import signal
 import subprocess
 import sys
+import urllib.parse
 import urllib.request
 
 import pytest
@@ -24,7 +25,9 @@ from sglang_oom_exporter.daemon.health import waiting
 from sglang_oom_exporter.events.store import Health
 from sglang_oom_exporter.metrics.exposition import Page, join_plain
 from sglang_oom_exporter.sources.discover import KubernetesFilter, discover_pods, pod_log_ref
-from sglang_oom_exporter.sources.fsname import ShownFormatter, shown
+from sglang_oom_exporter.sources.fsname import ShownFormatter, received, shown
+from sglang_oom_exporter.sources.otlp import OtlpError, spool_path
+from sglang_oom_exporter.sources.otlpspool import FILE_DIR
 from tests.support.app import run_app, started_app
 from tests.support.daemon import settle
 from tests.support.logs import oom_block
@@ -163,3 +166,68 @@ def test_healthz_shows_a_kubernetes_log_root_that_is_not_utf8(tmp_path) -> None:
     health = app.loop.health()
     assert health == Health(False, f"the Kubernetes log root {tmp_path}/pods\\xe9 does not exist")
     health.reason.encode("utf-8")
+
+
+# --- a spooled source's name as a person reads it (received) ---------------------------------------------------
+
+# Names, and names opening with what marks a kind or a host in a shown name (where a merge would hide).
+_attr = st.one_of(
+    st.text(max_size=16),
+    st.tuples(st.sampled_from(["/", "path=", "unnamed=", "@", "%", "%2F"]), st.text(max_size=12)).map("".join),
+)
+
+
+def _identity(stem: str) -> tuple[str, str, str]:
+    """(log.file.path, service.name, host.name) back from a shown received name: the test's inverse of received()."""
+    name, _, host = received(stem).partition("@")
+    if name.startswith("/"):
+        path, service = name, ""
+    elif name.startswith("path="):
+        path, service = name[5:], ""
+    else:
+        path, service = "", "" if name == "unnamed=" else name
+    back = [urllib.parse.unquote(part, errors="surrogateescape") for part in (path, service, host)]
+    return back[0], back[1], back[2]
+
+
+@settings(max_examples=400, deadline=None)
+@given(_attr, _attr, _attr)
+def test_a_received_name_reads_as_its_identity_and_gives_it_back(path: str, service: str, host: str) -> None:
+    try:
+        rel = spool_path({"log.file.path": path, "service.name": service, "host.name": host})
+    except OtlpError:
+        return  # too long for a file name once escaped: refused with 400, never spooled
+    if not rel.startswith(FILE_DIR + "/"):
+        return  # a kubelet pod log path: a pod source, named by its labels
+    stem = rel[len(FILE_DIR) + 1 : -len(".log")]
+    shown_name = received(stem)
+    shown_name.encode("utf-8")  # a label, a JSON answer, the page
+    # One reading per identity: the identity comes back from what is shown (so two never read the same).
+    assert _identity(stem) == (path, "" if path else service, host)
+    plain = re.fullmatch(r"[^%@/=\x00-\x1f\x7f]*", service) is not None
+    if not path and service and plain and not host:
+        assert shown_name == service  # an ordinary service name reads as itself
+
+
+@pytest.mark.parametrize(
+    ("attrs", "shown_name"),
+    [
+        ({"log.file.path": "/var/log/sglang/server.log", "host.name": "node-a"}, "/var/log/sglang/server.log@node-a"),
+        ({"log.file.path": "/var/log/a_b.log"}, "/var/log/a_b.log"),
+        ({"log.file.path": "/var/log/a/b.log"}, "/var/log/a/b.log"),
+        ({"service.name": "var-log-a-b.log"}, "var-log-a-b.log"),
+        ({"service.name": "a_b"}, "a_b"),
+        ({"service.name": "a\u2010b"}, "a\u2010b"),
+        ({"service.name": "/var/log/a_b.log"}, "%2Fvar%2Flog%2Fa_b.log"),  # a service never reads as a path
+        ({"service.name": "path=x"}, "path%3Dx"),
+        ({"log.file.path": "x"}, "path=x"),  # a relative path keeps its mark
+        ({"service.name": "a@b", "host.name": "c"}, "a%40b@c"),
+        ({"service.name": "a", "host.name": "b@c"}, "a@b@c"),
+        ({"service.name": "100%"}, "100%25"),
+        ({"service.name": "line\nbreak"}, "line%0Abreak"),
+        ({"host.name": "h"}, "unnamed=@h"),
+    ],
+)
+def test_received_names_read_as_written_and_never_merge(attrs: dict[str, str], shown_name: str) -> None:
+    stem = spool_path(attrs)[len(FILE_DIR) + 1 : -len(".log")]
+    assert received(stem) == shown_name

@@ -16,6 +16,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 
 from sglang_oom_exporter.config.model import Config
 from sglang_oom_exporter.daemon.app import App
+from sglang_oom_exporter.sources.otlpspool import Line
 from tests.support.helpers import CATALOG, Clock, wait_until
 
 WAITING = "waiting for {path} to appear (normal until SGLang starts and writes its log)"
@@ -154,3 +155,29 @@ def test_a_loop_not_yet_started_says_starting(tmp_path):
     assert (health.ok, health.reason) == (False, "starting: saving where each log file will be read from")
     _steps(app, clock)
     assert (app.loop.health().ok, app.loop.health().reason) == (True, "following 1 log source(s)")
+
+
+def test_the_receiver_says_where_it_listens_and_what_it_received(tmp_path):
+    app, clock = _app(tmp_path, otlp_listen=":4318")
+    receiver = app.receiver
+    assert receiver is not None
+    clock.now = 1_790_000_000.0  # 2026-09-21 14:13:20 UTC
+    _steps(app, clock)
+    idle = "receiving OTLP/HTTP logs on :4318: nothing received yet (an agent must send to it: docs/otlp.md)"
+    assert (app.loop.health().ok, app.loop.health().reason) == (True, f"{idle}; following 0 log source(s)")
+    receiver.bound(4318)  # the port serve bound: the configured one (or the system's choice for port 0)
+    pod = "pods/llm_sglang-0_u1/server/0.log"
+    service = "files/decode@node-a.log"
+    lines = [Line(b"starting\n", bytes([i]) * 16) for i in range(3)]
+    receiver.accept({pod: lines, service: lines[:2]})
+    receiver.accept({service: lines[:2]})  # a retried batch: its records are received again, as duplicates
+    _steps(app, clock, 4)
+    got = "receiving OTLP/HTTP logs on :4318: 7 record(s) received from 2 source(s), the last batch at 2026-09-21 14:13:24 UTC"
+    assert (app.loop.health().ok, app.loop.health().reason) == (True, f"{got}; following 2 log source(s)")
+
+
+def test_the_receiver_names_the_port_the_system_chose_for_port_0(tmp_path):
+    app, _ = _app(tmp_path, otlp_listen="127.0.0.1:0")
+    assert app.receiver is not None
+    app.receiver.bound(40123)
+    assert app.receiver.facts().listen == "127.0.0.1:40123"

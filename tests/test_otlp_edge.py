@@ -390,8 +390,7 @@ def test_the_same_oom_at_the_same_second_from_two_hosts_counts_twice(daemon_fact
         assert post(f"http://127.0.0.1:{port}", body, {"Content-Type": PROTOBUF})[0] == 200
     wait_until(lambda: d.total("prefill") >= 2, what="both OOMs counted", timeout=60)
     counted = {dict(k[1])["container"]: v for k, v in d.metrics("sglang_oom_events_total").items() if v}
-    assert counted == {"path=%2Fvar%2Flog%2Fsglang%2Fserver.log@node-a": 1.0,
-                       "path=%2Fvar%2Flog%2Fsglang%2Fserver.log@node-b": 1.0}  # fmt: skip
+    assert counted == {"/var/log/sglang/server.log@node-a": 1.0, "/var/log/sglang/server.log@node-b": 1.0}
 
 
 # ------------------------------------------------------------------------------------------- memory at the defaults

@@ -91,7 +91,7 @@ class App:
         self.loop = Loop(config, self.sources, self.keeper, stdin=self.stdin, clock=clock, wall=wall)
         # The OTLP receiver's spool (its HTTP endpoint is web/otlp.py, which serve wires to it).
         # The source set follows the spool as one of its roots when the config has one (otlp_listen and state_dir).
-        self.receiver = Receiver(self.sources, self.loop, wake, config) if self.sources.received_root else None
+        self.receiver = Receiver(self.sources, self.loop, wake, config, wall) if self.sources.received_root else None
         self.reloads = dict.fromkeys(RELOAD_RESULTS, 0)
 
     def _node_targets(self, config: Config) -> NodeTargets | None:

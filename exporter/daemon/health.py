@@ -8,11 +8,24 @@ lines carry the loop's logger name (`logger=sglang_oom_exporter.daemon.loop`), w
 from __future__ import annotations
 
 import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
 
 from ..events.store import Health
 from ..sources.fsname import shown
 from .sourceset import SourceFacts, SourceSet
 from .state import StateKeeper
+
+
+@dataclass(frozen=True, slots=True)
+class ReceivedFacts:
+    """What the OTLP receiver has taken in since the start (daemon/receiver.py): /healthz's words for it."""
+
+    listen: str  # the address it listens on, its bound port
+    records: int  # log records received (spooled, retried copies and filtered ones alike)
+    sources: int  # sources the spool holds
+    last_batch: float | None  # wall time of the last batch it answered 200 (None: none yet)
 
 
 class HealthWatch:
@@ -26,6 +39,7 @@ class HealthWatch:
         self._state_seen = (keeper.errors, keeper.saves)
         self._state_failing = False  # the last save attempt failed, and none has succeeded since
         self._trouble_logged = ""  # what health last logged: each change is logged once, not every pass
+        self.received: Callable[[], ReceivedFacts] | None = None  # the OTLP receiver's facts, when it is on
 
     def note(self) -> None:
         """After a pass: follow the state saves, and log each change of what health reports once."""
@@ -42,7 +56,7 @@ class HealthWatch:
                 return
             self._trouble_logged = trouble
             level = logging.WARNING if self._state_failing else logging.INFO
-            self.log.log(level, "health: %s", trouble or f"following {facts.followed} log source(s)")
+            self.log.log(level, "health: %s", trouble or self._following(facts, logged=True))
 
     def report(self) -> Health:
         """Ready when sources are being read (some may still be waiting to appear); otherwise the reason.
@@ -52,13 +66,29 @@ class HealthWatch:
         """
         facts = self.sources.facts()
         trouble = self._trouble(facts)
-        following = f"following {facts.followed} log source(s)"
+        following = self._following(facts)
         if not trouble:
             return Health(True, following)
         missing = facts.waiting
         if trouble == waiting(missing) and len(missing) < facts.followed:
             return Health(True, f"{following}; {trouble}")  # some files are read: not blind
         return Health(False, trouble)
+
+    def _following(self, facts: SourceFacts, logged: bool = False) -> str:
+        """What is read: the sources followed, and in receiver mode what the receiver has taken in (the log line,
+        written on each change of trouble, leaves out the counts that change with every batch)."""
+        following = f"following {facts.followed} log source(s)"
+        if self.received is None:
+            return following
+        r = self.received()
+        if logged:
+            return f"receiving OTLP/HTTP logs on {r.listen}; {following}"
+        if r.last_batch is None:
+            got = "nothing received yet (an agent must send to it: docs/otlp.md)"
+        else:
+            at = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(r.last_batch))
+            got = f"{r.records} record(s) received from {r.sources} source(s), the last batch at {at}"
+        return f"receiving OTLP/HTTP logs on {r.listen}: {got}; {following}"
 
     def _trouble(self, facts: SourceFacts) -> str:
         """What keeps the daemon from reading every configured source and saving its state ("": nothing), a name

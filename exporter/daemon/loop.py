@@ -24,7 +24,7 @@ from typing import Any, Protocol
 from ..config.model import Config
 from ..events.store import Health
 from ..sources.stdin import StdinPump
-from .health import HealthWatch
+from .health import HealthWatch, ReceivedFacts
 from .logsource import IDLE_CLOSE_SECONDS, LogSource
 from .publish import Publisher
 from .sourceset import STDIN, SourceSet
@@ -229,6 +229,10 @@ class Loop:
             # and its traceback become an event, and the tick's phase must not add to the latency.
             timeout = min(timeout, max(0.0, close - now))
         return timeout
+
+    def watch_receiver(self, facts: Callable[[], ReceivedFacts]) -> None:
+        """Have /healthz say what the OTLP receiver has taken in (daemon/receiver.py)."""
+        self._health.received = facts
 
     def health(self) -> Health:
         """Ready when sources are being read; otherwise the reason."""

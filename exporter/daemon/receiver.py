@@ -15,6 +15,7 @@ own container) would never be read, so they are not spooled: counted as filtered
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -24,6 +25,7 @@ from prometheus_client.registry import Collector
 from ..config.model import Config
 from ..metrics.names import SELF
 from ..sources.otlpspool import Limits, Line, Spool
+from .health import ReceivedFacts
 from .loop import Loop
 from .sourceset import SourceSet
 
@@ -40,7 +42,14 @@ class Accepted:
 class Receiver:
     """Makes received lines durable in the spool and wakes the loop to read them."""
 
-    def __init__(self, sources: SourceSet, loop: Loop, wake: Callable[[], None], config: Config) -> None:
+    def __init__(
+        self,
+        sources: SourceSet,
+        loop: Loop,
+        wake: Callable[[], None],
+        config: Config,
+        wall: Callable[[], float] = time.time,
+    ) -> None:
         root = sources.received_root
         if root is None:
             raise ValueError("the OTLP receiver needs otlp_listen and state_dir (the source set's spool root)")
@@ -53,6 +62,20 @@ class Receiver:
         self.written = 0
         self.duplicates = 0
         self.filtered = 0
+        # Where it listens (serve names the bound port once it binds) and when it last answered a batch 200.
+        self.listen = config.otlp_listen or ""
+        self.last_batch: float | None = None
+        self._wall = wall
+        loop.watch_receiver(self.facts)
+
+    def bound(self, port: int) -> None:
+        """The port the OTLP server bound (the configured one, or the one the system chose for port 0)."""
+        self.listen = f"{self.listen.rpartition(':')[0]}:{port}"
+
+    def facts(self) -> ReceivedFacts:
+        """What /healthz says it has taken in (never waits for the spool's lock: a probe must not wait a fsync)."""
+        records = self.written + self.duplicates + self.filtered
+        return ReceivedFacts(self.listen, records, self.spool.use().sources, self.last_batch)
 
     def accept(self, batch: Mapping[str, Sequence[Line]]) -> Accepted:
         """Spool a request's lines (SpoolError when the disk refuses), then have the loop read them."""
@@ -67,6 +90,7 @@ class Receiver:
                 self.written += written
                 self.duplicates += duplicates
                 self.filtered += filtered
+                self.last_batch = self._wall()
         finally:
             if self.spool.wants_save:  # the spool waits for a save to rotate a log or drop a read segment
                 self.spool.wants_save = False

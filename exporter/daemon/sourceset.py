@@ -39,8 +39,9 @@ from ..sources.discover import (
     pod_log_ref,
 )
 from ..sources.fileid import TailPosition
+from ..sources.fsname import received
 from ..sources.handles import HandleBudget, handle_bound
-from ..sources.otlpspool import FILE_DIR, POD_DIR, spool_root
+from ..sources.otlpspool import FILE_DIR, NO_UID, POD_DIR, spool_root
 from ..sources.tail import FileTailer
 from .found import discovery_problem, kubernetes_filter, restore, saved_but_missing, source_name
 from .lazypipe import LazyPipeline
@@ -170,9 +171,8 @@ class SourceSet:
     def follow_received(self, paths: list[str]) -> list[str]:
         """Follow spooled files the receiver just made, before it answers: until a source reads them, nothing in
         the daemon's own report (lag, pending, busy) shows that their lines wait. The new ones."""
-        pods = os.path.join(self.received_root or "", POD_DIR)
         with self._lock:
-            return self._adopt({path: _pod_source(pod_log_ref(pods, path)) for path in paths})
+            return self._adopt({path: self._received_source(path) for path in paths})
 
     def add_stdin(self) -> LogSource:
         """The stdin source (fed by the loop from the stdin pump, not by a tailer)."""
@@ -196,8 +196,35 @@ class SourceSet:
         for ref in discover_pods(os.path.join(root, POD_DIR), pod_filter):
             found[ref.path] = _pod_source(ref)
         for path in expand([os.path.join(root, FILE_DIR, "*.log")]):
-            found[path] = None
+            found[path] = self._received_source(path)
         return found
+
+    def _received_source(self, path: str) -> tuple[tuple[str, ...], dict[str, str]] | None:
+        """A spooled file's series labels: a container run's by its pod, another source's by its name as a person
+        reads it (sources/fsname.py `received`), not its file's escaped stem; None outside the spool."""
+        root = self.received_root
+        if root is None:
+            return None
+        ref = pod_log_ref(os.path.join(root, POD_DIR), path)
+        if ref is not None:
+            return _pod_source(ref)
+        files = os.path.join(root, FILE_DIR)
+        if os.path.dirname(os.path.abspath(path)) != os.path.abspath(files) or not path.endswith(".log"):
+            return None
+        name = received(os.path.basename(path)[: -len(".log")])
+        return (("", "", name) if self._pod_labels() else (name,)), {"source": name}
+
+    def _shown_at(self, path: str, label_map: Mapping[str, str]) -> str:
+        """Where an event's lines are, as /events, the page and the log name it: a followed file by its path; a
+        spooled source by what it is, not the spool's internal file (its line is the source's n-th line received)."""
+        root = self.received_root
+        if root is None or path == STDIN or not os.path.abspath(path).startswith(os.path.abspath(root) + os.sep):
+            return path
+        ref = pod_log_ref(os.path.join(root, POD_DIR), path)
+        if ref is None:
+            return f"{label_map.get('source', path)} (received over OTLP)"
+        uid = f"uid {ref.uid}, " if ref.uid != NO_UID else ""
+        return f"{ref.namespace}/{ref.pod}/{ref.container} (received over OTLP, {uid}run {ref.restart})"
 
     def follows_received(self, path: str) -> bool:
         """Whether a spooled path would be followed: a container run the filters take, or any other source."""
@@ -479,7 +506,7 @@ class SourceSet:
         # A file's pipeline is built on its first byte (most followed files stay quiet); stdin's at once.
         make = functools.partial(
             Pipeline, self.catalog, self._matcher, source=label_map.get("source") or "/".join(labels),
-            location=path, sink=record, extra_prefixes=self.config.prefix_regex,
+            location=self._shown_at(path, label_map), sink=record, extra_prefixes=self.config.prefix_regex,
             wait_seconds=self.config.traceback_wait, evidence=evidence,
             hold_lines=HOLD_LINES, hold_seconds=self.config.evidence_wait,
         )  # fmt: skip

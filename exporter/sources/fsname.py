@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import re
+import urllib.parse
 
 _ESCAPED = re.compile(r"[\udc80-\udcff]")  # the bytes 0x80-0xff that surrogateescape kept
 
@@ -39,3 +40,34 @@ class ShownFormatter(logging.Formatter):
 
     def format(self, record: logging.LogRecord) -> str:
         return shown(super().format(record))
+
+
+# A spooled source's file name (sources/otlp.py `spool_path`) as a person reads it. The spool writes every byte of
+# a name but A-Z a-z 0-9 . - as %XX, so a file name never merges two sources; what a person reads is the name
+# decoded, with only the characters kept escaped that would make two names read the same: "%" everywhere, "@"
+# (which comes before the host) in a path or service, "/" and "=" in a service (so no service reads as a path,
+# which starts "/" or "path="), control characters, and bytes that are not UTF-8. One name, one reading.
+_KEEP_ESCAPED = {"path": "%@", "service": "%@/=", "host": "%"}
+
+
+def received(stem: str) -> str:
+    """The name of a spooled non-pod source from its file's stem: `path=%2Fvar%2Flog%2Fa.log@node%2D1` ->
+    "/var/log/a.log@node-1", a service `decode` -> "decode"; a relative path keeps its `path=`."""
+    name, at, host = stem.partition("@")
+    if name.startswith("path="):
+        path = _decoded(name[5:], _KEEP_ESCAPED["path"])
+        name = path if path.startswith("/") else "path=" + path
+    elif name != "unnamed=":
+        name = _decoded(name, _KEEP_ESCAPED["service"])
+    return name + (at + _decoded(host, _KEEP_ESCAPED["host"]) if at else "")
+
+
+def _decoded(escaped: str, keep: str) -> str:
+    text = urllib.parse.unquote_to_bytes(escaped).decode("utf-8", "surrogateescape")
+    out = []
+    for c in text:
+        if c in keep or ord(c) < 0x20 or ord(c) == 0x7F or "\udc80" <= c <= "\udcff":
+            out.append("".join(f"%{b:02X}" for b in c.encode("utf-8", "surrogateescape")))
+        else:
+            out.append(c)
+    return "".join(out)

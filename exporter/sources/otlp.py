@@ -33,7 +33,7 @@ from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 from opentelemetry.proto.logs.v1.logs_pb2 import LogRecord, ScopeLogs
 
 from .discover import pod_log_ref
-from .otlpspool import FILE_DIR, POD_DIR, Line
+from .otlpspool import FILE_DIR, NO_UID, POD_DIR, Line
 
 PROTOBUF = "application/x-protobuf"
 JSON = "application/json"
@@ -430,7 +430,7 @@ def spool_path(attrs: dict[str, str]) -> str:
             return _pod_path(ref.namespace, ref.pod, ref.uid, ref.container, str(ref.restart))
     if ns and pod and container:
         restart = attrs.get("k8s.container.restart_count", "") or "0"
-        return _pod_path(ns, pod, attrs.get("k8s.pod.uid", "") or "nouid", container, restart)
+        return _pod_path(ns, pod, attrs.get("k8s.pod.uid", "") or NO_UID, container, restart)
     service, host = attrs.get("service.name", ""), attrs.get("host.name", "")
     # A file path and a service never share a name: "=" is escaped in both, and only a path's starts "path=".
     name = "path=" + _escape(file_path) if file_path else (_escape(service) if service else "unnamed=")

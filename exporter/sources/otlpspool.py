@@ -48,6 +48,7 @@ from typing import Any
 SPOOL_DIR = "otlp"  # under the state directory
 POD_DIR = "pods"  # the kubelet-layout tree: pods/<ns>_<pod>_<uid>/<container>/<restart>.log
 FILE_DIR = "files"  # sources named by a file path or a service: files/<name>.log
+NO_UID = "nouid"  # the uid part of a pod directory whose records named no k8s.pod.uid
 DEDUPE_WINDOW = 65536  # identities kept per source: a retry resends a batch of the last few minutes, not older
 IDS_SUFFIX = ".ids"
 RECLAIM_BYTES = 4 * 4096  # a log read less than this far is not worth a rotation for room
