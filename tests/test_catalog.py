@@ -78,7 +78,7 @@ def _shipped():
 
 def test_loader_reports_every_problem_with_file_and_line(tmp_path):
     data = _shipped()
-    data["kinds"][5]["id"] = "mamba"  # duplicate (startup is referenced nowhere else)
+    data["kinds"][6]["id"] = "mamba"  # duplicate (cuda_oom is referenced nowhere else)
     data["kinds"][2]["colour"] = "red"  # unknown key
     data["kinds"][3]["patterns"][0]["regex"] = "(?P<favourite_number>\\d+)"  # not an event field
     del data["kinds"][4]["examples"]

@@ -57,6 +57,8 @@ FIELD_TYPES: dict[str, str] = {
     "ckpt_needed_gib": "float",
     "hbm_free_gib": "float",
     "ckpt_slots": "int",
+    # The exception line a process died of, where no kind's text named it (its frames decided: detect/match.py).
+    "exception": "text",
 }
 FIELD_KINDS = ("int", "float", "text", "count")
 EVENT_FIELDS = frozenset(FIELD_TYPES)
@@ -80,6 +82,10 @@ SUBPHASES = {PHASE_SPEC_VERIFY: PHASE_DECODE}
 KV_PHASES = (PHASE_PREFILL, PHASE_DECODE)
 # The frame groups that are no KV phase and may still name a kind in `phase_kinds` (optional there).
 KIND_GROUPS = (PHASE_PD_PREALLOC,)
+# The groups of the catalog's `crash_frames`: frames of memory-pool or allocator code, and of the scheduler's start-up.
+CRASH_MEMORY = "memory"
+CRASH_INIT = "init"
+CRASH_FRAME_GROUPS = (CRASH_MEMORY, CRASH_INIT)
 # The phases of a KV allocation failure: one of KV_PHASES, or one the frames decide.
 KV_FAILURE_PHASES = (*KV_PHASES, PHASE_FRAMES)
 # KV pools as an event names them (`pools`, `limiting_pool`): SGLang's older texts say "Available tokens" or

@@ -24,11 +24,14 @@ import regex
 
 from ..catalog import Catalog, OomKind, Pattern
 from ..catalog.vocabulary import (
+    CRASH_INIT,
+    CRASH_MEMORY,
     FIELD_TYPES,
     KV_FAILURE_PHASES,
     KV_PHASES,
     PHASE_FRAMES,
     PHASE_GROUPS,
+    PHASE_NONE,
     POOL_FULL,
     POOL_SWA,
     SUBPHASES,
@@ -97,6 +100,7 @@ class Matcher:
         self._kinds = catalog.kinds
         self._phase_frames = [(g, _frame_specs(catalog.phase_frames.get(g, ()))) for g in PHASE_GROUPS]
         self._allocators = dict(catalog.allocator_frames)
+        self._crash_frames = {g: _crash_specs(catalog.crash_frames.get(g, ())) for g in (CRASH_MEMORY, CRASH_INIT)}
         self.numbers_dropped = 0  # numbers out of range left out of events (numbers_dropped_total)
 
     def match_line(self, line: str, lead: Lead | None = None) -> tuple[OomKind, Pattern, regex.Match[str]] | None:
@@ -137,8 +141,53 @@ class Matcher:
             if found is not None:
                 return self._report(record, group, found, frames_phase)
         if record.kind == "traceback":
-            return self._inferred(record, groups, frames_phase)
-        return None
+            inferred = self._inferred(record, groups, frames_phase)
+            if inferred is not None:
+                return inferred
+        return self._died(record, groups, frames_phase, lead)
+
+    def _died(self, record: Record, groups: list[list[str]], frames_phase: str | None, lead: Lead) -> Report | None:
+        """An SGLang process that died (its traceback under a crash header) of an exception no kind named: never
+        silent. A known non-memory text is the crash entry; else a frame in memory-pool or allocator code makes it
+        a memory failure (the start-up kind under a start-up frame, else the phase its frames name, as the fallback
+        kind is), and anything else is a non-memory crash, counted in its own series."""
+        catalog = self.catalog
+        crash, header = catalog.crash, record.header
+        if crash is None or not any((at := header.find(h)) >= 0 and lead(header, at) for h in catalog.crash_headers):
+            return None
+        last = groups[-1] if record.kind == "traceback" and groups else []
+        func = record.frames[-1][1] if record.frames else ""
+        line = last[0] if last else f"(traceback cut short{f' in {func}' if func else ''})"
+        line = line[:MAX_EXCERPT_LINE]
+        kind, resolve, inferred = crash, PHASE_NONE, False
+        known = next((g for g in reversed(groups) if g and _matches(crash, g[0], lead)), None)
+        if known is None and _in_frames(record.frames, self._crash_frames[CRASH_MEMORY]):
+            inferred = True
+            if catalog.startup_kind and _in_frames(record.frames, self._crash_frames[CRASH_INIT]):
+                kind = catalog.kind(catalog.startup_kind)
+                resolve = kind.phase
+            else:
+                kind, resolve = catalog.kind(catalog.fallback_kind), PHASE_FRAMES
+        elif known is not None:
+            line = known[0][:MAX_EXCERPT_LINE]
+        text = "\n".join(last)
+        if kind is crash:  # ranks that die of the same exception class together are one crash
+            body = f"{kind.id}:{line.partition(': ')[0] if ': ' in line else line}"
+        else:
+            body = f"{kind.id}:" + "".join(text.split())
+        return Report(
+            kind=kind.id,
+            resolve=resolve,
+            fatal=True,
+            record=record,
+            body=body,
+            short=f"{kind.id}:" + "".join(line.split()),
+            message=line,
+            frames_phase=frames_phase,
+            inferred=inferred,
+            numbers={"exception": line},
+            pools=(),
+        )
 
     def _report(
         self,
@@ -260,6 +309,30 @@ def excerpt(record: Record) -> str:
         path, func = record.frames[-1]
         lines.insert(0, f"(last frame: {func} in {path.rsplit('/sglang/', 1)[-1]})")
     return "\n".join(line[:MAX_EXCERPT_LINE] for line in lines)
+
+
+def _crash_specs(entries: Iterable[str]) -> tuple[tuple[str, str, bool], ...]:
+    """crash_frames entries as (path fragment, function, prefix?): "name*" a function prefix, "" any function."""
+    out = []
+    for frag, name in _frame_specs(entries):
+        out.append((frag, name.rstrip("*"), name.endswith("*")))
+    return tuple(out)
+
+
+def _in_frames(frames: Iterable[tuple[str, str]], specs: Sequence[tuple[str, str, bool]]) -> bool:
+    """Does any frame match any spec (both parts where a spec names both)?"""
+    for path, func in frames:
+        for frag, name, prefix in specs:
+            if (not frag or frag in path) and (func.startswith(name) if prefix else (not name or func == name)):
+                return True
+    return False
+
+
+def _matches(kind: OomKind, line: str, lead: Lead) -> bool:
+    """Does one of the kind's patterns start this line's message (as Matcher.match_line judges it)?"""
+    if not any(a in line for a in kind.anchors):
+        return False
+    return any((m := p.regex.search(line)) is not None and lead(line, m.start()) for p in kind.patterns)
 
 
 def _frame_specs(entries: Iterable[str]) -> tuple[tuple[str, str], ...]:

@@ -67,6 +67,7 @@ class Record:
     offset: int = 0  # byte offset of the first physical line
     prefixed: bool = False  # its first line carried a log prefix: SGLang's record by its own framing
     echoed: bool = False  # its first line held SGLang's traceback header after another program's words (an echo)
+    header: str = ""  # a traceback's header line as logged after the prefix ("Scheduler hit an exception: ...")
 
 
 @dataclass(frozen=True, slots=True)
