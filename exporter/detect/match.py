@@ -130,7 +130,7 @@ class Matcher:
 
     def _classify(self, record: Record, lead: Lead) -> Report | None:
         groups = _exception_groups(record) if record.kind == "traceback" else [list(record.lines)]
-        frames_phase = self._frames_phase(record.frames)
+        frames_phase = self._frames_phase(record.frames or _call_chain(record))
         # The last exception of a chained traceback is the one the process died of: "Capture cuda graph
         # failed: <CUDA OOM>" raised while handling the OOM is a startup failure, not also cuda_oom (facts
         # 10.6). Earlier ones still count when the last names nothing.
@@ -187,6 +187,7 @@ class Matcher:
             inferred=inferred,
             numbers={"exception": line},
             pools=(),
+            needs_evidence=True,
         )
 
     def _report(
@@ -246,12 +247,15 @@ class Matcher:
             (fallback, PHASE_FRAMES) if target == PHASE_FRAMES else (target, self.catalog.kind(target).phase)
         )
         kind = self.catalog.kind(kind_id)
+        # The ranks whose tracebacks were cut in the same allocator (with the same exception words, if any) at once
+        # are one failure, as ranks of one named failure are (R6).
+        text = "".join("".join(line.split()) for group in groups for line in group)
         return Report(
             kind=kind_id,
             resolve=resolve,
             fatal=kind.fatal != "false",
             record=record,
-            body="",
+            body=f"{kind_id}:{target}:{text}",
             short="",
             message=f"(traceback cut short in {target if target != PHASE_FRAMES else 'alloc_token_slots'})",
             frames_phase=frames_phase,
@@ -309,6 +313,18 @@ def excerpt(record: Record) -> str:
         path, func = record.frames[-1]
         lines.insert(0, f"(last frame: {func} in {path.rsplit('/sglang/', 1)[-1]})")
     return "\n".join(line[:MAX_EXCERPT_LINE] for line in lines)
+
+
+_CHAIN = regex.compile(r"^((?:[A-Za-z_]\w* ?-> ?)+[A-Za-z_]\w*): ")
+
+
+def _call_chain(record: Record) -> tuple[tuple[str, str], ...]:
+    """The frames of a traceback pasted as one call chain ("alloc_for_extend -> alloc_token_slots: RuntimeError:
+    ..."), outermost first, without paths; none for any other record."""
+    m = _CHAIN.match(record.lines[0]) if record.kind == "block" and record.lines else None
+    if m is None:
+        return ()
+    return tuple(("", func.strip()) for func in m.group(1).split("->"))
 
 
 def _crash_specs(entries: Iterable[str]) -> tuple[tuple[str, str, bool], ...]:

@@ -174,3 +174,6 @@ class Report:
     numbers: dict[str, Any]
     pools: tuple[PoolState, ...]
     echo: bool = False  # SGLang's text inside another program's record: never an event, never evidence
+    # Decided by its structure (a crash header and frames, no kind's text): it counts only with SGLang evidence, as a
+    # kind with requires_sglang_evidence does, since another program may print a header or frames that look alike.
+    needs_evidence: bool = False
