@@ -85,7 +85,8 @@ KIND_GROUPS = (PHASE_PD_PREALLOC,)
 # The groups of the catalog's `crash_frames`: frames of memory-pool or allocator code, and of the scheduler's start-up.
 CRASH_MEMORY = "memory"
 CRASH_INIT = "init"
-CRASH_FRAME_GROUPS = (CRASH_MEMORY, CRASH_INIT)
+CRASH_LAUNCH = "launch"  # the main process launching the server: its uncaught traceback is a start-up failure
+CRASH_FRAME_GROUPS = (CRASH_MEMORY, CRASH_INIT, CRASH_LAUNCH)
 # The phases of a KV allocation failure: one of KV_PHASES, or one the frames decide.
 KV_FAILURE_PHASES = (*KV_PHASES, PHASE_FRAMES)
 # KV pools as an event names them (`pools`, `limiting_pool`): SGLang's older texts say "Available tokens" or

@@ -25,6 +25,7 @@ import regex
 from ..catalog import Catalog, OomKind, Pattern
 from ..catalog.vocabulary import (
     CRASH_INIT,
+    CRASH_LAUNCH,
     CRASH_MEMORY,
     FIELD_TYPES,
     KV_FAILURE_PHASES,
@@ -100,7 +101,8 @@ class Matcher:
         self._kinds = catalog.kinds
         self._phase_frames = [(g, _frame_specs(catalog.phase_frames.get(g, ()))) for g in PHASE_GROUPS]
         self._allocators = dict(catalog.allocator_frames)
-        self._crash_frames = {g: _crash_specs(catalog.crash_frames.get(g, ())) for g in (CRASH_MEMORY, CRASH_INIT)}
+        self._crash_frames = {g: _crash_specs(catalog.crash_frames.get(g, ())) for g in (CRASH_MEMORY, CRASH_INIT,
+                                                                                          CRASH_LAUNCH)}  # fmt: skip
         self.numbers_dropped = 0  # numbers out of range left out of events (numbers_dropped_total)
 
     def match_line(self, line: str, lead: Lead | None = None) -> tuple[OomKind, Pattern, regex.Match[str]] | None:
@@ -147,13 +149,18 @@ class Matcher:
         return self._died(record, groups, frames_phase, lead)
 
     def _died(self, record: Record, groups: list[list[str]], frames_phase: str | None, lead: Lead) -> Report | None:
-        """An SGLang process that died (its traceback under a crash header) of an exception no kind named: never
-        silent. A known non-memory text is the crash entry; else a frame in memory-pool or allocator code makes it
-        a memory failure (the start-up kind under a start-up frame, else the phase its frames name, as the fallback
-        kind is), and anything else is a non-memory crash, counted in its own series."""
+        """An SGLang process that died (its traceback under a crash header, or the main process's through a launch
+        frame: a start-up failure) of an exception no kind named: never silent. A known non-memory text is the crash
+        entry; else a frame in memory-pool or allocator code makes it a memory failure (the start-up kind under a
+        start-up or launch frame, else the phase its frames name, as the fallback kind is), and anything else is a
+        non-memory crash, counted in its own series."""
         catalog = self.catalog
         crash, header = catalog.crash, record.header
-        if crash is None or not any((at := header.find(h)) >= 0 and lead(header, at) for h in catalog.crash_headers):
+        if crash is None:
+            return None
+        died = any((at := header.find(h)) >= 0 and lead(header, at) for h in catalog.crash_headers)
+        launch = not died and record.kind == "traceback" and _in_frames(record.frames, self._crash_frames[CRASH_LAUNCH])
+        if not (died or launch):
             return None
         last = groups[-1] if record.kind == "traceback" and groups else []
         func = record.frames[-1][1] if record.frames else ""
@@ -163,7 +170,7 @@ class Matcher:
         known = next((g for g in reversed(groups) if g and _matches(crash, g[0], lead)), None)
         if known is None and _in_frames(record.frames, self._crash_frames[CRASH_MEMORY]):
             inferred = True
-            if catalog.startup_kind and _in_frames(record.frames, self._crash_frames[CRASH_INIT]):
+            if catalog.startup_kind and (launch or _in_frames(record.frames, self._crash_frames[CRASH_INIT])):
                 kind = catalog.kind(catalog.startup_kind)
                 resolve = kind.phase
             else:
@@ -188,6 +195,7 @@ class Matcher:
             numbers={"exception": line},
             pools=(),
             needs_evidence=True,
+            aftermath=launch,
         )
 
     def _report(

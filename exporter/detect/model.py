@@ -177,3 +177,6 @@ class Report:
     # Decided by its structure (a crash header and frames, no kind's text): it counts only with SGLang evidence, as a
     # kind with requires_sglang_evidence does, since another program may print a header or frames that look alike.
     needs_evidence: bool = False
+    # The main process's start-up failure (a launch frame, no crash header): after a crash it only repeats it, so
+    # the deduper drops it when a failure of the same source came just before (dedupe.AFTERMATH_LINES).
+    aftermath: bool = False
