@@ -13,7 +13,8 @@ from sglang_oom_exporter.config.model import KubernetesConfig
 from sglang_oom_exporter.detect.evidence import HOLD_LINES, Evidence, EvidenceScanner, probe
 from sglang_oom_exporter.detect.model import OomEvent
 from sglang_oom_exporter.detect.pipeline import Pipeline
-from sglang_oom_exporter.scan.run import scan_paths, scan_stream
+from sglang_oom_exporter.scan.run import scan_paths
+from sglang_oom_exporter.scan.serial import scan_stream
 from tests.support.app import make_app, run_app
 from tests.support.helpers import CATALOG, MATCHER, scan_bytes
 
