@@ -81,6 +81,14 @@ def test_a_dying_scheduler_gives_exactly_one_event_whatever_its_exception_says(c
         assert event.kind == CATALOG.crash.id, (line, frames, event.kind)
 
 
+def test_ranks_that_die_together_of_different_exceptions_are_one_crash():
+    other = [("managers/scheduler.py", "event_loop_overlap")]
+    log = scheduler_crash("ValueError: bad batch", other, ("TP0",))
+    log += scheduler_crash("RuntimeError: NCCL communicator was aborted on rank 1.", other, ("TP1",))
+    (event,) = scan_text(log)
+    assert (event.kind, event.ranks, event.message) == (CATALOG.crash.id, ("TP0", "TP1"), "ValueError: bad batch")
+
+
 FOREIGN = COMPOSE_FRAGMENTS[-4:]
 
 

@@ -177,11 +177,9 @@ class Matcher:
                 kind, resolve = catalog.kind(catalog.fallback_kind), PHASE_FRAMES
         elif known is not None:
             line = known[0][:MAX_EXCERPT_LINE]
-        text = "\n".join(last)
-        if kind is crash:  # ranks that die of the same exception class together are one crash
-            body = f"{kind.id}:{line.partition(': ')[0] if ': ' in line else line}"
-        else:
-            body = f"{kind.id}:" + "".join(text.split())
+        # Ranks that die together are one crash whatever each died of (one server went down); a memory failure's
+        # ranks join on its text, as a named failure's do.
+        body = f"{kind.id}:" + ("" if kind is crash else "".join("".join(last).split()))
         return Report(
             kind=kind.id,
             resolve=resolve,
