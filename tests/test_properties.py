@@ -12,8 +12,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from sglang_oom_exporter.cli import sample_path
-from tests.support.helpers import CATALOG, MATCHER, scan_bytes, scan_text, summary
-from tests.support.logs import COMPOSE_FRAGMENTS, CRASH_FRAMES, CRI_FRAGMENTS, FRAGMENTS, scheduler_crash
+from tests.support.fuzz import DYING, a_dying_scheduler_gives_exactly_one_event
+from tests.support.helpers import CATALOG, scan_bytes, scan_text, summary
+from tests.support.logs import COMPOSE_FRAGMENTS, CRI_FRAGMENTS, FRAGMENTS, scheduler_crash
 
 HERE = os.path.dirname(__file__)
 SAMPLE = open(sample_path(), "rb").read()
@@ -56,29 +57,10 @@ def test_interleaved_streams_give_the_same_events_with_or_without_prefilter_and_
     assert _whole(scan_bytes(data, chunk=chunk)) == reference
 
 
-_EXCEPTION_CLASS = st.from_regex(r"\A(?:[a-z_]+\.)?[A-Z][A-Za-z]{0,20}(?:Error|Exception)?\Z")
-_MESSAGE = st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\r\n"), max_size=200)
-_FRAME = st.sampled_from([f for group in CRASH_FRAMES.values() for f in group])
-
-
 @settings(max_examples=300, deadline=None)
-@given(_EXCEPTION_CLASS, _MESSAGE, st.lists(_FRAME, max_size=5), st.sampled_from([("TP0",), ("TP0", "TP1")]))
+@given(*DYING)
 def test_a_dying_scheduler_gives_exactly_one_event_whatever_its_exception_says(cls, message, frames, ranks):
-    # Never silent, never counted twice: whatever the final exception line, the ranks that die of it together are
-    # one event. Where no kind's text names it, its frames decide: under memory-pool or allocator code a memory
-    # kind, else the non-memory crash.
-    line = f"{cls}: {message}"
-    events = scan_text(scheduler_crash(line, frames, ranks))
-    assert len(events) == 1, (line, frames, summary(events))
-    (event,) = events
-    assert event.ranks == ranks
-    assert event.fatal
-    named = MATCHER.match_line(line) is not None or event.numbers.get("exception") is None
-    memory = any(f in CRASH_FRAMES["memory"] for f in frames)
-    if not named and event.kind != CATALOG.crash.id:
-        assert memory, (line, frames, event.kind)
-    if not named and not memory and not event.inferred:
-        assert event.kind == CATALOG.crash.id, (line, frames, event.kind)
+    a_dying_scheduler_gives_exactly_one_event(cls, message, frames, ranks)
 
 
 def test_ranks_that_die_together_of_different_exceptions_are_one_crash():
