@@ -302,7 +302,7 @@ Scheduler hit an exception: Traceback (most recent call last):
     pool.take(n)
   File "/opt/app/jobs/scheduler.py", line 40, in tick
     job.run()
-ValueError: job 17 has no worker
+RuntimeError: job 17 has no worker
 
 Traceback (most recent call last):
   File "/workspace/train.py", line 88, in <module>
@@ -322,4 +322,4 @@ def test_another_programs_crash_counts_nothing_whatever_its_header_and_frames():
     assert stats.foreign_events == 1
     sglang = b"[2026-03-14 22:00:00] server_args=ServerArgs(model_path='m')\n"
     (event,) = scan_bytes(sglang + VLLM_CRASH.encode())  # in SGLang's own container the header is SGLang's
-    assert (event.kind, event.message, event.inferred) == ("unknown", "ValueError: job 17 has no worker", True)
+    assert (event.kind, event.message, event.inferred) == ("unknown", "RuntimeError: job 17 has no worker", True)

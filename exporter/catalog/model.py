@@ -90,6 +90,7 @@ class Catalog:
     # names a memory failure (CRASH_MEMORY) or a start-up one (CRASH_INIT), the kind a memory failure at
     # start-up counts as, and the non-memory crash, which is no kind of `kinds` (its own series).
     crash_headers: tuple[str, ...] = ()
+    crash_exceptions: frozenset[str] = frozenset()  # never a memory failure by its frames
     crash_frames: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     startup_kind: str | None = None
     crash: OomKind | None = None

@@ -17,7 +17,7 @@ from .vocabulary import CRASH_FRAME_GROUPS, KIND_GROUPS, KV_PHASES, PHASE_FRAMES
 
 _TOP_KEYS = frozenset(
     {"version", "phase_frames", "allocator_frames", "fallback_kind", "retraction_kind", "phase_kinds", "kinds",
-     "alert_pack", "crash_headers", "crash_frames", "startup_kind", "crash", "__line__"}
+     "alert_pack", "crash_headers", "crash_frames", "crash_exceptions", "startup_kind", "crash", "__line__"}
 )  # fmt: skip
 
 
@@ -90,6 +90,10 @@ class Validator:
                 self.err(raw, f"crash_frames.{group}", "must be a list of frames")
                 continue
             frames[group] = tuple(names)
+        exceptions = data.get("crash_exceptions", [])
+        if not isinstance(exceptions, list) or not all(isinstance(e, str) and e.isidentifier() for e in exceptions):
+            self.err(data, "crash_exceptions", "must be a list of exception class names")
+            exceptions = []
         startup = self._role(data, "startup_kind", ids, required=False) or None
         crash = None
         if data.get("crash") is not None:
@@ -103,7 +107,13 @@ class Validator:
                 self.err(data["crash"], "crash.alert.loop", "needs severity, count and window (the crash-loop page)")
         if headers and crash is None:
             self.err(data, "crash", "missing: crash_headers need the non-memory crash entry")
-        return {"crash_headers": tuple(headers), "crash_frames": frames, "startup_kind": startup, "crash": crash}
+        return {
+            "crash_headers": tuple(headers),
+            "crash_frames": frames,
+            "crash_exceptions": frozenset(exceptions),
+            "startup_kind": startup,
+            "crash": crash,
+        }
 
     def _roles(self, data: dict[str, Any], ids: list[str]) -> dict[str, Any]:
         """fallback_kind, retraction_kind and phase_kinds: each must name a kind of this catalog."""

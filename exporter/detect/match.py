@@ -142,18 +142,28 @@ class Matcher:
             found = self.match_line(group[0], lead)
             if found is not None:
                 return self._report(record, group, found, frames_phase)
-        if record.kind == "traceback":
+        if record.kind == "traceback" and not self._not_memory(record, groups, lead):
             inferred = self._inferred(record, groups, frames_phase)
             if inferred is not None:
                 return inferred
         return self._died(record, groups, frames_phase, lead)
 
+    def _not_memory(self, record: Record, groups: list[list[str]], lead: Lead) -> bool:
+        """The exception is known to be no memory failure, however short it looks: a crash entry's text, or (when
+        the traceback has its exception line) a configuration error's class (crash_exceptions)."""
+        crash = self.catalog.crash
+        if crash is None or not groups:
+            return False
+        if any(g and _matches(crash, g[0], lead) for g in groups):
+            return True
+        return not record.truncated and _exception_class(groups[-1][0]) in self.catalog.crash_exceptions
+
     def _died(self, record: Record, groups: list[list[str]], frames_phase: str | None, lead: Lead) -> Report | None:
         """An SGLang process that died (its traceback under a crash header, or the main process's through a launch
         frame: a start-up failure) of an exception no kind named: never silent. A known non-memory text is the crash
         entry; else a frame in memory-pool or allocator code makes it a memory failure (the start-up kind under a
-        start-up or launch frame, else the phase its frames name, as the fallback kind is), and anything else is a
-        non-memory crash, counted in its own series."""
+        start-up or launch frame, else the phase its frames name, as the fallback kind is) unless its class is a
+        configuration error's (crash_exceptions), and anything else is a non-memory crash, in its own series."""
         catalog = self.catalog
         crash, header = catalog.crash, record.header
         if crash is None:
@@ -168,7 +178,11 @@ class Matcher:
         line = line[:MAX_EXCERPT_LINE]
         kind, resolve, inferred = crash, PHASE_NONE, False
         known = next((g for g in reversed(groups) if g and _matches(crash, g[0], lead)), None)
-        if known is None and _in_frames(record.frames, self._crash_frames[CRASH_MEMORY]):
+        if (
+            known is None
+            and _exception_class(line) not in catalog.crash_exceptions
+            and _in_frames(record.frames, self._crash_frames[CRASH_MEMORY])
+        ):
             inferred = True
             if catalog.startup_kind and (launch or _in_frames(record.frames, self._crash_frames[CRASH_INIT])):
                 kind = catalog.kind(catalog.startup_kind)
@@ -331,6 +345,11 @@ def _call_chain(record: Record) -> tuple[tuple[str, str], ...]:
     if m is None:
         return ()
     return tuple(("", func.strip()) for func in m.group(1).split("->"))
+
+
+def _exception_class(line: str) -> str:
+    """The exception class of an exception line, without its module ("torch.OutOfMemoryError: ..." -> its name)."""
+    return line.partition(": ")[0].rpartition(".")[2]
 
 
 def _crash_specs(entries: Iterable[str]) -> tuple[tuple[str, str, bool], ...]:
