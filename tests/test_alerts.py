@@ -82,8 +82,9 @@ def test_the_contract_names_and_one_fatal_alert_per_fatal_kind_are_all_there():
     retract = retraction_kind(CATALOG)
     assert retract is not None
     assert [s.kind.id for s in SPECS if s.role == "retraction" and s.kind] == [retract.id]
-    # 17 today: 9 fatal kinds, decode's aborts, the retraction rate, crash loop, near full and four guards.
-    assert len(SPECS) == len(fatal_kinds) + 8
+    # 19 today: 9 fatal kinds, decode's aborts, the retraction rate, a non-memory crash and its loop, the OOM crash
+    # loop, near full and four guards.
+    assert len(SPECS) == len(fatal_kinds) + 10
     records = [r["record"] for r in _records()]
     assert len(records) == len(set(records)) == len(recording_rules(CATALOG))
 
@@ -134,7 +135,7 @@ def test_names_severities_and_annotations_follow_the_conventions():
 
 def test_critical_is_for_fatal_ooms_and_crash_loops_only():
     critical = {s.name for s in SPECS if s.severity == "critical"}
-    assert critical == {s.name for s in SPECS if s.role in ("fatal", "crash_loop")}
+    assert critical == {s.name for s in SPECS if s.role in ("fatal", "crash_loop", "crash_loop_any")}
     rules = {r["alert"]: r for r in _rules()}
     for spec in SPECS:
         if spec.role == "fatal" and spec.kind is not None:
@@ -151,8 +152,9 @@ def test_for_is_below_the_window_and_event_alerts_keep_firing():
         assert parse_duration(rule["for"]) < parse_duration(spec.window), spec.name
         assert any(f"[{spec.window}]" in e for e in _read_by(rule["expr"])), spec.name
     for spec in SPECS:
-        if spec.role in ("fatal", "crash_loop"):
+        if spec.role in ("fatal", "crash_loop", "crash", "crash_loop_any"):
             source = spec.kind.alert if spec.kind else CATALOG.alert_pack[spec.role]
+            source = source["loop"] if spec.role == "crash_loop_any" else source
             assert rules[spec.name]["keep_firing_for"] == source["keep_firing_for"], spec.name
             assert parse_duration(rules[spec.name]["keep_firing_for"]) >= 600, spec.name
         else:
@@ -584,7 +586,9 @@ def test_the_example_inhibits_a_sources_warnings_while_its_oom_pages():
 
     warnings, near_full, near_full_source, no_logs = rules
     assert names(warnings["source_matchers"][0]) == pages
-    assert names(warnings["target_matchers"][0]) == {"SGLangDecodeRequestsAborted", "SGLangKVCacheRetractionsHigh"}
+    assert names(warnings["target_matchers"][0]) == {
+        "SGLangDecodeRequestsAborted", "SGLangKVCacheRetractionsHigh", "SGLangCrashed"
+    }  # fmt: skip
     assert warnings["equal"] == ["cluster", *SOURCE_LABELS]
     assert names(near_full["source_matchers"][0]) == pages
     assert names(near_full["target_matchers"][0]) == {"SGLangKVCacheNearFull"}

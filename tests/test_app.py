@@ -7,6 +7,7 @@ would hand them (mark_changed + request_discover).
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import yaml
@@ -396,3 +397,23 @@ def test_a_received_new_source_is_followed_before_the_answer_not_at_the_next_dis
     assert (app.loop.pending, app.loop.busy) == (1, 1)  # the block waits for the other ranks of its tick
     run_app(app, clock, 2)
     assert app.counts.total("decode") == 1
+
+
+def test_a_followed_scheduler_that_dies_of_a_non_memory_exception_counts_one_crash_and_no_oom(tmp_path):
+    log = tmp_path / "a.log"
+    log.write_text("")
+    app, clock = make_app(tmp_path)
+    run_app(app, clock, 1)
+    assert 'sglang_oom_crashes_total{source="a"} 0.0' in _exposition(app)
+    append(log, (Path(__file__).parent / "data" / "logs" / "crash_non_memory_tp2_0_5_23.log").read_text())
+    run_app(app, clock, 3)
+    text = _exposition(app)
+    assert 'sglang_oom_crashes_total{source="a"} 1.0' in text
+    assert app.counts.total() == 1
+    assert all(f'sglang_oom_events_total{{kind="{k}",source="a"}} 0.0' in text for k in CATALOG.ids)
+    assert 'sglang_oom_events_total{kind="crash"' not in text
+    (event,) = app.store.recent()
+    exception = ("RuntimeError: generation result has an uncopied auxiliary output after its device-to-host copy "
+                 "was scheduled")  # fmt: skip
+    assert (event.kind, event.ranks, event.message) == ("crash", ("TP0", "TP1"), exception)
+    assert f'detail="The last one died of {exception}."' in text

@@ -14,6 +14,7 @@ from sglang_oom_exporter.catalog import CatalogError, default_catalog_path, load
 from sglang_oom_exporter.catalog.vocabulary import EVENT_FIELDS
 from sglang_oom_exporter.detect.match import Matcher
 from tests.support.helpers import scan_text
+from tests.support.logs import scheduler_crash
 
 CATALOG = load_catalog()
 MATCHER = Matcher(CATALOG)
@@ -78,7 +79,7 @@ def _shipped():
 
 def test_loader_reports_every_problem_with_file_and_line(tmp_path):
     data = _shipped()
-    data["kinds"][5]["id"] = "mamba"  # duplicate (startup is referenced nowhere else)
+    data["kinds"][6]["id"] = "mamba"  # duplicate (cuda_oom is referenced nowhere else)
     data["kinds"][2]["colour"] = "red"  # unknown key
     data["kinds"][3]["patterns"][0]["regex"] = "(?P<favourite_number>\\d+)"  # not an event field
     del data["kinds"][4]["examples"]
@@ -96,6 +97,41 @@ def test_loader_reports_every_problem_with_file_and_line(tmp_path):
     assert "needs match and no_match" in text or "examples: missing" in text
     # line numbers point into the file, not at "?"
     assert all(p.split(":")[1].isdigit() for p in problems)
+
+
+def test_the_crash_rules_are_checked_like_the_rest(tmp_path):
+    data = _shipped()
+    data["crash"]["id"] = "prefill"  # a kind's id: the crash would count as that OOM kind
+    del data["crash"]["alert"]["loop"]
+    data["crash_exceptions"] = ["ValueError", "not a class"]
+    data["crash_frames"]["launched"] = ["main"]
+    data["startup_kind"] = "boot"
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    with pytest.raises(CatalogError) as err:
+        load_catalog(str(path))
+    text = "\n".join(err.value.problems)
+    assert len(err.value.problems) == 5, text
+    assert "crash.id: 'prefill' is also a kind" in text
+    assert "crash.alert.loop: needs severity, count and window" in text
+    assert "crash_exceptions: must be a list of exception class names" in text
+    assert "crash_frames.launched: unknown group (use memory, init, launch)" in text
+    assert "startup_kind: names unknown kind 'boot'" in text
+
+
+def test_the_crash_entry_is_no_kind_and_its_examples_classify_as_it():
+    crash = CATALOG.crash
+    assert crash is not None
+    assert crash.id not in CATALOG.ids
+    assert CATALOG.kind(crash.id) is crash
+    assert CATALOG.is_crash(crash.id)
+    assert not any(CATALOG.is_crash(k) for k in CATALOG.ids)
+    assert CATALOG.event_ids == (*CATALOG.ids, crash.id)
+    for line in crash.match_examples:  # raised under an allocator frame, the text still makes it the crash
+        log = scheduler_crash(line, [("mem_cache/allocation.py", "alloc_token_slots")])
+        assert [e.kind for e in scan_text(log)] == [crash.id], line
+    for line in crash.no_match_examples:
+        assert not any(p.regex.search(line) for p in crash.patterns), line
 
 
 def test_loader_rejects_bad_yaml_with_its_line(tmp_path):

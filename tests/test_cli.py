@@ -53,10 +53,10 @@ def test_sample_text_names_the_sample_and_says_each_fix_once(cli):
 def test_sample_json_has_the_documented_shape(cli):
     proc = cli("scan", "--sample", "--format", "json")
     data = json.loads(proc.stdout)
-    assert list(data["counts"]) == list(CATALOG.ids)
+    assert list(data["counts"]) == [*CATALOG.ids, "crash"]
     assert data["counts"] == {
         "prefill": 2, "decode": 2, "req_slots": 1, "unknown": 0, "retract": 3, "startup": 1,
-        "cuda_oom": 1, "mamba": 1, "memory_leak": 1, "pd_prealloc": 0,
+        "cuda_oom": 1, "mamba": 1, "memory_leak": 1, "pd_prealloc": 0, "crash": 0,
     }  # fmt: skip
     assert data["retractions"] == {"events": 3, "retracted_requests": 6}
     decode = next(e for e in data["events"] if e["kind"] == "decode")

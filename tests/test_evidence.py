@@ -3,6 +3,7 @@ a parallel scan's cuts, decide what a generic CUDA OOM needs."""
 
 from __future__ import annotations
 
+import io
 import json
 import os
 
@@ -13,6 +14,7 @@ from sglang_oom_exporter.detect.evidence import HOLD_LINES, Evidence, EvidenceSc
 from sglang_oom_exporter.detect.model import OomEvent
 from sglang_oom_exporter.detect.pipeline import Pipeline
 from sglang_oom_exporter.scan.run import scan_paths
+from sglang_oom_exporter.scan.serial import scan_stream
 from tests.support.app import make_app, run_app
 from tests.support.helpers import CATALOG, MATCHER, scan_bytes
 
@@ -55,6 +57,14 @@ PAD = b"".join(b"INFO: GET /health 200 %d\n" % i for i in range(40))
         (b'[0] kube.log: [1.0, {"log"=>"[2026-03-14 22:00:00 TP0] max_total_num_tokens=401408"}]\n', 0),
         (b'Body: Str(  File "/usr/lib/python3/dist-packages/sglang/srt/server.py", line 9, in f)\n', 0),
         (b'{"level":"info","line":"[2026-03-14 22:00:00] Prefill out of memory. Try to lower your batch size."}\n', 0),
+        # The parent's SIGQUIT lines after a child died (launch phase, running phase): SGLang's own words.
+        (b"[2026-03-14 22:00:00] Received sigquit from a child process. It usually means the child failed.\n", 1),
+        (b"Received sigquit from a child process. It usually means the child failed.\n", 1),
+        (b"[2026-03-14 22:00:00] SIGQUIT received. signum=None, frame=None. It usually means one child failed.\n", 1),
+        (
+            b'{"msg":"[2026-03-14 22:00:00] Received sigquit from a child process. It usually means the child failed."}\n',
+            0,
+        ),
     ],
 )
 def test_what_identifies_a_source_before_a_bare_cuda_oom(head, counted):
@@ -278,3 +288,38 @@ def test_serve_counts_a_held_cuda_oom_when_the_container_s_next_run_shows_sglang
     run_app(app, clock, 2 * app.config.discover_interval)  # found at the next discovery, read from 0
     assert app.counts.total("cuda_oom") == 1
     assert app.sources.get(path).pipeline.stats().foreign_events == 0
+
+
+VLLM_CRASH = """\
+ERROR 10-30 12:00:00 [core.py:710] EngineCore encountered a fatal error.
+ERROR 10-30 12:00:00 [core.py:710] Traceback (most recent call last):
+ERROR 10-30 12:00:00 [core.py:710]   File "/usr/local/lib/python3.12/dist-packages/vllm/v1/engine/core.py", line 701, in run_engine_core
+ERROR 10-30 12:00:00 [core.py:710]     engine_core.run_busy_loop()
+ERROR 10-30 12:00:00 [core.py:710] RuntimeError: CUDA error: an illegal memory access was encountered
+
+Scheduler hit an exception: Traceback (most recent call last):
+  File "/opt/app/jobs/mem_cache/pool.py", line 12, in alloc_batch
+    pool.take(n)
+  File "/opt/app/jobs/scheduler.py", line 40, in tick
+    job.run()
+RuntimeError: job 17 has no worker
+
+Traceback (most recent call last):
+  File "/workspace/train.py", line 88, in <module>
+    main()
+  File "/workspace/mem_cache/alloc.py", line 80, in alloc_buffers
+    loss.backward()
+RuntimeError: Expected all tensors to be on the same device, but found at least two devices, cuda:0 and cpu!
+"""
+
+
+def test_another_programs_crash_counts_nothing_whatever_its_header_and_frames():
+    # vLLM's engine crash, a job scheduler that happens to print SGLang's crash header over frames in a mem_cache/
+    # directory and an alloc_ function, a training script's traceback: no SGLang evidence, so no event, and the
+    # header's look-alike is a report withheld as foreign.
+    events, stats = scan_stream(CATALOG, MATCHER, "t.log", io.BytesIO(VLLM_CRASH.encode()))
+    assert events == []
+    assert stats.foreign_events == 1
+    sglang = b"[2026-03-14 22:00:00] server_args=ServerArgs(model_path='m')\n"
+    (event,) = scan_bytes(sglang + VLLM_CRASH.encode())  # in SGLang's own container the header is SGLang's
+    assert (event.kind, event.message, event.inferred) == ("unknown", "RuntimeError: job 17 has no worker", True)

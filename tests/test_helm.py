@@ -621,8 +621,8 @@ def test_runbook_base_url_moves_every_link_of_the_rules_and_the_dashboards():
     moved_docs = template(values={**on, "runbookBaseUrl": "https://rb.example/x/"})
     moved_text = yaml.safe_dump(moved_docs)
     links = default_text.count(old_base)
-    # 17 alerts' runbook_url and 28 dashboard links (the overview's runbook index, tiles, table rows, panels).
-    assert links == 17 + 28
+    # 19 alerts' runbook_url and 28 dashboard links (the overview's runbook index, tiles, table rows, panels).
+    assert links == 19 + 28
     assert old_base not in moved_text
     assert moved_text.count("https://rb.example/x/") == links  # each moved to the new base, none doubled
     assert "https://rb.example/x//" not in moved_text

@@ -51,11 +51,11 @@ def test_the_old_values_file_renders_with_its_runbook_base_and_notes_name_the_ne
     needs_dashboards()
     docs, notes = _render_old()
     text = yaml.safe_dump(docs)
-    # Every runbook link of the rules and dashboards moved to the old key's base (17 alerts, 28 dashboard links).
-    assert text.count(OLD_BASE) == 17 + 28
+    # Every runbook link of the rules and dashboards moved to the old key's base (19 alerts, 28 dashboard links).
+    assert text.count(OLD_BASE) == 19 + 28
     (rule,) = by_kind(docs, "PrometheusRule")
     urls = [r["annotations"]["runbook_url"] for g in rule["spec"]["groups"] for r in g["rules"] if "alert" in r]
-    assert len(urls) == 17
+    assert len(urls) == 19
     assert [u for u in urls if not u.startswith(OLD_BASE + "/")] == []
     assert notes.count("WARNING: prometheusRule.runbookBaseUrl is deprecated: it moved to runbookBaseUrl") == 1
     assert f'Set runbookBaseUrl={OLD_BASE} instead (the chart\'s README, "Upgrades").' in notes
@@ -67,7 +67,7 @@ def test_the_new_key_wins_over_the_old_one_and_notes_say_so():
     docs, notes = _render_old({"runbookBaseUrl": "https://rb.example/new"})
     text = yaml.safe_dump(docs)
     assert OLD_BASE not in text
-    assert text.count("https://rb.example/new/") == 17 + 28
+    assert text.count("https://rb.example/new/") == 19 + 28
     assert "This chart still reads it, but runbookBaseUrl is set too and wins" in notes
 
 

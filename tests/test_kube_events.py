@@ -120,6 +120,22 @@ def test_non_fatal_kinds_get_events_only_when_configured(api, tls):
     assert nonzero(p) == {"created": 3}
 
 
+def test_a_non_memory_crash_gives_one_warning_event_that_says_what_it_died_of(api, tls):
+    log = Path(__file__).parent / "data" / "logs" / "crash_non_memory_tp2_0_5_23.log"
+    sink = EventSink(CATALOG)
+    (event,) = [sink.enrich(e) for e in scan_bytes(log.read_bytes(), name=POD_LOG)]
+    p = poster(api, tls)
+    p.offer(event, {"namespace": "llm", "pod": "llama-0", "container": "sglang"})
+    assert p.run_pending() == 1
+    ((_, _, body),) = writes(api)
+    assert (body["type"], body["reason"], body["count"]) == ("Warning", "SGLangCrashed", 1)
+    assert body["message"] == (
+        f"{CATALOG.crash.title}: died of RuntimeError: generation result has an uncopied auxiliary output after its "
+        "device-to-host copy was scheduled (ranks TP0, TP1). "
+        f"Fix: {CATALOG.crash.summary} {DEFAULT_RUNBOOK_BASE_URL}/sglangcrashed.md"
+    )
+
+
 def test_a_plain_file_has_no_pod_and_is_counted(api, tls):
     p = poster(api, tls)
     p.offer(fatal("/var/log/sglang/server.log"))

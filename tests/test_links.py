@@ -173,9 +173,9 @@ def _generated_links() -> dict[str, list[tuple[str, str, Path]]]:
 def test_every_generated_link_resolves_to_a_file_and_heading_of_the_repository():
     links = _generated_links()
     counts = {where: len(items) for where, items in links.items()}
-    # 17 alerts; the overview's 28 links; per runbook page its index link(s); the chart's home and sources,
-    # the defaults' base, and the copies of the rules (17) and the dashboard (28).
-    assert counts == {"rules": 17, "dashboards": 28, "runbooks": 17 * 1 + 17 + 11, "chart files": 2 + 1 + 17 + 28}
+    # 19 alerts; the overview's 28 links; per runbook page its index link(s), and the index sections' 13 alert
+    # links; the chart's home and sources, the defaults' base, and the copies of the rules (19) and the dashboard (28).
+    assert counts == {"rules": 19, "dashboards": 28, "runbooks": 19 * 1 + 19 + 13, "chart files": 2 + 1 + 19 + 28}
     assert _check([item for items in links.values() for item in items]) == []
 
 
@@ -205,11 +205,11 @@ def test_the_chart_as_rendered_links_only_what_exists_and_one_setting_moves_ever
     text = result.stdout
     ours = _project_urls(text)
     if base is None:
-        assert len(ours) == 17 + 28
+        assert len(ours) == 19 + 28
         assert _check([("helm template", url, CHART / "Chart.yaml") for url in ours]) == []
     else:
         assert ours == []  # not one link left at the project
-        assert len(re.findall(re.escape(base) + r"/(?:README\.md|sglang[a-z]+\.md)", text)) == 17 + 28
+        assert len(re.findall(re.escape(base) + r"/(?:README\.md|sglang[a-z]+\.md)", text)) == 19 + 28
 
 
 # ---------------------------------------------------------------------------------------- hand-written docs

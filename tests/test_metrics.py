@@ -15,7 +15,7 @@ from sglang_oom_exporter import __version__
 from sglang_oom_exporter.detect.model import OomEvent
 from sglang_oom_exporter.events.sink import Context, EventSink
 from sglang_oom_exporter.metrics.collector import ExporterCollector
-from sglang_oom_exporter.metrics.events import EventCounts, fatal_kinds
+from sglang_oom_exporter.metrics.events import EventCounts, crash_kind, fatal_kinds
 from sglang_oom_exporter.metrics.sources import SourceStats
 from tests.support.helpers import CATALOG
 
@@ -97,6 +97,35 @@ def test_events_fatal_events_retractions_and_last_numbers():
     assert _sample(registry, "sglang_oom_last_event_timestamp_seconds", kind="retract", source="a") == 1003.0
 
 
+def test_a_non_memory_crash_counts_in_its_own_series_never_as_an_oom_and_survives_a_restore():
+    crash = CATALOG.crash.id
+    made = lambda: EventCounts(CATALOG.ids, ("source",), CATALOG.retraction_kind,  # noqa: E731
+                               fatal_kinds=fatal_kinds(CATALOG), crash_kind=crash_kind(CATALOG))  # fmt: skip
+    counts = made()
+    counts.ensure(("b",))
+    sink = EventSink(CATALOG, counts=counts, wall=lambda: 1000.0)
+    line = "ValueError: bad request GenerateReqInput(text='my secret prompt')"
+    sink.record(_event(crash, exception=line), ("a",), {"source": "a"})
+    sink.record(_event("prefill"), ("a",), {"source": "a"})
+    registry = _registry(counts, [])
+    assert _sample(registry, "sglang_oom_crashes_total", source="a") == 1.0
+    assert _sample(registry, "sglang_oom_crashes_total", source="b") == 0.0  # zero before the first crash
+    assert _sample(registry, "sglang_oom_events_total", kind=crash, source="a") is None
+    assert _sample(registry, "sglang_oom_fatal_events_total", kind=crash, source="a") is None
+    assert _sample(registry, "sglang_oom_events_total", kind="prefill", source="a") == 1.0
+    assert _sample(registry, "sglang_oom_fatal_events_total", kind="prefill", source="a") == 1.0
+    assert _sample(registry, "sglang_oom_last_event_timestamp_seconds", kind=crash, source="a") == 1000.0
+    detail = "The last one died of ValueError: bad request GenerateReqInput(<request text redacted>."
+    info = [s for m in registry.collect() if m.name == "sglang_oom_last_event_info" for s in m.samples]
+    assert [s.labels["detail"] for s in info if s.labels["kind"] == crash] == [detail]
+    assert counts.total() == 2.0
+    assert counts.total(crash) == 1.0
+    again = made()
+    again.restore_state(counts.export_state())
+    assert again.total(crash) == 1.0
+    assert again.total("prefill") == 1.0
+
+
 def test_restore_continues_from_saved_values_and_rejects_garbage():
     counts = EventCounts(CATALOG.ids, ("source",), CATALOG.retraction_kind, fatal_kinds=fatal_kinds(CATALOG))
     counts.record(("a",), _event("prefill"), 1.0)
@@ -152,8 +181,9 @@ def test_dropped_source_loses_its_series():
 
 def _exposition() -> str:
     counts = EventCounts(
-        CATALOG.ids, ("namespace", "pod", "container"), CATALOG.retraction_kind, fatal_kinds=fatal_kinds(CATALOG)
-    )
+        CATALOG.ids, ("namespace", "pod", "container"), CATALOG.retraction_kind, fatal_kinds=fatal_kinds(CATALOG),
+        crash_kind=crash_kind(CATALOG),
+    )  # fmt: skip
     labels = ("llm", "sglang-0", "sglang")
     counts.ensure(labels)
     event = _event("decode", requested_tokens=96, available_tokens=40)

@@ -275,3 +275,15 @@ def test_no_logs_image_patterns_are_overridden_escaped_and_checked(tmp_path):
         f"{bad}:3: alerts.SGLangOOMExporterNoLogs.server_images: '(?=sglang).*' is not an RE2 regex of container images",
         f"{bad}:3: alerts.SGLangOOMExporterNoLogs.excluded_images: '' is not an RE2 regex of container images",
     ]
+
+
+def test_the_crash_alerts_take_overrides_like_any_other(tmp_path):
+    path = tmp_path / "o.yaml"
+    path.write_text("alerts:\n  SGLangCrashLoop: {count: 5, window: 2h}\n  SGLangCrashed: {keep_firing_for: 30m}\n")
+    catalog = load_with_overrides(str(path))
+    rules = _rules(catalog)
+    assert rules["SGLangCrashLoop"]["expr"] == "unit:sglang_oom_crashes:exact_increase2h >= 5\n"
+    assert rules["SGLangCrashed"]["keep_firing_for"] == "30m"
+    path.write_text("alerts:\n  SGLangCrashLoop: {loop: {count: 1}}\n")
+    with pytest.raises(CatalogError, match=r"alerts\.SGLangCrashLoop\.loop"):
+        load_with_overrides(str(path))

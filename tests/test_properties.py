@@ -12,8 +12,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from sglang_oom_exporter.cli import sample_path
-from tests.support.helpers import scan_bytes, summary
-from tests.support.logs import COMPOSE_FRAGMENTS, CRI_FRAGMENTS, FRAGMENTS
+from tests.support.fuzz import DYING, a_dying_scheduler_gives_exactly_one_event
+from tests.support.helpers import CATALOG, scan_bytes, scan_text, summary
+from tests.support.logs import COMPOSE_FRAGMENTS, CRI_FRAGMENTS, FRAGMENTS, scheduler_crash
 
 HERE = os.path.dirname(__file__)
 SAMPLE = open(sample_path(), "rb").read()
@@ -54,6 +55,20 @@ def test_interleaved_streams_give_the_same_events_with_or_without_prefilter_and_
     reference = _whole(scan_bytes(data, prefilter=False))
     assert _whole(scan_bytes(data)) == reference
     assert _whole(scan_bytes(data, chunk=chunk)) == reference
+
+
+@settings(max_examples=300, deadline=None)
+@given(*DYING)
+def test_a_dying_scheduler_gives_exactly_one_event_whatever_its_exception_says(cls, message, frames, ranks):
+    a_dying_scheduler_gives_exactly_one_event(cls, message, frames, ranks)
+
+
+def test_ranks_that_die_together_of_different_exceptions_are_one_crash():
+    other = [("managers/scheduler.py", "event_loop_overlap")]
+    log = scheduler_crash("ValueError: bad batch", other, ("TP0",))
+    log += scheduler_crash("RuntimeError: NCCL communicator was aborted on rank 1.", other, ("TP1",))
+    (event,) = scan_text(log)
+    assert (event.kind, event.ranks, event.message) == (CATALOG.crash.id, ("TP0", "TP1"), "ValueError: bad batch")
 
 
 FOREIGN = COMPOSE_FRAGMENTS[-4:]

@@ -79,7 +79,7 @@ def test_the_served_markdown_is_the_committed_docs_runbooks():
     pages = _markdown_pages(CATALOG)
     on_disk = {p.name: p.read_text() for p in RUNBOOKS.glob("*.md")}
     assert sorted(pages) == sorted(on_disk)
-    assert len(pages) == 18  # 17 alert pages and the index
+    assert len(pages) == 20  # 19 alert pages and the index
     assert pages == on_disk
 
 
@@ -107,9 +107,9 @@ def test_every_runbook_is_served_and_every_link_in_it_resolves_to_a_served_page_
             assert target.path in parsed, f"{path} links {href}"
             assert not target.fragment or target.fragment in parsed[target.path].ids, f"{path} links {href}"
             checked += 1
-    # Each of the 17 alert pages links the index twice (header and foot); the index (served twice) links itself
-    # once, the 17 pages in its table, and the 11 alerts of the kinds in their sections.
-    assert checked == 17 * 2 + 2 * (1 + 17 + 11)
+    # Each of the 19 alert pages links the index twice (header and foot); the index (served twice) links itself
+    # once, the 19 pages in its table, and the 13 alerts of the kinds (and the crash) in their sections.
+    assert checked == 19 * 2 + 2 * (1 + 19 + 13)
 
 
 def test_the_events_page_links_each_event_to_its_kind_section_of_the_served_runbooks(server):

@@ -84,6 +84,8 @@ def _what(event: OomEvent, pool: str) -> str:
         return f"asked for {slots} request slots" + (f" while {free} were free" if free is not None else "")
     if n.get("retracted_requests") is not None:
         return f"retracted {n['retracted_requests']} running requests"
+    if isinstance(n.get("exception"), str):  # a process died of an exception no kind names (its frames decided)
+        return f"died of {n['exception']}"
     return ""
 
 

@@ -91,18 +91,37 @@ class Catalog:
     phase_kinds: Mapping[str, str] = field(default_factory=dict)  # resolved KV phase -> the kind it counts as
     # The alerts beyond one per kind (crash loop, near full, exporter guards) and the flags' SGLang versions.
     alert_pack: Mapping[str, Any] = field(default_factory=dict)
+    # No SGLang crash is silent: the headers of a process that died, the frames that make an exception no kind
+    # names a memory failure (CRASH_MEMORY) or a start-up one (CRASH_INIT), the kind a memory failure at
+    # start-up counts as, and the non-memory crash, which is no kind of `kinds` (its own series).
+    crash_headers: tuple[str, ...] = ()
+    crash_exceptions: frozenset[str] = frozenset()  # never a memory failure by its frames
+    crash_frames: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    startup_kind: str | None = None
+    crash: OomKind | None = None
 
     @property
     def ids(self) -> tuple[str, ...]:
         """Kind ids in catalog order."""
         return tuple(k.id for k in self.kinds)
 
+    @property
+    def event_ids(self) -> tuple[str, ...]:
+        """Every id an event can have: the kind ids, then the non-memory crash's (scan's counts list each)."""
+        return self.ids + ((self.crash.id,) if self.crash is not None else ())
+
     def kind(self, kind_id: str) -> OomKind:
-        """The kind with this id (KeyError when there is none)."""
+        """The kind with this id, or the non-memory crash entry (KeyError when there is none)."""
         for k in self.kinds:
             if k.id == kind_id:
                 return k
+        if self.crash is not None and self.crash.id == kind_id:
+            return self.crash
         raise KeyError(kind_id)
+
+    def is_crash(self, kind_id: str) -> bool:
+        """Whether events of this id are non-memory crashes (sglang_oom_crashes_total), not OOM events."""
+        return self.crash is not None and self.crash.id == kind_id
 
     def evidence_kinds(self) -> frozenset[str]:
         """Kinds whose text is not SGLang's alone: they count only with SGLang evidence (detect/evidence.py)."""

@@ -13,11 +13,11 @@ from ..errors import ProblemsError
 from .alert_fields import AlertFields
 from .kind_fields import KindFields
 from .model import Catalog, OomKind
-from .vocabulary import KIND_GROUPS, KV_PHASES, PHASE_FRAMES, PHASE_GROUPS, SEVERITIES
+from .vocabulary import CRASH_FRAME_GROUPS, KIND_GROUPS, KV_PHASES, PHASE_FRAMES, PHASE_GROUPS, SEVERITIES
 
 _TOP_KEYS = frozenset(
     {"version", "phase_frames", "allocator_frames", "fallback_kind", "retraction_kind", "phase_kinds", "kinds",
-     "alert_pack", "__line__"}
+     "alert_pack", "crash_headers", "crash_frames", "crash_exceptions", "startup_kind", "crash", "__line__"}
 )  # fmt: skip
 
 
@@ -65,9 +65,55 @@ class Validator:
                 self.err(data, f"allocator_frames.{fn}", f"names unknown kind {target!r}")
         roles = self._roles(data, ids)
         alert_pack = AlertFields(self, SEVERITIES).check(data)
+        crash = self._crash(data, kinds_check, ids)
         if self.problems:
             raise CatalogError(self.problems)
-        return Catalog(tuple(kinds), phase_frames, allocators, self.path, **roles, alert_pack=alert_pack)
+        return Catalog(tuple(kinds), phase_frames, allocators, self.path, **roles, alert_pack=alert_pack, **crash)
+
+    def _crash(self, data: dict[str, Any], kinds_check: KindFields, ids: list[str]) -> dict[str, Any]:
+        """The crash rules (all optional; a catalog without them counts no crash): crash_headers, crash_frames,
+        startup_kind and the `crash` entry, a kind-shaped mapping whose alert block adds `loop`."""
+        headers = data.get("crash_headers", [])
+        if not isinstance(headers, list) or not all(isinstance(h, str) and h for h in headers):
+            self.err(data, "crash_headers", "must be a list of header texts")
+            headers = []
+        frames: dict[str, tuple[str, ...]] = {}
+        raw = data.get("crash_frames", {})
+        if not isinstance(raw, dict):
+            self.err(data, "crash_frames", f"must map {', '.join(CRASH_FRAME_GROUPS)} to frame lists")
+            raw = {}
+        for group in sorted(set(raw) - set(CRASH_FRAME_GROUPS) - {"__line__"}):
+            self.err(raw, f"crash_frames.{group}", f"unknown group (use {', '.join(CRASH_FRAME_GROUPS)})")
+        for group in CRASH_FRAME_GROUPS:
+            names = raw.get(group, [])
+            if not isinstance(names, list) or not all(isinstance(n, str) and n for n in names):
+                self.err(raw, f"crash_frames.{group}", "must be a list of frames")
+                continue
+            frames[group] = tuple(names)
+        exceptions = data.get("crash_exceptions", [])
+        if not isinstance(exceptions, list) or not all(isinstance(e, str) and e.isidentifier() for e in exceptions):
+            self.err(data, "crash_exceptions", "must be a list of exception class names")
+            exceptions = []
+        startup = self._role(data, "startup_kind", ids, required=False) or None
+        crash = None
+        if data.get("crash") is not None:
+            crash = kinds_check.kind(data["crash"], "crash")
+            if crash is not None and crash.id in ids:
+                self.err(data, "crash.id", f"{crash.id!r} is also a kind: a crash is counted apart from the OOM kinds")
+            loop = crash.alert.get("loop") if crash is not None else None
+            if isinstance(loop, dict):
+                loop.pop("__line__", None)
+            if crash is not None and (not isinstance(loop, dict) or not {"severity", "count", "window"} <= set(loop)):
+                self.err(data["crash"], "crash.alert.loop", "needs severity, count and window (the crash-loop page)")
+        if headers and crash is None:
+            self.err(data, "crash", "missing: crash_headers need the non-memory crash entry")
+        return {
+            "crash_headers": tuple(headers),
+            "crash_frames": frames,
+            "crash_exceptions": frozenset(exceptions),
+            "startup_kind": startup,
+            "crash": crash,
+        }
 
     def _roles(self, data: dict[str, Any], ids: list[str]) -> dict[str, Any]:
         """fallback_kind, retraction_kind and phase_kinds: each must name a kind of this catalog."""

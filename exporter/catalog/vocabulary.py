@@ -66,6 +66,8 @@ FIELD_TYPES: dict[str, str] = {
     "unaligned_counts": "text",
     "swa_requested_tokens": "int",
     "swa_available_tokens": "int",
+    # The exception line a process died of, where no kind's text named it (its frames decided: detect/match.py).
+    "exception": "text",
 }
 FIELD_KINDS = ("int", "float", "text", "count")
 EVENT_FIELDS = frozenset(FIELD_TYPES)
@@ -89,6 +91,11 @@ SUBPHASES = {PHASE_SPEC_VERIFY: PHASE_DECODE}
 KV_PHASES = (PHASE_PREFILL, PHASE_DECODE)
 # The frame groups that are no KV phase and may still name a kind in `phase_kinds` (optional there).
 KIND_GROUPS = (PHASE_PD_PREALLOC,)
+# The groups of the catalog's `crash_frames`: frames of memory-pool or allocator code, and of the scheduler's start-up.
+CRASH_MEMORY = "memory"
+CRASH_INIT = "init"
+CRASH_LAUNCH = "launch"  # the main process launching the server: its uncaught traceback is a start-up failure
+CRASH_FRAME_GROUPS = (CRASH_MEMORY, CRASH_INIT, CRASH_LAUNCH)
 # The phases of a KV allocation failure: one of KV_PHASES, or one the frames decide.
 KV_FAILURE_PHASES = (*KV_PHASES, PHASE_FRAMES)
 # KV pools as an event names them (`pools`, `limiting_pool`): SGLang's older texts say "Available tokens" or

@@ -27,7 +27,7 @@ from ..config.settings import SETTINGS
 from ..events.sink import EventSink
 from ..events.store import EventStore
 from ..metrics.collector import ExporterCollector
-from ..metrics.events import EventCounts, fatal_kinds
+from ..metrics.events import EventCounts, crash_kind, fatal_kinds
 from ..metrics.groups import group_family
 from ..metrics.names import label_names_for
 from ..sources.stdin import StdinPump
@@ -74,7 +74,7 @@ class App:
         self.config, self.catalog = config, catalog
         self.catalog_listeners: list[Callable[[Catalog], None]] = []  # e.g. the HTTP edge's event titles
         self.counts = EventCounts(catalog.ids, label_names_for(pod_labels(config)), catalog.retraction_kind,
-                                  fatal_kinds=fatal_kinds(catalog))  # fmt: skip
+                                  fatal_kinds=fatal_kinds(catalog), crash_kind=crash_kind(catalog))  # fmt: skip
         self.store = EventStore(config.recent_events)
         self.events_poster = self._event_poster(config, catalog)
         self.sink = EventSink(catalog, counts=self.counts, store=self.store, wall=wall,
@@ -188,7 +188,7 @@ class App:
             config = replace(config, kubernetes=replace(new_k, events=old_k.events))
         with self.sources.locked():
             self.config, self.catalog = config, catalog
-            self.counts.set_kinds(catalog.ids, catalog.retraction_kind, fatal_kinds(catalog))
+            self.counts.set_kinds(catalog.ids, catalog.retraction_kind, fatal_kinds(catalog), crash_kind(catalog))
             self.sink.catalog = catalog
             self.sources.reconfigure(config, catalog)
             self.loop.configure(config)

@@ -331,6 +331,7 @@ def _finish(rec: _Open) -> Record | None:
             offset=rec.offset,
             prefixed=prefix is not None,
             echoed=rec.echoed,
+            header=rec.lines[0] if rec.kind == "traceback" and rec.lines else "",
         )
     exc_lines: list[str] = []
     for exc in rec.exceptions:
@@ -349,4 +350,5 @@ def _finish(rec: _Open) -> Record | None:
         offset=rec.offset,
         prefixed=prefix is not None,
         echoed=rec.echoed,
+        header=rec.lines[0] if rec.lines else "",
     )

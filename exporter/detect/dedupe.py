@@ -48,6 +48,10 @@ FRAMES_LINES = NO_TIME_LINES
 # A counted group untouched this long (caller's clock; at least the traceback wait plus the same-rank window)
 # can join nothing any more: it leaves the window, so a followed file's memory is flat in steady state.
 KEEP_SECONDS = 30.0
+# The main process's start-up failure (Report.aftermath) this close after the source's latest failure only repeats
+# it (the scheduler that died is that failure): by log time when both have one, else by lines.
+AFTERMATH_SECONDS = 60.0
+AFTERMATH_LINES = 1000
 STATE_GROUPS = 64  # emitted groups kept in the state file, for late tracebacks after a restart
 EMITTED_KEYS = 1024  # at most this many keys of emitted events, to suppress their replay after a restart
 _EPS = 1e-6  # the loop wakes at opened_at + window: float rounding must not make that a tick too early
@@ -86,12 +90,16 @@ class Deduper:
         self.generation = ""
         self.emitted = 0
         self.suppressed = 0
+        self.repeats = 0  # start-up failures dropped as the echo of the failure just before them
 
     def add(self, report: Report, now: float = 0.0) -> None:
         """Join the report to its group (or open one)."""
         rec = report.record
         rank = rec.ranks
         epoch = _epoch(report)
+        if report.aftermath and self._repeats(report, epoch):
+            self.repeats += 1
+            return
         typ = "trace" if rec.kind == "traceback" else "block"
         window = self._groups
         group = window.same_rank(report, rank, typ, epoch) or window.cross_rank(report, rank, epoch)
@@ -112,6 +120,16 @@ class Deduper:
         group.touched = now
         if group.epoch is None:
             group.epoch = epoch
+
+    def _repeats(self, report: Report, epoch: float | None) -> bool:
+        """Whether this start-up failure follows the source's latest failure closely enough to be its echo."""
+        latest = self._groups.newest()
+        if latest is None:
+            return False
+        if epoch is not None and latest.epoch is not None:
+            return 0 <= epoch - latest.epoch <= AFTERMATH_SECONDS
+        # A group restored from the state file knows its first line only.
+        return 0 <= report.record.lineno - max(latest.last_lineno, latest.lineno) <= AFTERMATH_LINES
 
     def flush(self, now: float | None = None, lineno: int | None = None, tracing: Collection[str] = ()) -> None:
         """Emit the groups that are decidable now (module docstring); with now=None (end of input) every one.

@@ -8,7 +8,9 @@ The rule (docs/recognition.md): a source is SGLang from the first line that show
 third line that shows the weak one.
 - strong: `server_args=ServerArgs(` (the start-up banner), a traceback frame in `sglang/srt/`, a scheduler usage
   line (`#running-req: `, in every Decode batch / Prefill batch line since 0.1), the capacity line
-  (`max_total_num_tokens=`), or a report of a catalog kind whose text only SGLang writes (the KV-pool messages);
+  (`max_total_num_tokens=`), the parent's SIGQUIT line after a child died (`Received sigquit from a child
+  process`, `It usually means one child failed`), or a report of a catalog kind whose text only SGLang writes (the
+  KV-pool messages);
 - weak: SGLang's log prefix with a rank token, `[<time> ... TP0 ...] ` (a format another program could share, so
   one line is not enough; an SGLang scheduler writes dozens in its first second).
 A sign counts only on SGLang's own line: after the container's framing (detect/decode.py), the line starts with a log
@@ -35,7 +37,10 @@ from .finder import make_finder
 from .model import Record, Report
 from .prefix import RAY_TAG, PrefixParser, starts_own
 
-STRONG = ("server_args=ServerArgs(", "sglang/srt/", "#running-req: ", "max_total_num_tokens=")
+STRONG = ("server_args=ServerArgs(", "sglang/srt/", "#running-req: ", "max_total_num_tokens=",
+          # The parent's SIGQUIT handler after a child died (launch phase; running phase): SGLang's own words, often
+          # the only ones a pasted crash keeps after the exception (entrypoints/engine.py, tokenizer_manager.py).
+          "Received sigquit from a child process", "It usually means one child failed")  # fmt: skip
 WEAK = "TP0"
 WEAK_LINES = 3  # lines with a rank-tagged SGLang prefix that identify a source
 OWN_FRAME = "sglang/srt/"

@@ -24,11 +24,15 @@ import regex
 
 from ..catalog import Catalog, OomKind, Pattern
 from ..catalog.vocabulary import (
+    CRASH_INIT,
+    CRASH_LAUNCH,
+    CRASH_MEMORY,
     FIELD_TYPES,
     KV_FAILURE_PHASES,
     KV_PHASES,
     PHASE_FRAMES,
     PHASE_GROUPS,
+    PHASE_NONE,
     POOL_FULL,
     POOL_SWA,
     SUBPHASES,
@@ -98,6 +102,8 @@ class Matcher:
         self._phase_frames = [(g, _frame_specs(catalog.phase_frames.get(g, ()))) for g in PHASE_GROUPS]
         self._allocators = dict(catalog.allocator_frames)
         self._pattern_frames: dict[tuple[str, ...], tuple[tuple[str, str], ...]] = {}
+        self._crash_frames = {g: _crash_specs(catalog.crash_frames.get(g, ())) for g in (CRASH_MEMORY, CRASH_INIT,
+                                                                                          CRASH_LAUNCH)}  # fmt: skip
         self.numbers_dropped = 0  # numbers out of range left out of events (numbers_dropped_total)
 
     def match_line(
@@ -132,7 +138,7 @@ class Matcher:
 
     def _classify(self, record: Record, lead: Lead) -> Report | None:
         groups = _exception_groups(record) if record.kind == "traceback" else [list(record.lines)]
-        frames_phase = self._frames_phase(record.frames)
+        frames_phase = self._frames_phase(record.frames or _call_chain(record))
         # The last exception of a chained traceback is the one the process died of: "Capture cuda graph
         # failed: <CUDA OOM>" raised while handling the OOM is a startup failure, not also cuda_oom (facts
         # 10.6). Earlier ones still count when the last names nothing.
@@ -142,9 +148,73 @@ class Matcher:
             found = self.match_line(group[0], lead, record.frames)
             if found is not None:
                 return self._report(record, group, found, frames_phase)
-        if record.kind == "traceback":
-            return self._inferred(record, groups, frames_phase)
-        return None
+        if record.kind == "traceback" and not self._not_memory(record, groups, lead):
+            inferred = self._inferred(record, groups, frames_phase)
+            if inferred is not None:
+                return inferred
+        return self._died(record, groups, frames_phase, lead)
+
+    def _not_memory(self, record: Record, groups: list[list[str]], lead: Lead) -> bool:
+        """The exception is known to be no memory failure, however short it looks: a crash entry's text, or (when
+        the traceback has its exception line) a configuration error's class (crash_exceptions)."""
+        crash = self.catalog.crash
+        if crash is None or not groups:
+            return False
+        if any(g and _matches(crash, g[0], lead) for g in groups):
+            return True
+        return not record.truncated and _exception_class(groups[-1][0]) in self.catalog.crash_exceptions
+
+    def _died(self, record: Record, groups: list[list[str]], frames_phase: str | None, lead: Lead) -> Report | None:
+        """An SGLang process that died (its traceback under a crash header, or the main process's through a launch
+        frame: a start-up failure) of an exception no kind named: never silent. A known non-memory text is the crash
+        entry; else a frame in memory-pool or allocator code makes it a memory failure (the start-up kind under a
+        start-up or launch frame, else the phase its frames name, as the fallback kind is) unless its class is a
+        configuration error's (crash_exceptions), and anything else is a non-memory crash, in its own series."""
+        catalog = self.catalog
+        crash, header = catalog.crash, record.header
+        if crash is None:
+            return None
+        died = any((at := header.find(h)) >= 0 and lead(header, at) for h in catalog.crash_headers)
+        launch = not died and record.kind == "traceback" and _in_frames(record.frames, self._crash_frames[CRASH_LAUNCH])
+        if not (died or launch):
+            return None
+        last = groups[-1] if record.kind == "traceback" and groups else []
+        func = record.frames[-1][1] if record.frames else ""
+        line = last[0] if last else f"(traceback cut short{f' in {func}' if func else ''})"
+        line = line[:MAX_EXCERPT_LINE]
+        kind, resolve, inferred = crash, PHASE_NONE, False
+        known = next((g for g in reversed(groups) if g and _matches(crash, g[0], lead)), None)
+        if (
+            known is None
+            and _exception_class(line) not in catalog.crash_exceptions
+            and _in_frames(record.frames, self._crash_frames[CRASH_MEMORY])
+        ):
+            inferred = True
+            if catalog.startup_kind and (launch or _in_frames(record.frames, self._crash_frames[CRASH_INIT])):
+                kind = catalog.kind(catalog.startup_kind)
+                resolve = kind.phase
+            else:
+                kind, resolve = catalog.kind(catalog.fallback_kind), PHASE_FRAMES
+        elif known is not None:
+            line = known[0][:MAX_EXCERPT_LINE]
+        # Ranks that die together are one crash whatever each died of (one server went down); a memory failure's
+        # ranks join on its text, as a named failure's do.
+        body = f"{kind.id}:" + ("" if kind is crash else "".join("".join(last).split()))
+        return Report(
+            kind=kind.id,
+            resolve=resolve,
+            fatal=True,
+            record=record,
+            body=body,
+            short=f"{kind.id}:" + "".join(line.split()),
+            message=line,
+            frames_phase=frames_phase,
+            inferred=inferred,
+            numbers={"exception": line},
+            pools=(),
+            needs_evidence=True,
+            aftermath=launch,
+        )
 
     def _report(
         self,
@@ -211,12 +281,15 @@ class Matcher:
             (fallback, PHASE_FRAMES) if target == PHASE_FRAMES else (target, self.catalog.kind(target).phase)
         )
         kind = self.catalog.kind(kind_id)
+        # The ranks whose tracebacks were cut in the same allocator (with the same exception words, if any) at once
+        # are one failure, as ranks of one named failure are (R6).
+        text = "".join("".join(line.split()) for group in groups for line in group)
         return Report(
             kind=kind_id,
             resolve=resolve,
             fatal=kind.fatal != "false",
             record=record,
-            body="",
+            body=f"{kind_id}:{target}:{text}",
             short="",
             message=f"(traceback cut short in {target if target != PHASE_FRAMES else 'alloc_token_slots'})",
             frames_phase=frames_phase,
@@ -281,6 +354,47 @@ def excerpt(record: Record) -> str:
         path, func = record.frames[-1]
         lines.insert(0, f"(last frame: {func} in {path.rsplit('/sglang/', 1)[-1]})")
     return "\n".join(line[:MAX_EXCERPT_LINE] for line in lines)
+
+
+_CHAIN = regex.compile(r"^((?:[A-Za-z_]\w* ?-> ?)+[A-Za-z_]\w*): ")
+
+
+def _call_chain(record: Record) -> tuple[tuple[str, str], ...]:
+    """The frames of a traceback pasted as one call chain ("alloc_for_extend -> alloc_token_slots: RuntimeError:
+    ..."), outermost first, without paths; none for any other record."""
+    m = _CHAIN.match(record.lines[0]) if record.kind == "block" and record.lines else None
+    if m is None:
+        return ()
+    return tuple(("", func.strip()) for func in m.group(1).split("->"))
+
+
+def _exception_class(line: str) -> str:
+    """The exception class of an exception line, without its module ("torch.OutOfMemoryError: ..." -> its name)."""
+    return line.partition(": ")[0].rpartition(".")[2]
+
+
+def _crash_specs(entries: Iterable[str]) -> tuple[tuple[str, str, bool], ...]:
+    """crash_frames entries as (path fragment, function, prefix?): "name*" a function prefix, "" any function."""
+    out = []
+    for frag, name in _frame_specs(entries):
+        out.append((frag, name.rstrip("*"), name.endswith("*")))
+    return tuple(out)
+
+
+def _in_frames(frames: Iterable[tuple[str, str]], specs: Sequence[tuple[str, str, bool]]) -> bool:
+    """Does any frame match any spec (both parts where a spec names both)?"""
+    for path, func in frames:
+        for frag, name, prefix in specs:
+            if (not frag or frag in path) and (func.startswith(name) if prefix else (not name or func == name)):
+                return True
+    return False
+
+
+def _matches(kind: OomKind, line: str, lead: Lead) -> bool:
+    """Does one of the kind's patterns start this line's message (as Matcher.match_line judges it)?"""
+    if not any(a in line for a in kind.anchors):
+        return False
+    return any((m := p.regex.search(line)) is not None and lead(line, m.start()) for p in kind.patterns)
 
 
 def _frame_specs(entries: Iterable[str]) -> tuple[tuple[str, str], ...]:

@@ -67,6 +67,7 @@ class Record:
     offset: int = 0  # byte offset of the first physical line
     prefixed: bool = False  # its first line carried a log prefix: SGLang's record by its own framing
     echoed: bool = False  # its first line held SGLang's traceback header after another program's words (an echo)
+    header: str = ""  # a traceback's header line as logged after the prefix ("Scheduler hit an exception: ...")
 
 
 @dataclass(frozen=True, slots=True)
@@ -176,3 +177,9 @@ class Report:
     # A logged line whose pattern joins a later assertion for the same request (catalog `joins`): it waits for that
     # traceback as a block whose kind is in the frames does, so the assertion is never left to join a counted event.
     awaits_partner: bool = False
+    # Decided by its structure (a crash header and frames, no kind's text): it counts only with SGLang evidence, as a
+    # kind with requires_sglang_evidence does, since another program may print a header or frames that look alike.
+    needs_evidence: bool = False
+    # The main process's start-up failure (a launch frame, no crash header): after a crash it only repeats it, so
+    # the deduper drops it when a failure of the same source came just before (dedupe.AFTERMATH_LINES).
+    aftermath: bool = False

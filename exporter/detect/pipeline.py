@@ -245,7 +245,7 @@ class Pipeline:
         """SGLang's own text identifies the source; an evidence-needing kind counts with evidence before it, or
         with evidence after it within the hold's bounds (it is held until then)."""
         at = (self._gen, report.record.offset)
-        if report.kind not in self._needs_evidence:
+        if report.kind not in self._needs_evidence and not report.needs_evidence:
             if self.evidence.at is None:
                 self._evidence_line = (self._gen, report.record.lineno)
             self.evidence.mark(at)

@@ -43,12 +43,14 @@ BUILTIN_PATTERNS = (
 
 # What may stand before SGLang's own words on a line without a prefix, and nothing else: Python's exception class
 # ("RuntimeError: ", "torch.OutOfMemoryError: "), a warning's location ("/.../radix_cache.py:123: UserWarning: "),
-# the crash header ("Scheduler hit an exception: "), then a few plain words of the message itself ("Failed to retract
-# any request. ", a pool's name, a frame's path). Brackets, parentheses, quotes, braces, tabs, "=" or "#" before
-# them are another program's framing around SGLang's text.
+# a traceback pasted as one call chain ("alloc_for_extend -> alloc_token_slots: RuntimeError: "), the crash header
+# ("Scheduler hit an exception: "), then a few plain words of the message itself ("Failed to retract any request. ",
+# a pool's name, a frame's path). Brackets, parentheses, quotes, braces, tabs, "=" or "#" before them are another
+# program's framing around SGLang's text.
 _MAX_LEAD = 400  # a longer run before SGLang's words is never its own (and the regex stays cheap)
 _OWN_LEAD = regex.compile(
     r"(?:[\w./\\-]+:\d+: )?"
+    r"(?:(?:[A-Za-z_]\w* ?-> ?)+[A-Za-z_]\w*: )?"  # a traceback pasted as one call chain: "alloc_for_extend -> f: "
     r"(?:(?:[A-Za-z_][\w.]*)?(?:Error|Exception|Warning|Exit|Interrupt): )?"
     r"(?:\w+ hit an exception:? )?"
     r"(?:[\w./-]+ ){0,6}[\w./-]*"

@@ -140,6 +140,10 @@ class Window:
         """The group opened first, if any."""
         return self._groups[0] if self._groups else None
 
+    def newest(self) -> Group | None:
+        """The group opened last, if any."""
+        return self._groups[-1] if self._groups else None
+
     def add(self, group: Group) -> None:
         """Put a new (or restored) group in the window, newest."""
         self._seq += 1

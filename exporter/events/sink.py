@@ -66,7 +66,12 @@ class EventSink:
         """The event with its suggestions, by the rule the catalog gives its kind (or matched pattern), and its
         message and excerpt without request text (redact.py): what /events, the page and scan show."""
         rule = self.catalog.kind(event.kind).suggest_rule(event.message)
-        event = replace(event, message=redact_line(event.message), excerpt=redact_excerpt(event.excerpt))
+        numbers = event.numbers
+        if isinstance(numbers.get("exception"), str):  # an exception's text may quote a request, as a message may
+            numbers = {**numbers, "exception": redact_line(numbers["exception"])}
+        event = replace(
+            event, message=redact_line(event.message), excerpt=redact_excerpt(event.excerpt), numbers=numbers
+        )
         return with_suggestions(event, rule, context.args, context.kv, context.target)
 
     def record(

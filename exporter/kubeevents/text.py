@@ -2,8 +2,8 @@
 
     OomEvent (+ the pod log's path) --pod_of / reason_for / message_for--> the fields of one Warning Event
 
-The reason is the alert name the rendered rule pack gives the event (SGLangPrefillOOM, ...), derived from the
-catalog the same way render does, so an Event, an alert and a runbook page share one name. The message is one
+The reason is the alert name the rendered rule pack gives the event (SGLangPrefillOOM, ..., SGLangCrashed), derived
+from the catalog the same way render does, so an Event, an alert and a runbook page share one name. The message is one
 paragraph under 1 kB (the events.k8s.io limit on a note): what happened with its numbers, the concrete
 suggestion when the exporter has one (else the catalog's one-line fix), and the runbook URL, which is never cut.
 """
@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from ..catalog import Catalog
 from ..detect.model import OomEvent
 from ..events.sink import explanation
-from ..render.alertspec import RETRACTIONS_HIGH, alert_name
+from ..render.alertspec import CRASHED, RETRACTIONS_HIGH, alert_name
 from ..render.options import RenderOptions, runbook_page_url
 from ..sources.discover import PodLogRef, pod_log_ref
 
@@ -58,12 +58,15 @@ def pod_of(logs_root: str, event: OomEvent) -> ObjectRef | None:
 
 def wanted(catalog: Catalog, event: OomEvent, nonfatal: bool) -> bool:
     """Whether the event gets an Event: every fatal one; non-fatal ones (retractions, aborts) only when asked."""
-    return (event.fatal or nonfatal) and event.kind in catalog.ids
+    return (event.fatal or nonfatal) and event.kind in catalog.event_ids
 
 
 def reason_for(catalog: Catalog, event: OomEvent) -> str:
-    """The alert name the rule pack gives this event: <kind>OOM when fatal, else the kind's non-fatal alert."""
+    """The alert name the rule pack gives this event: <kind>OOM when fatal, else the kind's non-fatal alert;
+    SGLangCrashed for a non-memory crash."""
     kind = catalog.kind(event.kind)
+    if catalog.is_crash(kind.id):
+        return CRASHED
     if not event.fatal:
         non_fatal = kind.alert.get("non_fatal")
         if isinstance(non_fatal, dict) and non_fatal.get("name"):

@@ -1,9 +1,12 @@
-"""The counters the exporter owns (events per kind and source), restored from the state file, kept as cached families.
+"""The counters the exporter owns (events per kind and source, non-memory crashes per source), restored from the state
+file, kept as cached families.
 
 Zero series: every kind's `events_total` (each kind has an alert, and `rate()`/`increase()` miss a series born at
 its first event), and `fatal_events_total` only for the kinds that can be fatal (a kind the catalog calls non-fatal
-in every pattern never moves it); `retracted_requests_total` when the catalog has a retraction kind. Any other
-series appears with its first non-zero value.
+in every pattern never moves it); `retracted_requests_total` when the catalog has a retraction kind, and
+`crashes_total` when it has a crash entry. A non-memory crash (the catalog's `crash`) counts there and never in
+`events_total` or `fatal_events_total`, which count OOMs; its last event has the same last-event gauges as a kind.
+Any other series appears with its first non-zero value.
 """
 
 from __future__ import annotations
@@ -28,6 +31,11 @@ def fatal_kinds(catalog: Catalog) -> tuple[str, ...]:
     return tuple(k.id for k in catalog.kinds if k.fatal != "false" or any(p.fatal for p in k.patterns))
 
 
+def crash_kind(catalog: Catalog) -> str | None:
+    """The id of the catalog's non-memory crash (counted in crashes_total), if it has one."""
+    return catalog.crash.id if catalog.crash is not None else None
+
+
 # sglang_oom_last_event_info's text labels, in label order, and how long each may be (a label is no place for
 # an essay: a longer text ends in an ellipsis).
 INFO_LABELS = ("limiting_pool", "detail", "advice")
@@ -48,6 +56,9 @@ _FAMILIES = {
     "fatal": ("fatal_events", "counter", "SGLang OOM events that crashed the server (or its scheduler).", "kind"),
     "retracted": ("retracted_requests", "counter",
                   "Requests retracted by KV-cache-full retractions (counted once per event, not per rank).", "source"),
+    "crashes": ("crashes", "counter",
+                "SGLang processes that died of an exception that is no memory failure (its last line on /events).",
+                "source"),
     "last_ts": ("last_event_timestamp_seconds", "gauge", "When the exporter saw the last event of a kind.", "kind"),
     "last_req": ("last_event_requested_tokens", "gauge", "Tokens the last failed allocation asked for.", "kind"),
     "last_avail": ("last_event_available_tokens", "gauge",
@@ -73,8 +84,10 @@ class EventCounts:
         *,
         fatal_kinds: Iterable[str] | None = None,
         page: Page | None = None,
+        crash_kind: str | None = None,
     ) -> None:
         self.kinds = tuple(kinds)
+        self.crash_kind = crash_kind  # the catalog's non-memory crash: its own counter, never an OOM kind's
         self.fatal_kinds = frozenset(self.kinds if fatal_kinds is None else fatal_kinds)
         self.label_names = tuple(label_names)
         self.retraction_kind = retraction_kind  # the catalog's: its events' retracted_requests are summed
@@ -83,6 +96,7 @@ class EventCounts:
         self._events: dict[Labels, dict[str, float]] = {}
         self._fatal: dict[Labels, dict[str, float]] = {}
         self._retracted: dict[Labels, float] = {}
+        self._crashes: dict[Labels, float] = {}
         self._last: dict[tuple[Labels, str], _Last] = {}
         self._flags: dict[tuple[Labels, str, str], tuple[float | None, float]] = {}
         self._sum: float | None = 0.0  # total() over every source and kind (None: recount); the keeper asks each pass
@@ -92,6 +106,7 @@ class EventCounts:
         fams = {attr: self.page.family(f"{NAMESPACE}_{name}", typ, doc, by[labels])
                 for attr, (name, typ, doc, labels) in _FAMILIES.items()}  # fmt: skip
         self._f_events, self._f_fatal, self._f_retracted = fams["events"], fams["fatal"], fams["retracted"]
+        self._f_crashes = fams["crashes"]
         self._f_last_ts, self._f_last_req, self._f_last_avail = fams["last_ts"], fams["last_req"], fams["last_avail"]
         self._f_suggested, self._f_current = fams["suggested"], fams["current"]
         self._f_last_info = fams["last_info"]
@@ -109,6 +124,7 @@ class EventCounts:
             self._events[labels] = dict.fromkeys(self.kinds, 0.0)
             self._fatal[labels] = dict.fromkeys(self.kinds, 0.0)
             self._retracted[labels] = 0.0
+            self._crashes[labels] = 0.0
             self._show_source(labels)
 
     def _show_source(self, labels: Labels) -> None:
@@ -118,20 +134,24 @@ class EventCounts:
         for kind, value in self._fatal[labels].items():
             _show(self._f_fatal, (kind, *labels), value, zero=kind in self.kinds and kind in self.fatal_kinds)
         _show(self._f_retracted, labels, self._retracted[labels], zero=self.retraction_kind is not None)
+        _show(self._f_crashes, labels, self._crashes[labels], zero=self.crash_kind is not None)
 
     def record(self, labels: Labels, event: OomEvent, wall_time: float, info: Mapping[str, str] | None = None) -> None:
         """Count one event; info is its INFO_LABELS in words (events/sink.py), for sglang_oom_last_event_info."""
         n = event.numbers
         with self._lock:
             self._ensure(labels)
-            kind_key = (event.kind, *labels)
-            self._events[labels][event.kind] = self._events[labels].get(event.kind, 0.0) + 1
             if self._sum is not None:
                 self._sum += 1
-            self._f_events.set(kind_key, self._events[labels][event.kind])
-            if event.fatal:
+            if event.kind == self.crash_kind:
+                self._crashes[labels] += 1
+                self._f_crashes.set(labels, self._crashes[labels])
+            else:
+                self._events[labels][event.kind] = self._events[labels].get(event.kind, 0.0) + 1
+                self._f_events.set((event.kind, *labels), self._events[labels][event.kind])
+            if event.fatal and event.kind != self.crash_kind:
                 self._fatal[labels][event.kind] = self._fatal[labels].get(event.kind, 0.0) + 1
-                self._f_fatal.set(kind_key, self._fatal[labels][event.kind])
+                self._f_fatal.set((event.kind, *labels), self._fatal[labels][event.kind])
             if event.kind == self.retraction_kind:
                 self._retracted[labels] += float(n.get("retracted_requests", 0) or 0)
                 self._f_retracted.set(labels, self._retracted[labels])
@@ -154,11 +174,16 @@ class EventCounts:
                         _show(self._f_current, flag_key, s.current)
 
     def set_kinds(
-        self, kinds: Sequence[str], retraction_kind: str | None, fatal_kinds: Iterable[str] | None = None
+        self,
+        kinds: Sequence[str],
+        retraction_kind: str | None,
+        fatal_kinds: Iterable[str] | None = None,
+        crash_kind: str | None = None,
     ) -> None:
         """A reloaded catalog: new kinds start at zero for every source; counts of dropped kinds are kept."""
         with self._lock:
             self.kinds = tuple(kinds)
+            self.crash_kind = crash_kind
             self.fatal_kinds = frozenset(self.kinds if fatal_kinds is None else fatal_kinds)
             self.retraction_kind = retraction_kind
             for labels in self._events:
@@ -176,6 +201,8 @@ class EventCounts:
                 self._f_fatal.discard((kind, *labels))
             self._retracted.pop(labels, None)
             self._f_retracted.discard(labels)
+            self._crashes.pop(labels, None)
+            self._f_crashes.discard(labels)
             for key in [k for k in self._last if k[0] == labels]:
                 old = self._last.pop(key)
                 for fam in (self._f_last_ts, self._f_last_req, self._f_last_avail):
@@ -195,11 +222,13 @@ class EventCounts:
             return list(self._events)
 
     def total(self, kind: str | None = None) -> float:
-        """Sum over sources (all kinds, or one)."""
+        """Sum over sources (all kinds and the crashes, or one kind or the crash)."""
         with self._lock:
             if kind is None and self._sum is not None:
                 return self._sum
             total = sum(v for per in self._events.values() for k, v in per.items() if kind is None or k == kind)
+            if kind is None or kind == self.crash_kind:
+                total += sum(self._crashes.values())
             if kind is None:
                 self._sum = total
             return total
@@ -211,7 +240,7 @@ class EventCounts:
                 "label_names": list(self.label_names),
                 "sources": [
                     {"labels": list(labels), "events": dict(self._events[labels]), "fatal": dict(self._fatal[labels]),
-                     "retracted": self._retracted[labels]}
+                     "retracted": self._retracted[labels], "crashes": self._crashes[labels]}
                     for labels in self._events
                 ],
             }  # fmt: skip
@@ -235,15 +264,16 @@ class EventCounts:
                 log.warning("state: one source's counters set aside (they start again from 0): %s", exc)
         with self._lock:
             self._sum = None
-            for labels, events, fatal, retracted in restored:
+            for labels, events, fatal, retracted, crashes in restored:
                 self._ensure(labels)
                 self._events[labels].update(events)
                 self._fatal[labels].update(fatal)
                 self._retracted[labels] = retracted
+                self._crashes[labels] = crashes
                 self._show_source(labels)
         return bad
 
-    def _restored(self, raw: object) -> tuple[Labels, dict[str, float], dict[str, float], float]:
+    def _restored(self, raw: object) -> tuple[Labels, dict[str, float], dict[str, float], float, float]:
         """One source's saved counters, checked; ValueError naming the first bad field."""
         entry = saved.obj(raw, "counters.sources[]")
         labels = tuple(saved.text(v, "labels[]") for v in saved.array(entry.get("labels"), "labels"))
@@ -254,7 +284,9 @@ class EventCounts:
             {saved.text(k, key): saved.count(v, f"{key}.{k}") for k, v in saved.obj(entry.get(key), key).items()}
             for key in ("events", "fatal")
         )
-        return labels, events, fatal, saved.count(entry.get("retracted"), "retracted")
+        # A state file from before the crash counter has no "crashes": 0, like a new source.
+        crashes = saved.count(entry.get("crashes", 0), "crashes")
+        return labels, events, fatal, saved.count(entry.get("retracted"), "retracted"), crashes
 
     def export_last(self) -> list[dict[str, Any]]:
         """Each source and kind's last event (time seen, requested and available tokens) for the state file."""

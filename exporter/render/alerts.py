@@ -33,7 +33,17 @@ from .alertspec import (
     RecordSpec,
 )
 from .guard_alerts import exporter_down_alert, guard_records, no_logs_alert, state_errors_alert, target_down_alert
-from .oom_alerts import crash_loop_alert, fatal_alert, near_full_alert, non_fatal_alert, oom_records, retraction_alert
+from .oom_alerts import (
+    crash_loop_alert,
+    crash_loop_any_alert,
+    crash_records,
+    crashed_alert,
+    fatal_alert,
+    near_full_alert,
+    non_fatal_alert,
+    oom_records,
+    retraction_alert,
+)
 from .options import GENERATED_NOTE, Files, RenderOptions
 from .promql import SOURCE_LABELS, Scope
 
@@ -64,6 +74,8 @@ def alert_pack(catalog: Catalog) -> list[AlertSpec]:
             specs.append(non_fatal_alert(kind, job))
         if retract is not None and kind.id == retract.id:
             specs.append(retraction_alert(kind, job))
+    if catalog.crash is not None:
+        specs += [crashed_alert(catalog.crash, job), crash_loop_any_alert(catalog.crash, job)]
     specs += [crash_loop_alert(pack, job), near_full_alert(pack, job)]
     specs += [exporter_down_alert(pack, job), no_logs_alert(pack, job), target_down_alert(pack, job)]
     specs.append(state_errors_alert(pack, job))
@@ -74,6 +86,8 @@ def recording_rules(catalog: Catalog) -> list[RecordSpec]:
     """Every recording rule of the pack, in the order they are evaluated (each reads only those before it)."""
     scope = Scope.of(catalog.alert_pack)
     records = oom_records(catalog.kinds, catalog.alert_pack, scope, retraction_kind(catalog))
+    if catalog.crash is not None:
+        records += crash_records(catalog.crash, scope)
     return records + guard_records(catalog.alert_pack, scope)
 
 
@@ -125,8 +139,8 @@ def alertmanager_example(catalog: Catalog) -> str:
     The subtree matches the pack's alert names and nothing else, so merged first under any root route it
     leaves every other alert where it went before (tests/test_alerts.py merges it under a catch-all)."""
     specs = alert_pack(catalog)
-    pages = [s.name for s in specs if s.role in ("fatal", "crash_loop")]
-    per_source = [s.name for s in specs if s.role in ("non_fatal", "retraction")]
+    pages = [s.name for s in specs if s.role in ("fatal", "crash_loop", "crash_loop_any")]
+    per_source = [s.name for s in specs if s.role in ("non_fatal", "retraction", "crash")]
     scope = Scope.of(catalog.alert_pack)
     source_equal = scope.labels(*SOURCE_LABELS)
     unit = scope.labels(*INCIDENT_LABELS)

@@ -24,6 +24,9 @@ EXPORTER_DOWN = "SGLangOOMExporterDown"
 NO_LOGS = "SGLangOOMExporterNoLogs"
 TARGET_DOWN = "SGLangOOMTargetDown"
 STATE_ERRORS = "SGLangOOMExporterStateErrors"
+# The catalog's non-memory crash (its own series, sglang_oom_crashes_total): one crash, and a crash loop.
+CRASHED = "SGLangCrashed"
+CRASH_LOOP_ANY = "SGLangCrashLoop"
 
 # Words of a kind id that are acronyms keep their case in alert names (CUDA, not Cuda).
 ACRONYMS = {"cuda": "CUDA", "kv": "KV", "oom": "OOM", "pd": "PD", "gpu": "GPU", "swa": "SWA"}

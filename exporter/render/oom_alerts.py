@@ -18,6 +18,8 @@ from ..config.values import parse_duration
 from ..metrics.groups import GROUP_INFO
 from .alertspec import (
     CRASH_LOOP,
+    CRASH_LOOP_ANY,
+    CRASHED,
     NEAR_FULL,
     OOM_GROUP,
     RETRACTIONS_HIGH,
@@ -321,6 +323,87 @@ def _kv_used_record(scope: Scope) -> RecordSpec:
         f"and {scope.on('instance', 'target')}\n({up} == 1)\n"
     )
     return RecordSpec(KV_USED, OOM_GROUP, expr)
+
+
+def crash_windows(crash: OomKind) -> list[str]:
+    """The windows the crash alerts count new crashes over: the one crash's and the crash loop's."""
+    return sorted({str(crash.alert["window"]), str(crash.alert["loop"]["window"])}, key=parse_duration)
+
+
+def crash_new(level: str, window: str) -> str:
+    """Per source (level "source") or unit ("unit"): the exact number of new non-memory crashes in the window."""
+    return f"{level}:sglang_oom_crashes:exact_increase{window}"
+
+
+def crash_records(crash: OomKind, scope: Scope) -> list[RecordSpec]:
+    """Per window of the crash alerts: the exact new crashes per source (two exporters counted once) and per unit
+    (a serving group's pods once), as the fatal OOMs' records count theirs."""
+    records = []
+    for window in crash_windows(crash):
+        series = scope.sel("sglang_oom_crashes_total")
+        # The last crash's time carries kind="crash"; the counter has no kind label to match it on.
+        last = scope.sel("sglang_oom_last_event_timestamp_seconds", kind=crash.id)
+        recent = f"(time() - max without (kind) ({last})) < {int(parse_duration(window))}"
+        exact = exact_increase(series, window, recent)
+        per_source = f"max {scope.by(*SOURCE_LABELS)} (\n{indent(exact)}\n)\n"
+        records.append(RecordSpec(crash_new("source", window), OOM_GROUP, per_source))
+        grouped = per_group(scope, crash_new("source", window), info=GROUP_MAP, sources=crash_new("source", window))
+        records.append(RecordSpec(crash_new("unit", window), OOM_GROUP, grouped))
+    return records
+
+
+def crashed_alert(crash: OomKind, scope: Scope) -> AlertSpec:
+    """SGLangCrashed: an SGLang process died of an exception that is no memory failure, per unit; a warning (the
+    pod restarts itself, and one crash may be a one-off), with the exception's last line."""
+    alert = crash.alert
+    window = str(alert["window"])
+    description = (
+        _lookup(scope, LAST_EVENT, UNIT_KEY, kind=crash.id)
+        + "{{ $value }} SGLang crash{{ if ne $value 1.0 }}es{{ end }}"
+        + f" on {who(scope)} in the last {window}: {_lower_first(crash.title)}, so no OOM "
+        + "alert says why it restarted. "
+        + _text(crash)
+    )
+    return AlertSpec(
+        name=CRASHED,
+        group=OOM_GROUP,
+        role="crash",
+        severity=crash.severity,
+        expr=f"{crash_new('unit', window)} > 0\n",
+        for_=str(alert["for"]),
+        keep_firing_for=str(alert["keep_firing_for"]),
+        window=window,
+        summary="SGLang died of an exception that is no out-of-memory error.",
+        description=description,
+        kind=crash,
+    )
+
+
+def crash_loop_any_alert(crash: OomKind, scope: Scope) -> AlertSpec:
+    """SGLangCrashLoop: `count` non-memory crashes on one unit within the window: the server keeps dying of
+    something no OOM alert covers, so it pages."""
+    loop = crash.alert["loop"]
+    window, count = str(loop["window"]), int(loop["count"])
+    description = (
+        _lookup(scope, LAST_EVENT, UNIT_KEY, kind=crash.id)
+        + f"SGLang on {who(scope)} died {{{{ $value }}}} times in the last {window} (alert at {count}) of "
+        + "exceptions that are no out-of-memory error: it restarts and dies again, and no OOM alert says why. "
+        + _text(crash)
+    )
+    return AlertSpec(
+        name=CRASH_LOOP_ANY,
+        group=OOM_GROUP,
+        role="crash_loop_any",
+        severity=str(loop["severity"]),
+        expr=f"{crash_new('unit', window)} >= {count}\n",
+        for_=str(loop.get("for", "0m")),
+        keep_firing_for=str(loop["keep_firing_for"]) if loop.get("keep_firing_for") else None,
+        window=window,
+        threshold=count,
+        summary="SGLang keeps dying of an exception that is no out-of-memory error.",
+        description=description,
+        kind=crash,
+    )
 
 
 def crash_loop_alert(pack: Mapping[str, Any], scope: Scope) -> AlertSpec:

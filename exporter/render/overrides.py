@@ -32,11 +32,14 @@ TOP_KEYS = ("job_selector", "cluster_label", "alerts")
 def _blocks(tree: dict[str, Any], catalog: Catalog) -> dict[str, dict[str, Any]]:
     """Each alert's block in the catalog tree, by alert name (the same dicts: changing one edits the tree)."""
     kinds = {raw.get("id"): raw for raw in tree.get("kinds") or [] if isinstance(raw, dict)}
+    if isinstance(tree.get("crash"), dict):  # the non-memory crash: a kind-shaped entry outside `kinds`
+        kinds[tree["crash"].get("id")] = tree["crash"]
     blocks: dict[str, dict[str, Any]] = {}
     for spec in alert_pack(catalog):
         if spec.kind is not None:
             alert = kinds[spec.kind.id]["alert"]
-            blocks[spec.name] = alert["non_fatal"] if spec.role == "non_fatal" else alert
+            nested = {"non_fatal": "non_fatal", "crash_loop_any": "loop"}.get(spec.role)
+            blocks[spec.name] = alert[nested] if nested else alert
         else:
             blocks[spec.name] = tree["alert_pack"][spec.role]
     return blocks
@@ -44,7 +47,7 @@ def _blocks(tree: dict[str, Any], catalog: Catalog) -> dict[str, dict[str, Any]]
 
 def _settable(block: dict[str, Any]) -> set[str]:
     """The keys an override may set in a block: its numbers, durations and severity, not its name or parts."""
-    return {k for k in block if k not in ("__line__", "name", "non_fatal")}
+    return {k for k in block if k not in ("__line__", "name", "non_fatal", "loop")}
 
 
 def _parse(text: str, path: str) -> Any:
@@ -108,9 +111,9 @@ def load_with_overrides(overrides_path: str, catalog_path: str | None = None) ->
         allowed = _settable(block)
         settings = _strip(settings)
         merged = {**block, **settings, "__line__": settings["__line__"]}
-        fields.fields(merged, where, set(), allowed | {"name", "non_fatal"})
+        fields.fields(merged, where, set(), allowed | {"name", "non_fatal", "loop"})
         # Unknown keys were reported as such; a key of the block that an override may not set is named here.
-        for key in sorted(set(settings) & {"name", "non_fatal"}):
+        for key in sorted(set(settings) & {"name", "non_fatal", "loop"}):
             v.err(settings, f"{where}.{key}", f"cannot be overridden (settable: {', '.join(sorted(allowed))})")
         block.update({k: val for k, val in settings.items() if k != "__line__"})
     if v.problems:

@@ -24,8 +24,13 @@ INDEX = f"{RUNBOOK_DIR}/README.md"
 PARTS = ("Meaning", "Impact", "Diagnosis", "Mitigation")
 
 
-def _kind_commands(kind: OomKind, job: str) -> str:
-    grep = " ".join(f"-e {quote(a)}" for a in kind.anchors)
+def _grep(kind: OomKind, catalog: Catalog) -> str:
+    """grep -F's patterns for a kind's lines: its anchors; for the non-memory crash, SGLang's crash headers."""
+    literals = (*catalog.crash_headers, *kind.anchors) if catalog.is_crash(kind.id) else kind.anchors
+    return " ".join(f"-e {quote(a)}" for a in literals)
+
+
+def _kind_commands(kind: OomKind, job: str, grep: str) -> str:
     return (
         "```sh\n"
         + find_exporter(job)
@@ -54,15 +59,21 @@ def _apply_note(kind: OomKind) -> str:
     )
 
 
-def _patterns(kind: OomKind) -> str:
+def _patterns(kind: OomKind, crash: bool = False) -> str:
     releases = "\n".join(f"- {p.versions}" for p in kind.patterns)
     examples = "\n".join(kind.match_examples)
+    forms = (
+        "Any exception that no OOM kind names, raised outside memory-pool and allocator code, is one (its traceback "
+        "follows SGLang's '<process> hit an exception' header); so are these texts, which SGLang raises in "
+        "allocator code although they are no memory failure"
+        if crash
+        else "The message has changed over SGLang releases; this kind matches these forms"
+    )
     return (
         "<details><summary>Background: what SGLang prints</summary>\n\n"
         f"{kind.title}. The exporter counts one event per server-level failure (all ranks and the traceback "
-        "that repeats the message are one event). The message has changed over SGLang releases; this kind "
-        f"matches these forms:\n\n{releases}\n\nLines like these (the catalog's own test examples):\n\n"
-        f"```\n{examples}\n```\n\n</details>\n"
+        f"that repeats the message are one event). {forms}:\n\n{releases}\n\nLines like these (the catalog's "
+        f"own test examples):\n\n```\n{examples}\n```\n\n</details>\n"
     )
 
 
@@ -83,20 +94,36 @@ def _kind_page(spec: AlertSpec, kind: OomKind, catalog: Catalog, options: Render
             f"{kind.runbook['meaning']} This alert fires when that happens more than {spec.threshold:g} times a "
             f"minute (over {spec.window}, for {spec.for_}); a few retractions are normal and never alert."
         )
+    elif spec.role == "crash_loop_any":
+        meaning = (
+            f"{kind.runbook['meaning']} This alert pages when it happened {spec.threshold:g} times or more on one "
+            f"server within {spec.window}: the server restarts and dies again, and no OOM alert says why "
+            "(SGLangCrashed warns on each crash)."
+        )
+    crash = catalog.is_crash(kind.id)
     series = ["sglang_oom_events_total", "sglang_oom_fatal_events_total", "sglang_oom_last_event_requested_tokens",
               "sglang_oom_last_event_available_tokens", "sglang_oom_suggested_flag_value"]  # fmt: skip
+    if crash:
+        series = ["sglang_oom_crashes_total", "sglang_oom_last_event_info", "sglang_oom_last_event_timestamp_seconds"]
     hint = kind.runbook.get("diagnosis", "")
     diagnosis = (
         (f"{hint.rstrip()}\n\n" if hint else "")
         + labels_note()
-        + _kind_commands(kind, job)
+        + _kind_commands(kind, job, _grep(kind, catalog))
         + "\n"
-        + series_note(series, f'{{kind="{kind.id}"}}')
+        + series_note(series, "" if crash else f'{{kind="{kind.id}"}}')
         + "\n"
         + dashboard_note(options)
     )
-    mitigation = steps(kind, versions) + _apply_note(kind)
-    return page(spec, meaning + "\n\n" + _patterns(kind), impact, diagnosis, mitigation)
+    mitigation = steps(kind, versions) + (_CRASH_NOTE if crash else _apply_note(kind))
+    return page(spec, meaning + "\n\n" + _patterns(kind, crash), impact, diagnosis, mitigation)
+
+
+_CRASH_NOTE = (
+    "\nNo memory flag fixes it: the exception, not a pool, is the cause. The last-event series carry "
+    '`kind="crash"`. Once the change is rolled out, watch SGLangCrashed stay quiet and the pod\'s restart count '
+    "stop growing.\n"
+)
 
 
 def page_path(alert: str) -> str:
@@ -108,10 +135,12 @@ def _index(catalog: Catalog, specs: list[AlertSpec]) -> str:
     versions = catalog.alert_pack["flag_versions"]
     rows = "\n".join(f"| [{s.name}]({s.name.lower()}.md) | `{s.severity}` | {s.summary} |" for s in specs)
     sections = []
-    for kind in catalog.kinds:
+    for kind in (*catalog.kinds, *((catalog.crash,) if catalog.crash is not None else ())):
         alerts = [s for s in specs if s.kind is not None and s.kind.id == kind.id]
         links = ", ".join(f"[{s.name}]({s.name.lower()}.md)" for s in alerts)
-        grep = " ".join(f"-e {quote(a)}" for a in kind.anchors)
+        grep = _grep(kind, catalog)
+        crash = catalog.is_crash(kind.id)
+        counter = "sglang_oom_crashes_total" if crash else f'sglang_oom_events_total{{kind="{kind.id}"}}'
         sections.append(
             f"## {kind.id}\n\n"
             f"**{kind.title}.** Alerts: {links}.\n\n"
@@ -120,7 +149,7 @@ def _index(catalog: Catalog, specs: list[AlertSpec]) -> str:
             "### Diagnosis\n\n"
             f"```sh\nkubectl logs -n NAMESPACE POD -c CONTAINER --previous | grep -F {grep}\n"
             "kubectl logs -n NAMESPACE POD -c CONTAINER --previous | sglang-oom-exporter scan -\n```\n\n"
-            f'Series: `sglang_oom_events_total{{kind="{kind.id}"}}`; the alert pages above have the full steps.\n\n'
+            f"Series: `{counter}`; the alert pages above have the full steps.\n\n"
             f"### Mitigation\n\n{steps(kind, versions)}"
         )
     return (
@@ -128,7 +157,7 @@ def _index(catalog: Catalog, specs: list[AlertSpec]) -> str:
         f"<!-- {GENERATED_NOTE} -->\n\n"
         "One page per alert of `alerts/sglang-oom.rules.yaml`, each with its Meaning, Impact, Diagnosis and "
         "Mitigation. `critical` alerts page; `warning` alerts are tickets. Below the table, one section per OOM "
-        "kind (the `kind` label), linked from the dashboards.\n\n"
+        "kind (the `kind` label), then one for the non-memory crash, linked from the dashboards.\n\n"
         "| alert | severity | summary |\n|---|---|---|\n"
         f"{rows}\n\n" + "\n".join(sections)
     )

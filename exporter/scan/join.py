@@ -262,7 +262,7 @@ class Joiner:
         """Pipeline._admit over the joined file (its offsets are file offsets: one generation), with scan's
         unbounded hold: an evidence-needing report without evidence yet waits for evidence anywhere later."""
         at = (0, report.record.offset)
-        if report.kind not in self._needs_evidence:
+        if report.kind not in self._needs_evidence and not report.needs_evidence:
             self._evidence.mark(at)
             self._release()
             return True

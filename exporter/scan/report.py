@@ -23,8 +23,8 @@ class ScanResult:
     errors: list[tuple[str, str]] = field(default_factory=list)  # inputs whose scan failed: (path, why)
 
     def counts(self) -> dict[str, int]:
-        """Events per kind, every catalog kind present."""
-        counts = dict.fromkeys(self.catalog.ids, 0)
+        """Events per kind, every catalog kind (and the non-memory crash) present."""
+        counts = dict.fromkeys(self.catalog.event_ids, 0)
         for e in self.events:
             counts[e.kind] = counts.get(e.kind, 0) + 1
         return counts

@@ -1,5 +1,5 @@
 """The whole-pipeline fuzz properties and their input strategies: random bytes, rank interleavings, CRI
-partial splits and NUL runs. tests/test_fuzz_pipeline.py runs each quickly; bench/fuzz.py runs the same
+partial splits and NUL runs, and a dying scheduler's traceback with any final exception line. tests/test_fuzz_pipeline.py runs each quickly; bench/fuzz.py runs the same
 properties for as long as asked.
 """
 
@@ -11,8 +11,8 @@ import itertools
 from hypothesis import strategies as st
 
 from sglang_oom_exporter.scan.serial import scan_stream
-from tests.support.helpers import CATALOG, MATCHER, scan_bytes, summary
-from tests.support.logs import COMPOSE_FRAGMENTS, FRAGMENTS
+from tests.support.helpers import CATALOG, MATCHER, scan_bytes, scan_text, summary
+from tests.support.logs import COMPOSE_FRAGMENTS, CRASH_FRAMES, FRAGMENTS, scheduler_crash
 
 CRI_PREFIX = (b"2026-03-14T22:07:33.1Z stdout ", b"2026-03-14T22:07:33.1Z stderr ")
 
@@ -77,10 +77,36 @@ def same_events_with_small_chunks_or_no_prefilter(data: bytes, chunk: int) -> No
     assert summary(scan_bytes(data, chunk=chunk)) == reference
 
 
+def a_dying_scheduler_gives_exactly_one_event(
+    cls: str, message: str, frames: list[tuple[str, str]], ranks: tuple[str, ...]
+) -> None:
+    """Never silent, never counted twice: whatever the final exception line, the ranks that die of it together
+    are one event. Where no kind's text names it, its frames decide: under memory-pool or allocator code a memory
+    kind, else the non-memory crash."""
+    line = f"{cls}: {message}"
+    events = scan_text(scheduler_crash(line, frames, ranks))
+    assert len(events) == 1, (line, frames, summary(events))
+    (event,) = events
+    assert event.ranks == ranks
+    assert event.fatal
+    named = MATCHER.match_line(line) is not None or event.numbers.get("exception") is None
+    memory = any(f in CRASH_FRAMES["memory"] for f in frames)
+    if not named and event.kind != CATALOG.crash.id:
+        assert memory, (line, frames, event.kind)
+    if not named and not memory and not event.inferred:
+        assert event.kind == CATALOG.crash.id, (line, frames, event.kind)
+
+
+EXCEPTION_CLASS = st.from_regex(r"\A(?:[a-z_]+\.)?[A-Z][A-Za-z]{0,20}(?:Error|Exception)?\Z")
+EXCEPTION_MESSAGE = st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\r\n"), max_size=200)
+CRASH_FRAME = st.sampled_from([f for group in CRASH_FRAMES.values() for f in group])
+DYING = (EXCEPTION_CLASS, EXCEPTION_MESSAGE, st.lists(CRASH_FRAME, max_size=5),
+         st.sampled_from([("TP0",), ("TP0", "TP1")]))  # fmt: skip
 CUTS = st.lists(st.integers(min_value=0), max_size=16)
 # Each property with the strategies of its arguments: the tests below and bench/fuzz.py run these.
 FUZZ_PROPERTIES = (
     (same_events_however_split, (FUZZ_INPUT, CUTS)),
     (same_events_with_small_chunks_or_no_prefilter, (FUZZ_INPUT, st.integers(min_value=1, max_value=64))),
     (same_events_however_split, (st.binary(max_size=8192), CUTS)),
+    (a_dying_scheduler_gives_exactly_one_event, DYING),
 )

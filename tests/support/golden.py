@@ -67,13 +67,13 @@ def golden_counts(stated: dict[str, int] | None) -> dict[str, int]:
     A kind id the catalog does not have, or a stated zero, is an error (the file would say something false or
     something redundant)."""
     stated = dict(stated or {})
-    unknown = sorted(set(stated) - set(CATALOG.ids))
+    unknown = sorted(set(stated) - set(CATALOG.event_ids))
     if unknown:
         raise ValueError(f"unknown kind id(s) {unknown} in a golden's counts")
     zeros = sorted(k for k, v in stated.items() if v == 0)
     if zeros:
         raise ValueError(f"a golden lists only non-zero counts, not {zeros}")
-    return {k: stated.get(k, 0) for k in CATALOG.ids}
+    return {k: stated.get(k, 0) for k in CATALOG.event_ids}
 
 
 def write_golden(
@@ -94,7 +94,7 @@ def write_golden(
     no SGLang evidence, or SGLang's text inside another program's record), stated only when not 0.
     CONTRIBUTING.md "Add an OOM kind" shows its use.
     """
-    kinds = {k.id for k in CATALOG.kinds}
+    kinds = set(CATALOG.event_ids)
     counts: dict[str, int] = {}
     for i, event in enumerate(events):
         missing = [key for key in GOLDEN_FIELDS if key not in event]
@@ -108,7 +108,7 @@ def write_golden(
     retract = [e for e in events if e["kind"] == CATALOG.retraction_kind]
     expected = {
         "description": description,
-        "counts": {k: counts[k] for k in CATALOG.ids if k in counts},
+        "counts": {k: counts[k] for k in CATALOG.event_ids if k in counts},
         "retractions": {
             "events": len(retract),
             "retracted_requests": sum(int(e["numbers"].get("retracted_requests", 0)) for e in retract),

@@ -60,6 +60,12 @@ FRAGMENTS = [
     b"AssertionError: No space left for only one request, self.token_to_kv_pool_allocator.available_size()=6\n",
     b"[2026-03-14 22:07:33] SIGQUIT received. signum=None, frame=None. It usually means one child failed.\n",
     b"Available tokens: 6100\n",
+    # A scheduler that dies of what no kind names: non-memory frames and lines, and the launch-phase SIGQUIT line
+    b'  File "/x/sglang/srt/managers/scheduler.py", line 4, in event_loop_overlap\n',
+    b'  File "/x/sglang/srt/mem_cache/kv_cache_configurator.py", line 5, in _init_pools\n',
+    b"ValueError: Insufficient destination DCP pages: required=64, provided=48\n",
+    b"[2026-03-14 22:07:36 TP1] Scheduler hit an exception: Traceback (most recent call last):\n",
+    b"[2026-03-14 22:07:36] Received sigquit from a child process. It usually means the child failed.\n",
 ]
 # The same records as docker-compose prints them, with another service's lines to mix in anywhere.
 COMPOSE_FRAGMENTS = [b"sglang-1  | " + f for f in FRAGMENTS if not f.startswith((b"2026-03-14T", b"\xff"))] + [
@@ -111,6 +117,32 @@ def oom_block(*, traceback: bool = True, rank: str = "TP0", kind: str = "Prefill
             f"RuntimeError: {text}\n\n"
         )
     return out
+
+
+# Frames a dying scheduler's traceback may end in (0.5.23's files and functions), by what the structure says of them.
+CRASH_FRAMES = {
+    "other": [("managers/scheduler.py", "event_loop_overlap"), ("managers/scheduler.py", "run_batch"),
+              ("disaggregation/decode.py", "process_decode_queue"), ("model_executor/model_runner.py", "forward")],
+    "memory": [("mem_cache/allocation.py", "alloc_token_slots"), ("mem_cache/allocation.py", "alloc_for_extend"),
+               ("mem_cache/kv_cache_configurator.py", "_init_pools"), ("managers/scheduler.py", "init_memory_pools"),
+               ("mem_cache/allocator/paged.py", "alloc_decode"), ("mem_cache/radix_cache.py", "evict")],
+    "phase": [("managers/schedule_batch.py", "prepare_for_decode"), ("managers/schedule_batch.py", "prepare_for_extend"),
+              ("managers/scheduler.py", "__init__")],
+}  # fmt: skip
+
+
+def scheduler_crash(exception: str, frames: list[tuple[str, str]], ranks: tuple[str, ...] = ("TP0",)) -> str:
+    """What SGLang logs when a scheduler dies (managers/scheduler.py, run_scheduler_process): per rank the header,
+    the frames and the exception text, then the parent's SIGQUIT line."""
+    tb = "".join(
+        f'  File "/usr/local/lib/python3.12/dist-packages/sglang/srt/{path}", line {10 + i}, in {func}\n    x()\n'
+        for i, (path, func) in enumerate([("managers/scheduler.py", "run_scheduler_process"), *frames])
+    )
+    out = "".join(
+        f"[2026-10-30 09:41:18 {rank}] Scheduler hit an exception: Traceback (most recent call last):\n{tb}{exception}\n\n"
+        for rank in ranks
+    )
+    return out + "[2026-10-30 09:41:18] SIGQUIT received. signum=None, frame=None. It usually means one child failed.\n"
 
 
 def cri(text: str) -> str:
