@@ -153,3 +153,11 @@ def test_the_bulk_ids_reader_agrees_with_recoverys_row_rules(rows, window):
     for identity in want_window:
         first.setdefault(identity[8:], identity)
     assert list(memory.ids) == list(first.values())
+
+
+def test_the_budget_is_the_setting_in_full_windows():
+    from sglang_oom_exporter.config.model import Config
+    from sglang_oom_exporter.daemon.receiver import limits
+
+    assert limits(Config()).identities == IDENTITY_BUDGET
+    assert limits(Config(otlp_spool_dedupe_windows=3)).identities == 3 * DEDUPE_WINDOW

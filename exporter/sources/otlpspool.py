@@ -137,13 +137,15 @@ class SpoolStats:
 
 @dataclass(frozen=True)
 class SpoolUse:
-    """The spool's use now: sources, files and directories (inodes), bytes of blocks, unread bytes, file bytes."""
+    """The spool's use now: sources, files and directories (inodes), bytes of blocks, unread bytes, file bytes, and
+    the record identities its dedupe windows hold in memory."""
 
     sources: int
     inodes: int
     disk_bytes: int
     unread_bytes: int
     file_bytes: int
+    identities: int
 
 
 class _Window:
@@ -287,6 +289,7 @@ class Spool:
             + sum(dirs),
             unread_bytes=sum(m.size - min(m.read, m.size) for m in memories) + sum(n for s in segments for n, _ in s),
             file_bytes=sum(m.size + m.ids_bytes for m in memories) + sum(n for s in segments for n, _ in s),
+            identities=self._held,
         )
 
     def disk_bytes(self) -> int:
