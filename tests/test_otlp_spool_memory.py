@@ -161,3 +161,16 @@ def test_the_budget_is_the_setting_in_full_windows():
 
     assert limits(Config()).identities == IDENTITY_BUDGET
     assert limits(Config(otlp_spool_dedupe_windows=3)).identities == 3 * DEDUPE_WINDOW
+
+
+@settings(max_examples=200, deadline=None)
+@given(batches=st.lists(st.lists(st.integers(0, 40), max_size=12), max_size=12), size=st.integers(1, 9))
+def test_a_window_takes_a_batch_at_once_as_it_takes_its_identities_one_by_one(batches, size):
+    bulk, single = otlpspool._Window(size), otlpspool._Window(size)
+    for batch in batches:
+        identities = [(i * 7919).to_bytes(16, "big") for i in batch]  # a repeat inside a batch or the window too
+        bulk.extend(b"".join(identities))
+        for identity in identities:
+            single.add(identity)
+        assert list(bulk) == list(single)
+        assert bulk.keys == single.keys

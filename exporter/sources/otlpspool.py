@@ -174,13 +174,30 @@ class _Window:
             yield ring[i : i + _KEY]
 
     def extend(self, blob: bytes) -> None:
-        """Add identities given as one run of 16-byte keys, oldest first."""
-        keys = set(memoryview(blob).cast("Q")[1::2])  # each key's last 8 bytes, as _key() reads them
-        if not self.keys and len(keys) * _KEY == len(blob) <= self.size * _KEY:
-            self.keys, self.ring = keys, bytearray(blob)  # an empty window, no key twice: taken at once
+        """Add identities given as one run of 16-byte keys, oldest first: as add() one by one, in bulk when none
+        is in the window or twice in the run (a batch's fresh lines, a window read back)."""
+        new = set(_keys(blob))
+        if len(new) * _KEY != len(blob) or not new.isdisjoint(self.keys):
+            for i in range(0, len(blob), _KEY):
+                self.add(blob[i : i + _KEY])
             return
-        for i in range(0, len(blob), _KEY):
-            self.add(blob[i : i + _KEY])
+        if len(blob) > self.size * _KEY:  # only the last `size` stay
+            blob = blob[len(blob) - self.size * _KEY :]
+            new = set(_keys(blob))
+        room = min(len(blob), self.size * _KEY - len(self.ring))
+        if self.keys:
+            self.ring += blob[:room]
+            self.keys |= new
+        else:  # an empty window: taken whole, no table grown step by step
+            self.ring, self.keys = bytearray(blob[:room]), new
+        blob = blob[room:]
+        while blob:  # the window is full: each new identity takes the place of the oldest
+            head = self.head
+            take = min(len(blob), len(self.ring) - head)
+            self.keys.difference_update(_keys(bytes(self.ring[head : head + take])))
+            self.ring[head : head + take] = blob[:take]
+            self.head = (head + take) % len(self.ring)
+            blob = blob[take:]
 
     def add(self, identity: bytes) -> None:
         key = _key(identity)
@@ -194,6 +211,11 @@ class _Window:
         self.keys.discard(_key(self.ring[head : head + _KEY]))
         self.ring[head : head + _KEY] = identity
         self.head = (head + _KEY) % len(self.ring)
+
+
+def _keys(blob: bytes) -> memoryview:
+    """The lookup ints of a run of 16-byte identities (as _key() reads each)."""
+    return memoryview(blob).cast("Q")[1::2]
 
 
 def _key(identity: bytes | bytearray) -> int:
@@ -450,12 +472,12 @@ class Spool:
                 memory = self._memory.get(rel)
                 if memory is None:
                     memory = self._load(rel, {})  # a source the spool does not hold: nothing of it on disk
-                window = self._window(rel, memory)
+                keys = self._window(rel, memory).keys
                 self._fit(rel)  # windows read back for this batch are held one at a time
                 fresh: list[Line] = []
                 taken: set[bytes] = set()
                 for line in lines:
-                    if line.identity in window or line.identity in taken:
+                    if _key(line.identity) in keys or line.identity in taken:
                         duplicates += 1
                     else:
                         taken.add(line.identity)
@@ -733,8 +755,7 @@ class Spool:
         elif memory.ids is not None:  # out of memory: its .ids file holds this commit's identities
             self._hold(s.rel, memory)
             before = len(memory.ids)
-            for line in s.fresh:
-                memory.ids.add(line.identity)
+            memory.ids.extend(b"".join(line.identity for line in s.fresh))
             self._held += len(memory.ids) - before
         if memory.lines > 4 * memory.window:
             self._compact(path + IDS_SUFFIX, memory)
