@@ -404,7 +404,8 @@ def test_the_spools_recoveries_errors_and_refusals_are_exported_and_logged(tmp_p
         x.data for x in _batch("files/a.log", 2, 0)["files/a.log"])), f"{p}_inodes": inodes,
         f"{p}_recovered_bytes_total": len(b"never committed\n"), f"{p}_write_errors_total": 1,
         f"{p}_rotations_total": 0, f"{p}_dropped_segments_total": 0, f"{p}_reclaimed_logs_total": 0,
-        f"{p}_removed_sources_total": 0, f"{p}_refusals_total": 1}  # fmt: skip
+        f"{p}_removed_sources_total": 0, f"{p}_refusals_total": 1, f"{p}_dedupe_identities": 2,
+        f"{p}_window_loads_total": 0}  # fmt: skip
     assert "16 bytes past the last commit cut" in caplog.text
     assert "cannot write" in caplog.text
 

@@ -49,6 +49,7 @@ EXPECTED = {
     "otlp_spool_total_mib": (1536, "SGLANG_OOM_EXPORTER_OTLP_SPOOL_TOTAL_MIB", "--otlp-spool-total-mib"),
     "otlp_spool_retention": (3600.0, "SGLANG_OOM_EXPORTER_OTLP_SPOOL_RETENTION", "--otlp-spool-retention"),
     "otlp_spool_max_sources": (4096, "SGLANG_OOM_EXPORTER_OTLP_SPOOL_MAX_SOURCES", "--otlp-spool-max-sources"),
+    "otlp_spool_dedupe_windows": (16, "SGLANG_OOM_EXPORTER_OTLP_SPOOL_DEDUPE_WINDOWS", "--otlp-spool-dedupe-windows"),
 }
 # The bounds a duration is refused outside of, as --check-config words them.
 BOUNDS = {
@@ -178,7 +179,7 @@ def test_serve_help_states_every_default(capsys, monkeypatch):
     # One block per option: its line, and the next when argparse puts a long option's help below it.
     blocks = {b.split()[0]: " ".join(b.split()) for b in re.split(r"\n(?=  -)", text.split("options:")[1]) if b.strip()}
     flagged = [s for s in SETTINGS if s.flag_name]
-    assert len(flagged) == 25
+    assert len(flagged) == 26
     for setting in flagged:
         block = blocks[str(setting.flag_name)]
         assert block.endswith(f"{setting.help} (default: {setting.shown_default})"), block
@@ -191,7 +192,7 @@ def test_serve_help_states_every_default(capsys, monkeypatch):
 def test_the_reference_page_has_a_row_per_setting_and_is_committed():
     text = page()
     rows = [line for line in text.splitlines() if line.startswith("| ") and not line.startswith("| file key")]
-    assert len(rows) == len(SETTINGS) == 30
+    assert len(rows) == len(SETTINGS) == 31
     assert (
         "| `poll_interval` | `--poll-interval` | `SGLANG_OOM_EXPORTER_POLL_INTERVAL` | `1s` | 1ms to 1h | applied | "
         "Loop tick, and the polling interval with --force-polling. |"

@@ -78,3 +78,4 @@ class Config:
     otlp_spool_total_mib: int = default("otlp_spool_total_mib")
     otlp_spool_retention: float = default("otlp_spool_retention")
     otlp_spool_max_sources: int = default("otlp_spool_max_sources")
+    otlp_spool_dedupe_windows: int = default("otlp_spool_dedupe_windows")

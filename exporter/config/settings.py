@@ -176,6 +176,10 @@ SETTINGS: tuple[Setting, ...] = (
             "services); a batch naming a new one past it gets 503", low=1, high=100_000, metavar="N",
             reload=False, note="each takes about 16 KiB of disk blocks, 4 inodes and 15 KiB of memory; a source is "
             "removed once idle for --otlp-spool-retention and read to its end (docs/otlp.md)"),
+    Setting("otlp_spool_dedupe_windows", "int", 16, "hold at most this many OTLP sources' full dedupe windows "
+            "(65,536 record identities, about 5.3 MiB each) in memory", low=1, high=100_000, metavar="N",
+            reload=False, note="the windows of the sources that received least recently leave memory and are "
+            "read back from disk when they next receive (docs/otlp.md); a retry is still a duplicate"),
 )  # fmt: skip
 # Bounds of durations inside a structured setting, by their key path.
 NESTED_DURATION_BOUNDS = {"discover_targets.interval": (1.0, DAY)}

@@ -24,7 +24,7 @@ from prometheus_client.registry import Collector
 
 from ..config.model import Config
 from ..metrics.names import SELF
-from ..sources.otlpspool import Limits, Line, Spool
+from ..sources.otlpspool import DEDUPE_WINDOW, Limits, Line, Spool
 from .health import ReceivedFacts
 from .loop import Loop
 from .sourceset import SourceSet
@@ -109,7 +109,7 @@ def limits(config: Config) -> Limits:
     """The spool's bounds from the settings."""
     mib = 1024 * 1024
     return Limits(config.otlp_spool_source_mib * mib, config.otlp_spool_total_mib * mib, config.otlp_spool_retention,
-                  config.otlp_spool_max_sources)  # fmt: skip
+                  config.otlp_spool_max_sources, config.otlp_spool_dedupe_windows * DEDUPE_WINDOW)  # fmt: skip
 
 
 class SpoolCollector(Collector):
@@ -134,6 +134,8 @@ class SpoolCollector(Collector):
         yield GaugeMetricFamily(f"{p}_unread_bytes", "Bytes of the OTLP spool a durable state save does not show read "
                                 "yet (what the spool cannot free to make room).", value=use.unread_bytes)  # fmt: skip
         yield GaugeMetricFamily(f"{p}_inodes", "Files and directories the OTLP spool takes.", value=use.inodes)
+        yield GaugeMetricFamily(f"{p}_dedupe_identities", "Record identities the OTLP spool's dedupe windows hold in "
+                                "memory (--otlp-spool-dedupe-windows caps them).", value=use.identities)  # fmt: skip
         yield CounterMetricFamily(f"{p}_recovered_bytes", "Uncommitted bytes cut from spooled logs at a start (a "
                                   "crash between a batch's writes; its shipper got no 2xx).",
                                   value=s.recovered_bytes)  # fmt: skip
@@ -146,6 +148,9 @@ class SpoolCollector(Collector):
                                   "the total cap.", value=s.reclaimed_logs)  # fmt: skip
         yield CounterMetricFamily(f"{p}_removed_sources", "Idle spooled sources read to their end and removed.",
                                   value=s.removed_sources)  # fmt: skip
+        yield CounterMetricFamily(f"{p}_window_loads", "Dedupe windows read back from disk: a source received while "
+                                  "its window was out of memory (past --otlp-spool-dedupe-windows).",
+                                  value=s.window_loads)  # fmt: skip
         family = CounterMetricFamily(f"{p}_refusals", "Batches the spool refused (503), by the cap they would "
                                      "pass: source (--otlp-spool-source-mib), total (--otlp-spool-total-mib, once "
                                      "read lines are freed), sources (--otlp-spool-max-sources).",

@@ -38,10 +38,11 @@ import errno
 import logging
 import os
 import re
+import sys
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -50,11 +51,16 @@ POD_DIR = "pods"  # the kubelet-layout tree: pods/<ns>_<pod>_<uid>/<container>/<
 FILE_DIR = "files"  # sources named by a file path or a service: files/<name>.log
 NO_UID = "nouid"  # the uid part of a pod directory whose records named no k8s.pod.uid
 DEDUPE_WINDOW = 65536  # identities kept per source: a retry resends a batch of the last few minutes, not older
+# Identities held in memory across all sources (16 full windows, about 92 MiB): past it the windows of the sources
+# that received least recently leave memory and are read back from their .ids files when they next receive.
+IDENTITY_BUDGET = 16 * DEDUPE_WINDOW
 IDS_SUFFIX = ".ids"
 RECLAIM_BYTES = 4 * 4096  # a log read less than this far is not worth a rotation for room
 BLOCK = 4096  # a new block's size, for a batch's estimate (ext4, xfs, tmpfs); what is taken is read back
 _ID_ROW = 33  # bytes of one identity in the .ids file (32 hex digits and a newline)
 _ID = re.compile(rb"[0-9a-f]{32}\n")
+_IDS = re.compile(rb"(?:[0-9a-f]{32}\n)*")  # rows between two marks, none torn
+_KEY = 16  # bytes of an identity
 _MARK = re.compile(rb"=(\d+)(?: (\d+))?\n")  # "=<log size> <identities it commits>" (the count: since 0.1.0)
 _ROTATED = re.compile(r"(.+\.log)\.\d{8}-\d{6}(?:\.\d+)?")  # a rotated segment: <n>.log.<YYYYmmdd-HHMMSS>[.k]
 _TEMP = IDS_SUFFIX + ".tmp"  # a compaction's new .ids file before its rename
@@ -92,12 +98,14 @@ class SpoolSourcesError(SpoolFullError):
 @dataclass(frozen=True, slots=True)
 class Limits:
     """The spool's bounds: disk per source and in all (bytes of blocks; 0: unbounded), sources (0: unbounded),
-    and how long an idle source that was read to its end is kept (0: for ever)."""
+    how long an idle source that was read to its end is kept (0: for ever), and the identities held in memory
+    across sources (0: every source's window)."""
 
     source_bytes: int = 0
     total_bytes: int = 0
     retention: float = 0.0
     sources: int = 0
+    identities: int = IDENTITY_BUDGET
 
     @property
     def segment_bytes(self) -> int:
@@ -125,28 +133,106 @@ class SpoolStats:
     refused_source: int = 0  # batches refused: a source's cap
     refused_total: int = 0  # batches refused: the total cap (unread lines)
     refused_sources: int = 0  # batches refused: new sources past the cap on sources
+    window_loads: int = 0  # dedupe windows read back from their .ids files (out of memory for the budget)
 
 
 @dataclass(frozen=True)
 class SpoolUse:
-    """The spool's use now: sources, files and directories (inodes), bytes of blocks, unread bytes, file bytes."""
+    """The spool's use now: sources, files and directories (inodes), bytes of blocks, unread bytes, file bytes, and
+    the record identities its dedupe windows hold in memory."""
 
     sources: int
     inodes: int
     disk_bytes: int
     unread_bytes: int
     file_bytes: int
+    identities: int
+
+
+class _Window:
+    """A source's last `size` committed identities: their bytes in one ring (oldest first from `head`) and, for
+    lookup, the last 8 bytes of each as an int in a set (about 84 bytes an identity, against 137 for the bytes in
+    an OrderedDict before). A new record is taken for a duplicate when its 64 bits match one of the window's by
+    chance: at most 65,536 / 2**64 = 3.6e-15 a record (identities are BLAKE2b digests)."""
+
+    __slots__ = ("head", "keys", "ring", "size")
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self.ring = bytearray()
+        self.head = 0
+        self.keys: set[int] = set()
+
+    def __contains__(self, identity: bytes) -> bool:
+        return _key(identity) in self.keys
+
+    def __len__(self) -> int:
+        return len(self.keys)
+
+    def __iter__(self) -> Iterator[bytes]:
+        ring, head = bytes(self.ring), self.head
+        for i in (*range(head, len(ring), _KEY), *range(0, head, _KEY)):
+            yield ring[i : i + _KEY]
+
+    def extend(self, blob: bytes) -> None:
+        """Add identities given as one run of 16-byte keys, oldest first: as add() one by one, in bulk when none
+        is in the window or twice in the run (a batch's fresh lines, a window read back)."""
+        new = set(_keys(blob))
+        if len(new) * _KEY != len(blob) or not new.isdisjoint(self.keys):
+            for i in range(0, len(blob), _KEY):
+                self.add(blob[i : i + _KEY])
+            return
+        if len(blob) > self.size * _KEY:  # only the last `size` stay
+            blob = blob[len(blob) - self.size * _KEY :]
+            new = set(_keys(blob))
+        room = min(len(blob), self.size * _KEY - len(self.ring))
+        if self.keys:
+            self.ring += blob[:room]
+            self.keys |= new
+        else:  # an empty window: taken whole, no table grown step by step
+            self.ring, self.keys = bytearray(blob[:room]), new
+        blob = blob[room:]
+        while blob:  # the window is full: each new identity takes the place of the oldest
+            head = self.head
+            take = min(len(blob), len(self.ring) - head)
+            self.keys.difference_update(_keys(bytes(self.ring[head : head + take])))
+            self.ring[head : head + take] = blob[:take]
+            self.head = (head + take) % len(self.ring)
+            blob = blob[take:]
+
+    def add(self, identity: bytes) -> None:
+        key = _key(identity)
+        if key in self.keys:
+            return
+        self.keys.add(key)
+        if len(self.ring) < self.size * _KEY:
+            self.ring += identity
+            return
+        head = self.head
+        self.keys.discard(_key(self.ring[head : head + _KEY]))
+        self.ring[head : head + _KEY] = identity
+        self.head = (head + _KEY) % len(self.ring)
+
+
+def _keys(blob: bytes) -> memoryview:
+    """The lookup ints of a run of 16-byte identities (as _key() reads each)."""
+    return memoryview(blob).cast("Q")[1::2]
+
+
+def _key(identity: bytes | bytearray) -> int:
+    """The int a window looks an identity up by: its last 8 bytes in the machine's order (a memoryview's "Q")."""
+    return int.from_bytes(identity[_KEY - 8 : _KEY], sys.byteorder)
 
 
 class _Memory:
-    """One source's recent identities (insertion-ordered, bounded), its files' committed sizes and blocks, and
-    what the last durable save shows read of it."""
+    """One source's recent identities (its window: None while it is out of memory, its .ids file holds them), its
+    files' committed sizes and blocks, and what the last durable save shows read of it."""
 
     __slots__ = ("file", "ids", "ids_blocks", "ids_bytes", "last", "lines", "log_blocks", "new", "read",
                  "segments", "size", "window")  # fmt: skip
 
     def __init__(self, window: int) -> None:
-        self.ids: OrderedDict[bytes, None] = OrderedDict()
+        self.ids: _Window | None = _Window(window)
         self.window = window
         self.size = 0  # the live log's committed bytes
         self.ids_bytes = 0  # the .ids file's committed bytes
@@ -158,11 +244,6 @@ class _Memory:
         self.read = 0  # bytes of the live log the last durable save shows read
         self.last = 0.0  # wall time of the last write (the log's mtime after a restart)
         self.new = False  # the batch being written makes its log file (first, or after a rotation)
-
-    def add(self, identity: bytes) -> None:
-        self.ids[identity] = None
-        if len(self.ids) > self.window:
-            self.ids.popitem(last=False)
 
     @property
     def disk(self) -> int:
@@ -200,6 +281,9 @@ class Spool:
         self._wall = wall
         self._lock = threading.Lock()
         self._memory: dict[str, _Memory] = {}
+        # The sources whose window is in memory, least recently received first, and the identities they hold.
+        self._hot: OrderedDict[str, None] = OrderedDict()
+        self._held = 0
         self._dirs: dict[str, int] = {}  # the spool's directories -> bytes of blocks they take
         # What the last durable state save says of each spooled log: its path -> (dev, ino, offset).
         self._saved: dict[str, tuple[int, int, int]] = {}
@@ -228,6 +312,7 @@ class Spool:
             + sum(dirs),
             unread_bytes=sum(m.size - min(m.read, m.size) for m in memories) + sum(n for s in segments for n, _ in s),
             file_bytes=sum(m.size + m.ids_bytes for m in memories) + sum(n for s in segments for n, _ in s),
+            identities=self._held,
         )
 
     def disk_bytes(self) -> int:
@@ -267,9 +352,65 @@ class Spool:
                         st = _stat(full)
                         if st is not None:
                             segments.setdefault(owner, {})[full] = (st.st_size, st.st_blocks * 512)
-            for rel in sorted(sources | set(segments)):
+            # Oldest first, so that what the budget keeps in memory is what received last.
+            for rel in sorted(sources | set(segments), key=lambda rel: (self._mtime(rel), rel)):
                 memory = self._load(rel, segments.get(rel, {}))
                 self._memory[rel] = memory
+                self._hold(rel, memory)
+                self._fit()
+
+    def _mtime(self, rel: str) -> float:
+        st = _stat(self.path(rel) + IDS_SUFFIX) or _stat(self.path(rel))
+        return st.st_mtime if st is not None else 0.0
+
+    def _hold(self, rel: str, memory: _Memory) -> None:
+        """Note a source's window in memory as received last (its identities counted against the budget)."""
+        if rel not in self._hot and memory.ids is not None:
+            self._held += len(memory.ids)
+        self._hot[rel] = None
+        self._hot.move_to_end(rel)
+
+    def _fit(self, keep: str = "") -> None:
+        """Take windows out of memory, least recently received first, until the budget holds them (`keep`'s
+        stays). Their .ids files hold them: _window() reads a window back exactly as recovery would."""
+        budget = self.limits.identities
+        while budget and self._held > budget:
+            rel = next(iter(self._hot))
+            if rel == keep:
+                if len(self._hot) == 1:
+                    return
+                self._hot.move_to_end(rel)
+                continue
+            self._drop_window(rel)
+
+    def _drop_window(self, rel: str) -> None:
+        self._hot.pop(rel, None)
+        memory = self._memory.get(rel)
+        if memory is not None and memory.ids is not None:
+            self._held -= len(memory.ids)
+            memory.ids = None
+
+    def _window(self, rel: str, memory: _Memory) -> _Window:
+        """A source's window, read back from its .ids file's committed bytes when it is out of memory."""
+        window = memory.ids
+        if window is None:
+            path = self.path(rel) + IDS_SUFFIX
+            try:
+                with open(path, "rb") as fh:
+                    raw = fh.read(memory.ids_bytes)
+            except OSError as exc:
+                raise SpoolError(f"cannot read {path}: {exc}") from exc
+            if len(raw) < memory.ids_bytes:
+                raise SpoolError(f"cannot read {path}: {len(raw)} bytes, {memory.ids_bytes} committed")
+            window = _Window(memory.window)
+            scratch = _Memory(memory.window)
+            scratch.ids = window
+            _replay(raw, scratch)
+            memory.ids = window
+            self.stats.window_loads += 1
+        if rel in self._memory:  # a new source is held once a commit makes it the spool's
+            self._hold(rel, memory)
+        return window
 
     def _load(self, rel: str, segments: dict[str, tuple[int, int]]) -> _Memory:
         """A source's memory from its .ids file; a log past the last commit is cut back to it, and rows no
@@ -332,18 +473,23 @@ class Spool:
                 memory = self._memory.get(rel)
                 if memory is None:
                     memory = self._load(rel, {})  # a source the spool does not hold: nothing of it on disk
+                keys = self._window(rel, memory).keys
+                self._fit(rel)  # windows read back for this batch are held one at a time
                 fresh: list[Line] = []
                 taken: set[bytes] = set()
                 for line in lines:
-                    if line.identity in memory.ids or line.identity in taken:
+                    if _key(line.identity) in keys or line.identity in taken:
                         duplicates += 1
                     else:
                         taken.add(line.identity)
                         fresh.append(line)
                 if fresh:
                     plan.append((rel, memory, fresh))
-            self._make_room(plan)
-            new = self._write(plan)
+            try:
+                self._make_room(plan)
+                new = self._write(plan)
+            finally:
+                self._fit()
             written = sum(len(fresh) for _, _, fresh in plan)
         return written, duplicates, new
 
@@ -522,6 +668,7 @@ class Spool:
         for name in (*memory.segments, path, path + IDS_SUFFIX):
             with contextlib.suppress(OSError):
                 os.unlink(name)
+        self._drop_window(rel)
         del self._memory[rel]
         self.stats.removed_sources += 1
         log.info("otlp spool: removed %s: idle for the retention and read to its end", path)
@@ -555,6 +702,7 @@ class Spool:
             for rel, memory, _ in pending:
                 self._undo(self.path(rel), memory)
                 if memory.file is None and not memory.ids_bytes and not memory.segments:
+                    self._drop_window(rel)
                     self._memory.pop(rel, None)  # a new source nothing was committed for: not the spool's yet
             path = getattr(exc, "filename", None) or self.root
             log.warning("otlp spool: cannot write %s, the batch is refused (503) and cut back: %s", path, exc)
@@ -603,8 +751,13 @@ class Spool:
         memory.lines += len(s.fresh) + 1
         memory.ids_bytes += len(ids)
         memory.last = self._wall()
-        for line in s.fresh:
-            memory.add(line.identity)
+        if memory.ids is None and memory.lines > 4 * memory.window:
+            self._window(s.rel, memory)  # read back with this commit's identities: the compaction needs them
+        elif memory.ids is not None:  # out of memory: its .ids file holds this commit's identities
+            self._hold(s.rel, memory)
+            before = len(memory.ids)
+            memory.ids.extend(b"".join(line.identity for line in s.fresh))
+            self._held += len(memory.ids) - before
         if memory.lines > 4 * memory.window:
             self._compact(path + IDS_SUFFIX, memory)
 
@@ -649,7 +802,8 @@ class Spool:
     def _compact(self, ids_path: str, memory: _Memory) -> None:
         """Rewrite a long .ids file as the window it keeps and one commit mark (atomically)."""
         temp = ids_path[: -len(IDS_SUFFIX)] + _TEMP
-        body = b"".join(i.hex().encode() + b"\n" for i in memory.ids) + b"=%d %d\n" % (memory.size, len(memory.ids))
+        ids = memory.ids if memory.ids is not None else ()
+        body = b"".join(i.hex().encode() + b"\n" for i in ids) + b"=%d %d\n" % (memory.size, len(ids))
         try:
             blocks, _ = _write_at(temp, 0, body)
             os.replace(temp, ids_path)
@@ -657,33 +811,56 @@ class Spool:
             with contextlib.suppress(OSError):
                 os.unlink(temp)
             return  # the long file is still whole; compaction waits for the next batch
-        memory.lines = len(memory.ids) + 1
+        memory.lines = len(ids) + 1
         memory.ids_bytes, memory.ids_blocks = len(body), blocks
 
 
 def _replay(raw: bytes, memory: _Memory) -> int:
-    """Load the committed identities and the log's committed size of a .ids file's bytes; the offset of the end
-    of its last commit. A mark commits the `count` identity rows right before it (all of them since the last mark
-    for a mark without a count); a row that is neither (torn) uncommits what came before it."""
-    pending: list[bytes] = []
-    committed_end = offset = 0
-    for row in raw.splitlines(keepends=True):
-        offset += len(row)
-        if _ID.fullmatch(row):
-            pending.append(bytes.fromhex(row[:-1].decode()))
-            continue
-        mark = _MARK.fullmatch(row)
-        if mark is None:
-            pending = []  # a torn row: the rows before it were never committed
-            continue
-        count = len(pending) if mark.group(2) is None else min(int(mark.group(2)), len(pending))
-        for identity in pending[len(pending) - count :]:
-            memory.add(identity)
+    """Load the committed identities (the last of them, as many as the window keeps) and the log's committed size
+    of a .ids file's bytes; the offset of the end of its last commit. A mark commits the `count` identity rows
+    right before it (all of them since the last mark for a mark without a count); a row that is neither (torn)
+    uncommits what came before it. Rows between two marks are read at once when none is torn."""
+    committed: list[bytes] = []  # each mark's identities, 16 bytes each
+    committed_end = 0
+    for mark in _marks(raw):
+        segment = raw[committed_end : mark.start()]
+        if _IDS.fullmatch(segment):
+            pending = bytes.fromhex(segment.decode())
+        else:
+            rows: list[bytes] = []
+            for row in segment.splitlines(keepends=True):
+                if _ID.fullmatch(row):
+                    rows.append(row)
+                else:
+                    rows = []  # a torn row: the rows before it were never committed
+            pending = bytes.fromhex(b"".join(rows).decode())
+        count = len(pending) // _KEY if mark.group(2) is None else min(int(mark.group(2)), len(pending) // _KEY)
+        if count:
+            committed.append(pending[len(pending) - count * _KEY :])
         memory.size = int(mark.group(1))
         memory.lines += count + 1
-        pending = []
-        committed_end = offset
+        committed_end = mark.end()
+    window = memory.ids if memory.ids is not None else _Window(memory.window)
+    keep, tail = window.size * _KEY, []
+    for chunk in reversed(committed):
+        if keep <= 0:
+            break
+        tail.append(chunk[-keep:])
+        keep -= len(tail[-1])
+    window.extend(b"".join(reversed(tail)))
+    memory.ids = window
     return committed_end
+
+
+def _marks(raw: bytes) -> Iterator[re.Match[bytes]]:
+    """The mark rows of a .ids file's bytes: a row (after a newline or a carriage return, as splitlines cuts them)
+    that is a whole mark. Found by their `=`, which no identity row has."""
+    at = raw.find(b"=")
+    while at >= 0:
+        mark = _MARK.match(raw, at) if at == 0 or raw[at - 1] in b"\r\n" else None
+        if mark is not None:
+            yield mark
+        at = raw.find(b"=", at + 1)
 
 
 def _batch_blocks(fresh: Sequence[Line], memory: _Memory) -> int:
