@@ -231,15 +231,15 @@ def test_series_per_source_exactly(tmp_path):
 
     one = _series(page())
     per_source = [line for line in one if 'source="a"' in line]
-    # Every kind's events (each has an alert), the kinds that can be fatal, the retraction counter, then the
-    # source's lag and read errors. The default catalog: 10 + 9 + 1 + 2.
-    assert len(per_source) == len(CATALOG.ids) + len(fatal_kinds(CATALOG)) + 1 + 2 == 22
+    # Every kind's events (each has an alert), the kinds that can be fatal, the retraction and non-memory crash
+    # counters, then the source's lag and read errors. The default catalog: 10 + 9 + 2 + 2.
+    assert len(per_source) == len(CATALOG.ids) + len(fatal_kinds(CATALOG)) + 2 + 2 == 23
     (tmp_path / "b.log").write_text("")
     (tmp_path / "c.log").write_text("")
     app.loop.request_discover()
     _steps(app, clock, 12)
     three = _series(page())
-    assert len(three) - len(one) == 2 * 22  # nothing else grows with the number of files
+    assert len(three) - len(one) == 2 * 23  # nothing else grows with the number of files
     with open(tmp_path / "b.log", "a") as fh:
         fh.write("a line\n")
     app.loop.mark_changed({str(tmp_path)})

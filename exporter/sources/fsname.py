@@ -52,7 +52,7 @@ _KEEP_ESCAPED = {"path": "%@", "service": "%@/=", "host": "%"}
 
 def received(stem: str) -> str:
     """The name of a spooled non-pod source from its file's stem: `path=%2Fvar%2Flog%2Fa.log@node%2D1` ->
-    "/var/log/a.log@node-1", a service `decode` -> "decode"; a relative path keeps its `path=`."""
+    "/var/log/a.log@node-1", a service `sglang%5Fdecode` -> "sglang_decode"; a relative path keeps its `path=`."""
     name, at, host = stem.partition("@")
     if name.startswith("path="):
         path = _decoded(name[5:], _KEEP_ESCAPED["path"])
