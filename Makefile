@@ -3,6 +3,9 @@
 #   make test          the pure-Python tests, no slow or end-to-end ones: the seconds-long loop
 #   make e2e           the tests that start promtool, Prometheus, Alertmanager, podman, chromium, helm, mtail or
 #                      the daemon (pytest marker e2e; their machine packages missing: they skip and say why)
+#   make live-sglang   the tests that run a real SGLang 0.5.23 on the CPU against the daemon (pytest marker live_sglang,
+#                      also e2e); the first run installs it into .cache/live-sglang/ (about 4 minutes, 2.8 GB);
+#                      `$(PYTHON) -m tests.support.live_sglang record` re-records tests/data's real fixtures
 #   make render-check  the generated files equal a fresh render of the catalog and code
 #   make image         the container image (docker or podman; BASE_IMAGE=... to build on another base)
 #   make all           lint, render-check, then the whole suite (the lint tests excluded: lint ran first)
@@ -17,7 +20,7 @@ VERSION := $(shell sed -n 's/^__version__ = "\(.*\)"$$/\1/p' exporter/__init__.p
 IMAGE ?= sglang-oom-exporter:$(VERSION)
 BASE_IMAGE ?=
 
-.PHONY: all lint test e2e render-check image
+.PHONY: all lint test e2e live-sglang render-check image
 
 all: lint render-check
 	$(PYTEST) -m "not lint"
@@ -32,6 +35,9 @@ test:
 
 e2e:
 	$(PYTEST) -m "e2e"
+
+live-sglang:
+	$(PYTEST) -m "live_sglang"
 
 render-check:
 	$(PYTHON) -m sglang_oom_exporter render --check
