@@ -50,7 +50,7 @@ RELEASE = "0.5.23"
 INSTALL_TIMEOUT = 1500.0
 READY_TIMEOUT = 240.0  # 20-30 s on a quiet machine, 90 s at load 7
 EXIT_TIMEOUT = 120.0  # a fatal OOM's teardown: about 6 s, 65 s for req_slots (it waits for CUDA coredumps)
-STOP_TIMEOUT = 60.0  # SIGTERM drains and exits 0 in 8-20 s
+STOP_TIMEOUT = 180.0  # SIGTERM drains the running requests, then exits 0 (8-20 s idle)
 BASE_FLAGS = (
     "--device", "cpu", "--attention-backend", "torch_native", "--disable-cuda-graph", "--enable-metrics",
     "--log-level", "info", "--max-total-tokens", "256", "--disable-radix-cache", "--skip-server-warmup",
@@ -208,6 +208,13 @@ class Server:
         except (OSError, urllib.error.URLError, ValueError) as exc:
             return {"error": str(exc)}
 
+    def abort_all(self) -> None:
+        """Abort every request (POST /abort_request {"abort_all": true}): a stop then has nothing to drain."""
+        request = urllib.request.Request(f"{self.url}/abort_request", b'{"abort_all": true}',  # noqa: S310
+                                         {"Content-Type": "application/json"})  # fmt: skip
+        with urllib.request.urlopen(request, timeout=30) as r:  # noqa: S310 - loopback
+            r.read()
+
     def generate_many(self, count: int, prompt: int, max_new_tokens: int, *, ignore_eos: bool = True) -> Requests:
         """`count` concurrent /generate calls of `prompt` tokens each, in threads; join() waits for them all."""
         return Requests(self, count, prompt, max_new_tokens, ignore_eos)
@@ -324,21 +331,26 @@ def _crash(prompt: int, max_new_tokens: int, count: int = 1) -> Driver:
 
 
 def _retract(server: Server, rec: Recording, up: Callable[[Server], None]) -> None:
-    """8 concurrent requests of 20 tokens in, 200 out, under --schedule-conservativeness 0.1: SGLang admits them
-    all, the pool fills while they decode, and it retracts requests (real pressure, no injection). ignore_eos off:
-    with it on, SGLang reserves the whole output at admission and never retracts."""
+    """8 concurrent requests of 20 tokens in, 200 out, under --schedule-conservativeness 0.1: SGLang admits more than
+    the pool can grow into and retracts one while they decode (real pressure, no injection; ignore_eos off: with it
+    on, SGLang reserves the whole output at admission and never retracts). At the first retraction the scenario
+    scrapes /metrics (its counters moved) and stops the server: finishing 1600 tokens took minutes under load."""
     rec.server_info = server.server_info()
     up(server)
-    rec.results = server.generate_many(8, 20, 200, ignore_eos=False).join()
-    rec.metrics = server.metrics()  # after the retraction: its counters and ratio
+    requests = server.generate_many(8, 20, 200, ignore_eos=False)
+    wait_for_line(server.log, RETRACT_LINE, READY_TIMEOUT, server)
+    rec.metrics = server.metrics()
+    server.abort_all()  # SIGTERM drains: the rest of 1600 tokens took minutes at load 12
     rec.exit_codes.append(server.stop())
+    rec.results = requests.join()
 
 
 def _graceful(server: Server, rec: Recording, up: Callable[[Server], None]) -> None:
-    """A graceful stop under load: SIGTERM while 8 requests decode; SGLang drains and exits 0, with no OOM."""
+    """A graceful stop under load: SIGTERM while 8 requests decode; SGLang drains them and exits 0, with no OOM.
+    40 tokens out each, so that the drain (a few at a time in a 256-token pool) ends within the stop's deadline."""
     rec.server_info = server.server_info()
     up(server)
-    requests = server.generate_many(8, 20, 200)
+    requests = server.generate_many(8, 20, 40)
     wait_for_line(server.log, DECODE_LINE, READY_TIMEOUT, server)
     rec.metrics = server.metrics()
     rec.exit_codes.append(server.stop())
@@ -365,7 +377,7 @@ SCENARIOS = {s.name: s for s in (
              "six concurrent requests of 10 tokens: `alloc_req_slots runs out of memory.` for a batch of 3+"),
     Scenario("retract", ("--schedule-conservativeness", "0.1"), "", _retract,
              "8 x (20 in, 200 out), schedule conservativeness 0.1: a real retraction, no injection"),
-    Scenario("graceful", (), "", _graceful, "SIGTERM while 8 requests decode: drains, exits 0, no OOM"),
+    Scenario("graceful", (), "", _graceful, "SIGTERM while 8 requests of 20 in, 40 out decode: drains, exits 0, no OOM"),
 )}  # fmt: skip
 
 
@@ -400,12 +412,21 @@ def recorded_server_info(name: str) -> Path:
     return SCRAPE / f"server_info_live_{RELEASE.replace('.', '_')}_{name}.json"
 
 
-def _free_port() -> int:
-    import socket
+# The servers' ports: below the kernel's ephemeral range and above the slices the suite's xdist workers take
+# (tests/support/helpers.free_port: 400 a worker from 10000). SGLang binds its port a minute or more after it was
+# chosen, and on a machine where other test runs take ports from those slices one was taken in between.
+LIVE_PORTS = range(30000, 30400)
 
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+
+def free_port() -> int:
+    """A port of LIVE_PORTS free on 127.0.0.1 now, tried from an offset of this process's own."""
+    from tests.support.helpers import bindable
+
+    for i in range(len(LIVE_PORTS)):
+        port = LIVE_PORTS[(os.getpid() * 7 + i) % len(LIVE_PORTS)]
+        if bindable(port):
+            return port
+    raise UnavailableError(f"no free port in {LIVE_PORTS}")
 
 
 def record(names: list[str]) -> None:
@@ -416,7 +437,7 @@ def record(names: list[str]) -> None:
         started = time.monotonic()
         log = recorded_log(name)
         log.unlink(missing_ok=True)
-        rec = run(python, SCENARIOS[name], log, _free_port())
+        rec = run(python, SCENARIOS[name], log, free_port())
         recorded_metrics(name).write_bytes(rec.metrics)
         recorded_server_info(name).write_bytes(rec.server_info)
         print(f"{name}: {time.monotonic() - started:.0f} s, exit {rec.exit_codes}, log {log.relative_to(ROOT)}")
