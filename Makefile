@@ -4,7 +4,7 @@
 #   make e2e           the tests that start promtool, Prometheus, Alertmanager, podman, chromium, helm, mtail or
 #                      the daemon (pytest marker e2e; their machine packages missing: they skip and say why)
 #   make live-sglang   the tests that run a real SGLang 0.5.23 on the CPU against the daemon (pytest marker live_sglang,
-#                      also e2e); the first run installs it into .cache/live-sglang/ (about 4 minutes, 2.8 GB);
+#                      also e2e); the first run installs it into .cache/live-sglang/ (4-7 minutes, 2.8 GB);
 #                      `$(PYTHON) -m tests.support.live_sglang record` re-records tests/data's real fixtures
 #   make render-check  the generated files equal a fresh render of the catalog and code
 #   make image         the container image (docker or podman; BASE_IMAGE=... to build on another base)

@@ -2,7 +2,7 @@
 each scenario, and the mirrored sglang_oom_target_* gauges equal to the server's own /metrics while it is up.
 
 `make live-sglang` runs these alone; `make all` (CI) runs them with the rest. The first run installs SGLang into a
-cached virtualenv (about 4 minutes); each scenario then starts one server (20-90 s) and stops it. Where SGLang
+cached virtualenv (4-7 minutes); each scenario then starts one server (20-90 s) and stops it. Where SGLang
 cannot be installed they skip with the reason, except under CI=true, where they fail.
 """
 
@@ -33,6 +33,7 @@ MIRRORED = {
     "kv_used_tokens": "kv_used_tokens", "num_running_reqs": "running_requests", "num_queue_reqs": "queued_requests",
     "new_token_ratio": "new_token_ratio", "num_retracted_reqs": "retracted_requests_last_step",
 }  # fmt: skip
+GENERIC = "Out of memory. Try to lower your batch size."
 
 
 def _install() -> dict[str, str]:
@@ -133,11 +134,40 @@ def one_fatal(live: Live, kind: str, message: str) -> dict[str, Any]:
     return event
 
 
+def test_generic_oom_at_page_size_1_then_a_restart_into_the_same_file(live):
+    """Page size 1 raises the generic text; the traceback's prefill frames name the phase. The restarted server
+    appends to the same file and fails the same way: a second event, not a lost or a doubled one."""
+    rec = live.run("generic")
+    assert rec.exit_codes != [0], rec
+    assert all("error" in r for r in rec.results), rec
+    event = one_fatal(live, "prefill", GENERIC)
+    assert (event["phase"], event["inferred"]) == ("prefill", False)
+    assert (event["requested_tokens"], event["available_tokens"]) == (120, 256)
+    assert event["pools"] == [{"pool": "full", "total": None, "available": 256, "evictable": 0, "free": 256}]
+
+    rec = live.run("generic")
+    assert rec.exit_codes != [0], rec
+    settle(live.daemon, 2, "prefill")
+    assert all_counts(live.daemon) == {"prefill": 2}
+    assert [(e["requested_tokens"], e["available_tokens"]) for e in live.events()] == [(120, 256)] * 2
+    # Two runs in one file, each logging its text once with the prefix (and once more in its traceback).
+    assert len(re.findall(r"^\[[\d :-]+\] Out of memory\. Try to lower your batch size\.$", live.log_text(), re.M)) == 2
+    assert [m["max_total_tokens"] for m in live.mirrored] == [256, 256]
+
+
 def test_prefill_oom_at_page_size_16(live):
     live.run("prefill")
     event = one_fatal(live, "prefill", "Prefill out of memory. Try to lower your batch size.")
     assert (event["phase"], event["inferred"], event["requested_tokens"]) == ("prefill", False, 120)
     assert event["available_tokens"] == 256
+
+
+def test_decode_oom_at_page_size_16(live):
+    live.run("decode")
+    event = one_fatal(live, "decode", "Decode out of memory. Try to lower your batch size.")
+    assert (event["phase"], event["inferred"]) == ("decode", False)
+    # One more token for the one request; its 20 prompt and 9 decoded tokens hold two 16-token pages of 256.
+    assert (event["requested_tokens"], event["available_tokens"]) == (1, 224)
 
 
 def test_req_slots_oom(live):
@@ -151,3 +181,27 @@ def test_req_slots_oom(live):
     event = one_fatal(live, "req_slots", first.group(0))
     assert int(first.group(2)) >= 3
     assert event["numbers"] == {"req_slots_available": int(first.group(1)), "req_slots_requested": int(first.group(2))}
+
+
+def test_real_retraction(live):
+    """No injection: 8 requests outgrow the pool while decoding and SGLang retracts some. Each retraction line is one
+    event, with its own count of retracted requests; nothing fatal."""
+    rec = live.run("retract")
+    assert rec.exit_codes == [0], rec
+    retracted = [int(n) for n in live_sglang.RETRACT_LINE.findall(live.log_text())]
+    assert retracted, "the scenario made SGLang retract nothing"
+    settle(live.daemon, len(retracted), "retract")
+    assert all_counts(live.daemon) == {"retract": len(retracted)}
+    events = live.events()
+    assert [e["fatal"] for e in events] == [False] * len(retracted)
+    assert sorted(e["numbers"]["retracted_requests"] for e in events) == sorted(retracted)
+
+
+def test_graceful_stop_under_load_counts_nothing(live):
+    rec = live.run("graceful")
+    assert rec.exit_codes == [0], rec
+    text = live.log_text()
+    assert live_sglang.DECODE_LINE.search(text), "stopped before any decode ran"
+    settle(live.daemon, 0, "prefill")
+    assert all_counts(live.daemon) == {}
+    assert live.events() == []
