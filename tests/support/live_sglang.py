@@ -112,6 +112,13 @@ def _offline_env() -> dict[str, str]:
 def install(log: Callable[[str], None] = print) -> Path:
     """The cached virtualenv's Python, installed first if this pin set has none (one installer at a time, across
     processes); then the tiny model. Raises UnavailableError with the reason when either step fails."""
+    try:
+        return _install(log)
+    except OSError as exc:  # the cache directory cannot be written, a program cannot be started
+        raise UnavailableError(f"{CACHE}: {exc}") from None
+
+
+def _install(log: Callable[[str], None]) -> Path:
     base, venv, model = home(), home() / "venv", home() / "model"
     with _locked("install"):
         if not (base / "venv.done").exists():
