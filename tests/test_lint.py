@@ -64,6 +64,12 @@ def test_make_all_is_lint_render_check_and_the_whole_suite():
         assert 'exec make all PYTHON="$python"' in fh.read()
 
 
+def test_make_live_sglang_runs_the_live_sglang_marker_only():
+    proc = _make("-n", "live-sglang")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines() == [f'{sys.executable} -m pytest -q -n auto --dist worksteal  -m "live_sglang"']
+
+
 def test_the_tools_are_installed():
     # The dev extra pins both; make lint runs them as modules of this interpreter, so check exactly that.
     ruff = _run(sys.executable, "-m", "ruff", "--version")
