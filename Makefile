@@ -3,6 +3,10 @@
 #   make test          the pure-Python tests, no slow or end-to-end ones: the seconds-long loop
 #   make e2e           the tests that start promtool, Prometheus, Alertmanager, podman, chromium, helm, mtail or
 #                      the daemon (pytest marker e2e; their machine packages missing: they skip and say why)
+#   make live-sglang   the tests that run a real SGLang 0.5.23 on the CPU against the daemon (pytest marker live_sglang,
+#                      also e2e); the first run installs it into .cache/live-sglang/ (4-7 minutes, 2.8 GB);
+#                      `$(PYTHON) -m tests.support.live_sglang record` re-records tests/data's real fixtures;
+#                      not yet part of `make all` or `make e2e` (CI): it joins once whole runs pass on a loaded machine
 #   make render-check  the generated files equal a fresh render of the catalog and code
 #   make image         the container image (docker or podman; BASE_IMAGE=... to build on another base)
 #   make all           lint, render-check, then the whole suite (the lint tests excluded: lint ran first)
@@ -22,10 +26,10 @@ BASE_IMAGE ?=
 SGLANG_TEXTS := $(lastword $(shell ls tools/sglang-texts/*.yaml | sort -V))
 SGLANG_RELEASE := $(shell sed -n 's/^release: //p' $(SGLANG_TEXTS))
 
-.PHONY: all lint test e2e render-check image sglang-wheel
+.PHONY: all lint test e2e live-sglang render-check image sglang-wheel
 
 all: lint render-check
-	$(PYTEST) -m "not lint"
+	$(PYTEST) -m "not lint and not live_sglang"
 
 lint:
 	$(PYTHON) -m ruff check $(LINT_PATHS)
@@ -36,7 +40,10 @@ test:
 	$(PYTEST) -m "not e2e and not slow and not lint"
 
 e2e:
-	$(PYTEST) -m "e2e"
+	$(PYTEST) -m "e2e and not live_sglang"
+
+live-sglang:
+	$(PYTEST) -m "live_sglang"
 
 render-check:
 	$(PYTHON) -m sglang_oom_exporter render --check

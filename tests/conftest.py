@@ -64,7 +64,11 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     items.sort(key=key)
     workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
     if workers > 1:
-        items[:] = [item for w in range(workers) for item in items[w::workers]]
+        # The live SGLang tests run one server at a time (a file lock in tests/support/live_sglang.py): dealt
+        # out, they would hold a worker each while they wait for it; all in the first slice, they run in turn.
+        live = [item for item in items if item.get_closest_marker("live_sglang")]
+        rest = [item for item in items if not item.get_closest_marker("live_sglang")]
+        items[:] = live + [item for w in range(workers) for item in rest[w::workers]]
 
 
 @pytest.fixture(scope="session", autouse=True)

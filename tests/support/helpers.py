@@ -169,10 +169,16 @@ def free_port() -> int:
     for _ in range(len(ports)):
         port = ports[_next_port % len(ports)]
         _next_port += 1
-        with socket.socket() as sock:
-            try:
-                sock.bind(("127.0.0.1", port))
-            except OSError:
-                continue
+        if bindable(port):
             return port
     raise AssertionError(f"no free port in {ports}")
+
+
+def bindable(port: int) -> bool:
+    """Whether a TCP socket can bind this port on 127.0.0.1 now."""
+    with socket.socket() as sock:
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+        return True

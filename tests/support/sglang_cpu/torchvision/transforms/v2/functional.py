@@ -1,0 +1,7 @@
+"""torchvision.transforms.v2.functional, import only (see the package's docstring)."""
+
+from __future__ import annotations
+
+from torchvision._stub import stub_names
+
+__getattr__ = stub_names(__name__)
