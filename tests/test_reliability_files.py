@@ -284,3 +284,18 @@ def test_rename_rotation_right_after_each_write_is_exact(tmp_path, daemon_factor
         assert d.stop() == 0
     finally:
         shutil.rmtree(root)
+
+
+@pytest.mark.e2e
+def test_an_unended_last_line_is_held_not_lag_and_counts_once_its_line_ends(tmp_path, daemon_factory):
+    # SGLang 0.5.23's exit can leave nanobind's reference-leak warning without its newline as a log's last bytes.
+    # The daemon holds such a line until its end comes; it was counted as file_lag_bytes for ever, so a dead
+    # server's log never looked caught up. Now the held line is no backlog, and the line it starts still counts.
+    log = tmp_path / "server.log"
+    log.write_text("[2026-03-14 22:00:00 TP0] started\n")
+    d = daemon_factory(str(log))
+    settle(d, 0)
+    append(log, oom_block() + "nanobind: leaked 3 instances! For debugging hints see https://refleaks.html")
+    settle(d, 1)  # caught up with the unended line held: file_lag_bytes 0
+    append(log, "\n" + oom_block())
+    settle(d, 2)

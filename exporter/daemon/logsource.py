@@ -50,17 +50,17 @@ class LogSource:
     evidence: Evidence = field(default_factory=Evidence)  # is it SGLang? (the pipeline's, built or not)
 
     def lag_bytes(self) -> int:
-        """Bytes in the file not read yet (0 when unknown)."""
+        """Bytes in the file not read yet (0 when unknown). An unended last line is read and held, not a backlog: a
+        server killed mid-line (or one whose exit leaves a warning without its newline) is caught up."""
         if self.tailer is None:
             return 0
-        pos = self.tailer.position
         try:
             st = os.stat(self.path)
         except OSError:
             return 0
         if not stat.S_ISREG(st.st_mode):
             return 0  # a directory at the path (its size is no unread byte) or a FIFO: nothing to catch up on
-        return max(0, st.st_size - (pos.offset if pos else 0))
+        return max(0, st.st_size - self.tailer.read_offset)
 
     def poll(self, now: float, budget: int | None = None) -> bool:
         """Read what is new (up to budget bytes), feed the pipeline generation by generation, then tick.

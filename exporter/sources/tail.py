@@ -103,6 +103,17 @@ class FileTailer:
             return self._restore or self._ended
         return TailPosition(self.path, self._dev, self._ino, self._commit, self._fp, self._fp_len)
 
+    @property
+    def read_offset(self) -> int:
+        """How far the generation at hand has been read: past an unended last line, which the consumer holds until
+        its newline comes (so it is no backlog, though a restart reads it again from `position`); 0 before any."""
+        if self._fd is not None:
+            return self._offset
+        if self._parked is not None:
+            return self._parked.offset
+        pos = self._restore or self._ended
+        return pos.offset if pos is not None else 0
+
     def marked(self, pos: TailPosition) -> TailPosition:
         """pos with the mark (fingerprint of the bytes just before its offset) while its generation is at hand.
 
