@@ -22,6 +22,7 @@ from sglang_oom_exporter.catalog import CatalogError, load_catalog
 from sglang_oom_exporter.config.values import parse_duration
 from sglang_oom_exporter.render.alerts import (
     ALERTMANAGER_PATH,
+    PAGE_GROUP_WAIT,
     RECEIVERS,
     RULES_PATH,
     alert_pack,
@@ -29,7 +30,7 @@ from sglang_oom_exporter.render.alerts import (
     retraction_kind,
     rules_file,
 )
-from sglang_oom_exporter.render.alertspec import NAME_RE, alert_name
+from sglang_oom_exporter.render.alertspec import NAME_RE, OOM_GROUP, alert_name
 from sglang_oom_exporter.render.options import DEFAULT_RUNBOOK_BASE_URL, RenderOptions, runbook_page_url
 from sglang_oom_exporter.render.promql import SOURCE_LABELS
 from tests.support.helpers import dump_yaml, load_yaml
@@ -479,6 +480,24 @@ def test_dashboard_url_is_templated_from_the_alert_labels(tmp_path):
 
 
 # --- the example Alertmanager config ----------------------------------------------------------------------
+
+
+def test_the_pager_waits_seconds_for_an_incidents_alerts_and_the_rules_let_one_evaluation_find_them():
+    """The example's page route holds a new incident PAGE_GROUP_WAIT (not Alertmanager's default 30s, which paged
+    31 s after a live crash). Its reason is the rules': every page is `for: 0m` in one rule group, so a crash's alerts
+    come from one evaluation; a page with a `for:` or in another group would arrive after the wait, as a second
+    notification."""
+    example = load_yaml(EXAMPLE)
+    (ours,) = example["route"]["routes"]
+    pager = [r for r in ours["routes"] if r["receiver"] == RECEIVERS["critical"]]
+    assert [r.get("group_wait") for r in pager] == ["10s"] == [PAGE_GROUP_WAIT]
+    assert all("group_wait" not in r for r in (example["route"], ours, *ours["routes"]) if r not in pager)
+    assert f"group_wait: {PAGE_GROUP_WAIT}\n" in EXAMPLE.read_text()
+    groups = load_yaml(RULES)["groups"]
+    pages = {
+        (g["name"], r["for"]) for g in groups for r in g["rules"] if r.get("labels", {}).get("severity") == "critical"
+    }
+    assert pages == {(OOM_GROUP, "0m")}
 
 
 @pytest.mark.e2e

@@ -7,7 +7,8 @@ The daemon follows two temporary logs (sources "server" and "other") and scrapes
 the server's args, so an OOM carries a concrete suggestion. Prometheus loads the committed rules file and
 scrapes the daemon every second under job sglang-oom-exporter; Alertmanager runs a copy of
 alerts/alertmanager.example.yml whose two webhook receivers point at an http.server inside this test and
-whose group_wait/group_interval are 1s (the example's 30s/5m would only make the test wait). Steps:
+whose root route's group_wait/group_interval are 1s (Alertmanager's 30s/5m would only make the test wait); the
+pager route keeps the example's own group_wait (10s), so the page is timed as a user of the example gets it. Steps:
 
 1. a lone retraction on each source is counted, and after two rule evaluations that saw it nothing is
    pending or firing and nothing was delivered;
@@ -31,7 +32,15 @@ import pytest
 import yaml
 
 from sglang_oom_exporter.catalog import load_catalog
-from sglang_oom_exporter.render.alerts import ALERTMANAGER_PATH, RULES_PATH, alert_pack, recording_rules, rules_file
+from sglang_oom_exporter.config.values import parse_duration
+from sglang_oom_exporter.render.alerts import (
+    ALERTMANAGER_PATH,
+    PAGE_GROUP_WAIT,
+    RULES_PATH,
+    alert_pack,
+    recording_rules,
+    rules_file,
+)
 from sglang_oom_exporter.render.alertspec import RETRACTIONS_HIGH
 from sglang_oom_exporter.render.options import RenderOptions
 from tests.support.daemon import Daemon
@@ -54,7 +63,8 @@ pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(90)]
 
 ROOT = Path(__file__).resolve().parent.parent
 RETRACTION = "[2026-03-14 22:09:0{s} TP0] KV cache pool is full. Retract requests. #retracted_reqs: 2, #new_token_ratio: 0.4000 -> 0.5000\n"
-PAGE_BOUND_SECONDS = 20.0
+# A hang guard sized for a loaded machine on top of the pager's group_wait, which the page waits out by design.
+PAGE_BOUND_SECONDS = parse_duration(PAGE_GROUP_WAIT) + 30.0
 RULE_COUNT = len(alert_pack(load_catalog())) + len(recording_rules(load_catalog()))
 # SGLang's own /metrics at half KV usage: the near-full warning stays quiet, so step 1 can expect no alert at all.
 KV_HALF_USED = b"# TYPE sglang:token_usage gauge\nsglang:token_usage 0.5\n"
@@ -127,6 +137,7 @@ def _run(prom, am, hook, server_log, other_log, tmp_path) -> None:
     note = hook.wait_for(lambda n: n["_path"] == "/pager", timeout=PAGE_BOUND_SECONDS, what="the page")
     to_page = hook.received_at[hook.snapshot().index(note)] - appended
     print(f"\ntime to page (log append -> Alertmanager webhook): {to_page:.1f}s")
+    assert to_page >= parse_duration(PAGE_GROUP_WAIT)  # held for the pager's group_wait, not the root's 1s
     (alert,) = note["alerts"]
     assert alert["status"] == "firing"
     assert alert["labels"] == {"alertname": "SGLangPrefillOOM", "kind": "prefill", "source": "server",

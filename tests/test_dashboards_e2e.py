@@ -24,6 +24,7 @@ from typing import Any
 import pytest
 
 from sglang_oom_exporter.catalog import load_catalog
+from sglang_oom_exporter.metrics.collector import TARGET_VALUES
 from sglang_oom_exporter.metrics.groups import GROUP_INFO
 from sglang_oom_exporter.render.dashboards import OVERVIEW_PATH
 from tests.support.daemon import Daemon
@@ -202,6 +203,7 @@ def test_oom_and_suggestion_panels_return_the_event_and_the_flag_change(stack):
         _clusters_stay_apart(prom, cluster, fatal_kinds)
     _exclusions_match_the_real_labels(daemon)
     _a_selected_source_filters_every_panel(prom, fatal_kinds)
+    _a_dead_server_leaves_the_mirrored_panels(prom, fake)
     print(f"\ndashboard e2e: {time.monotonic() - started:.1f}s from the scraped stack to the last panel check")
 
 
@@ -264,6 +266,44 @@ def _exclusions_match_the_real_labels(daemon: Daemon) -> None:
     for name, keys in labels.items():
         assert (re.fullmatch(no_kind, name) is not None) == ("kind" not in keys), (name, keys)
         assert (re.fullmatch(no_source, name) is not None) == ("source" not in keys), (name, keys)
+
+
+def _mirrored_queries() -> dict[str, list[str]]:
+    """Panel title -> its queries that read a mirrored SGLang value (sglang_oom_target_<value>, not the health)."""
+    names = {f"sglang_oom_target_{name}" for name, _, _ in TARGET_VALUES.values()}
+    out: dict[str, list[str]] = {}
+    for panel in panels(DASHBOARD):
+        exprs = [t["expr"] for t in panel.get("targets", [])
+                 if set(re.findall(r"sglang_oom_target_[a-z_]+?(?=_total\b|\b)", t["expr"])) & names]  # fmt: skip
+        if exprs:
+            out[panel["title"]] = exprs
+    return out
+
+
+def _a_dead_server_leaves_the_mirrored_panels(prom: Prometheus, fake: FakeSGLang) -> None:
+    """The SGLang server dies: the top row counts it down, and every panel that shows its mirrored values empties
+    (Prometheus marks the series the exporter stopped exposing stale), rather than drawing its last numbers on."""
+    mirrored = _mirrored_queries()
+    assert {"KV cache token usage", "KV tokens: used vs pool", "Running and queued requests"} <= set(mirrored)
+    assert all(prom.query(_grafana(e)) for e in mirrored["KV cache token usage"])  # drawn while it is up
+    fake.stop()
+    (down_expr,) = _queries("SGLang targets down")
+    wait_until(lambda: prom.query_value(_grafana(down_expr)) == 1.0, timeout=20, what="the target down in Prometheus")
+    last: dict[str, list[str]] = {}
+
+    def empty() -> bool:
+        last.clear()
+        for title, exprs in mirrored.items():
+            shown = [r["value"][1] for e in exprs for r in prom.query(_grafana(e))]
+            if shown:
+                last[title] = shown
+        return not last
+
+    try:  # the counters' rates over their 4s window end a few seconds after the gauges
+        wait_until(empty, timeout=20, what="every mirrored panel empty")
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}: still showing the dead server: {last}") from None
+    assert _series(prom, _grafana(_queries("SGLang targets up")[0]), "target") == {("",): 0.0}
 
 
 def _a_selected_source_filters_every_panel(prom: Prometheus, fatal_kinds: list[str]) -> None:

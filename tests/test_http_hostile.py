@@ -22,17 +22,7 @@ from sglang_oom_exporter.web.webconfig import WebConfig
 from tests.support.daemon import settle
 from tests.support.helpers import openssl_cert, wait_until
 from tests.support.logs import oom_block
-from tests.support.server import get
-
-
-def _open_slowloris(port: int, n: int) -> list[socket.socket]:
-    """n sockets that send the start of a request head and then nothing."""
-    socks = []
-    for _ in range(n):
-        s = socket.create_connection(("127.0.0.1", port), timeout=5)
-        s.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\nX-Slow: ")
-        socks.append(s)
-    return socks
+from tests.support.server import get, slow_heads
 
 
 def _active(server) -> int:
@@ -43,7 +33,7 @@ def _active(server) -> int:
 @pytest.mark.timeout(60)
 def test_scrapes_get_through_200_slowloris_sockets(serve):
     server = serve()  # the shipped limits: 64 connections, a 10 s head deadline
-    socks = _open_slowloris(server.port, 200)
+    socks = slow_heads(server.port, 200, b"GET /metrics HTTP/1.1\r\nHost: x\r\nX-Slow: ")
     try:
         wait_until(lambda: _active(server) == MAX_CONNECTIONS, what="every slot held by a slow head", timeout=15.0)
         time.sleep(EVICT_AFTER)  # the slow heads must be older than the eviction age; nothing to poll for

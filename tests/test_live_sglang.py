@@ -95,6 +95,20 @@ class Live:
             raise AssertionError(f"{exc}: real {last} != mirrored") from None
         self.mirrored.append(last[0][0])
 
+    def check_mirror_gone(self) -> None:
+        """After the server is gone (crashed or stopped): the daemon's /metrics has no mirrored gauge of it left, only
+        sglang_oom_target_up 0, so no panel shows the dead server's numbers as live."""
+        last: list[dict[str, float]] = []
+
+        def gone() -> bool:
+            last[:] = [target_values(self.daemon)]
+            return last[0] == {"up": 0.0}
+
+        try:
+            wait_until(gone, timeout=30.0, what="the dead server's mirrored gauges gone")
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}: still {last}") from None
+
     def events(self) -> list[dict[str, Any]]:
         with urllib.request.urlopen(f"http://127.0.0.1:{self.daemon.port}/events", timeout=5) as r:
             return list(json.loads(r.read())["events"])
@@ -147,6 +161,7 @@ def test_generic_oom_at_page_size_1_then_a_restart_into_the_same_file(live):
     assert (event["requested_tokens"], event["available_tokens"]) == (120, 256)
     assert event["pools"] == [{"pool": "full", "total": None, "available": 256, "evictable": 0, "free": 256}]
 
+    live.check_mirror_gone()  # the crashed server's gauges left /metrics; the restart's check_mirror brings them back
     rec = live.run("generic")
     assert rec.exit_codes != [0], rec
     settle(live.daemon, 2, "prefill")
@@ -158,10 +173,12 @@ def test_generic_oom_at_page_size_1_then_a_restart_into_the_same_file(live):
 
 
 def test_prefill_oom_at_page_size_16(live):
-    live.run("prefill")
+    rec = live.run("prefill")
     event = one_fatal(live, "prefill", "Prefill out of memory. Try to lower your batch size.")
     assert (event["phase"], event["inferred"], event["requested_tokens"]) == ("prefill", False, 120)
     assert event["available_tokens"] == 256
+    assert rec.exit_codes != [0], rec  # the OOM crashed the server
+    live.check_mirror_gone()
 
 
 def test_decode_oom_at_page_size_16(live):

@@ -17,6 +17,7 @@ from sglang_oom_exporter.events.sink import Context, EventSink
 from sglang_oom_exporter.metrics.collector import ExporterCollector
 from sglang_oom_exporter.metrics.events import EventCounts, crash_kind, fatal_kinds
 from sglang_oom_exporter.metrics.sources import SourceStats
+from sglang_oom_exporter.sources.scrape import REASONS as SCRAPE_REASONS
 from tests.support.helpers import CATALOG
 
 HERE = os.path.dirname(__file__)
@@ -30,8 +31,9 @@ def _event(kind: str, fatal: bool = True, **numbers: object) -> OomEvent:
 
 class FakeTarget:
     url = "http://127.0.0.1:30000"
-    up = False
+    up = True
     duration = 0.25
+    last_success = 1_780_000_000.0
     errors_total: ClassVar[dict[str, int]] = {"timeout": 2}
     info_errors_total: ClassVar[dict[str, int]] = {"bad_json": 1}
 
@@ -49,7 +51,6 @@ class DecodeTarget(FakeTarget):
     """A 2026 PD decode server: engine_type and the pre-allocation gauges."""
 
     url = "http://10.0.0.5:30000"
-    up = True
 
     def snapshot_values(self):
         return {"kv_available_tokens": 52000.0, "kv_evictable_tokens": 17000.0, "pending_prealloc_token_usage": 0.06,
@@ -159,7 +160,8 @@ def test_target_values_and_suggested_flags():
     assert _sample(registry, "sglang_oom_suggested_flag_value", **flag) == 4096.0
     assert _sample(registry, "sglang_oom_current_flag_value", **flag) == 16384.0
     target = {"target": FakeTarget.url}
-    assert _sample(registry, "sglang_oom_target_up", **target) == 0.0
+    assert _sample(registry, "sglang_oom_target_up", **target) == 1.0
+    assert _sample(registry, "sglang_oom_target_last_success_timestamp_seconds", **target) == 1_780_000_000.0
     assert _sample(registry, "sglang_oom_target_token_usage", **target) == 0.97
     assert _sample(registry, "sglang_oom_target_retracted_requests_total", **target) == 12.0
     assert _sample(registry, "sglang_oom_target_scrape_errors_total", reason="timeout", **target) == 2.0
@@ -167,6 +169,80 @@ def test_target_values_and_suggested_flags():
     assert _sample(registry, "sglang_oom_target_server_info_errors_total", reason="timeout", **target) == 0.0
     assert _sample(registry, "sglang_oom_target_server_arg", arg="chunked_prefill_size", **target) == 16384.0
     assert _sample(registry, "sglang_oom_target_server_arg", arg="model_path", **target) is None
+
+
+class DownTarget(FakeTarget):
+    """FakeTarget whose last scrape failed: it still holds the last good snapshot and server args."""
+
+    up = False
+
+
+def test_a_down_targets_mirrored_values_and_args_are_left_out_its_health_stays():
+    counts = EventCounts(CATALOG.ids, ("source",), CATALOG.retraction_kind, fatal_kinds=fatal_kinds(CATALOG))
+    registry = _registry(counts, [], [DownTarget()])
+    target = {"target": DownTarget.url}
+    got = {(s.name, tuple(sorted((k, v) for k, v in s.labels.items() if k != "target"))): s.value
+           for m in registry.collect() for s in m.samples if s.labels.get("target") == DownTarget.url}  # fmt: skip
+    assert got == {
+        ("sglang_oom_target_up", ()): 0.0,
+        ("sglang_oom_target_scrape_duration_seconds", ()): 0.25,
+        ("sglang_oom_target_last_success_timestamp_seconds", ()): 1_780_000_000.0,
+        **{("sglang_oom_target_scrape_errors_total", (("reason", r),)): 2.0 if r == "timeout" else 0.0
+           for r in SCRAPE_REASONS},
+        **{("sglang_oom_target_server_info_errors_total", (("reason", r),)): 1.0 if r == "bad_json" else 0.0
+           for r in SCRAPE_REASONS},
+    }  # fmt: skip
+    assert _sample(registry, "sglang_oom_target_token_usage", **target) is None
+
+
+def test_a_scraped_target_loses_its_mirrored_values_at_the_first_failed_scrape_and_gets_them_back():
+    """The real scraper: good, refused (the server died), good again; the clock is the last success's time."""
+    from pathlib import Path
+
+    from sglang_oom_exporter.sources.http import HttpError, Reason
+    from sglang_oom_exporter.sources.scrape import TargetScraper
+
+    body = (Path(HERE) / "data" / "scrape" / "v0.5.23-live-prefill.prom").read_bytes()
+    info = (Path(HERE) / "data" / "scrape" / "server_info_live_0_5_23_prefill.json").read_bytes()
+    now = [1_780_000_000.0]
+    dead = [False]
+
+    def fetch(url: str, **_: object) -> bytes:
+        if dead[0]:
+            raise HttpError(Reason.REFUSED, "connection refused")
+        return body if url.endswith("/metrics") else info
+
+    scraper = TargetScraper("http://127.0.0.1:30000", fetch=fetch, clock=lambda: now[0])
+    counts = EventCounts(CATALOG.ids, ("source",), CATALOG.retraction_kind, fatal_kinds=fatal_kinds(CATALOG))
+    registry = _registry(counts, [], [scraper])
+    target = {"target": scraper.url}
+
+    def mirrored() -> dict[tuple[str, str], float]:
+        return {(s.name, s.labels.get("arg", "")): s.value for m in registry.collect() for s in m.samples
+                if s.labels.get("target") == scraper.url and s.name not in HEALTH}  # fmt: skip
+
+    scraper.scrape_once()
+    alive = mirrored()
+    assert alive[("sglang_oom_target_max_total_tokens", "")] == 256.0
+    assert alive[("sglang_oom_target_server_arg", "chunked_prefill_size")] == 4096.0
+    assert _sample(registry, "sglang_oom_target_up", **target) == 1.0
+    now[0] += 15
+    dead[0] = True
+    scraper.scrape_once()
+    assert mirrored() == {}
+    assert _sample(registry, "sglang_oom_target_up", **target) == 0.0
+    assert _sample(registry, "sglang_oom_target_last_success_timestamp_seconds", **target) == 1_780_000_000.0
+    assert _sample(registry, "sglang_oom_target_scrape_errors_total", reason="refused", **target) == 1.0
+    now[0] += 15
+    dead[0] = False
+    scraper.scrape_once()
+    assert mirrored() == alive
+    assert _sample(registry, "sglang_oom_target_last_success_timestamp_seconds", **target) == 1_780_000_030.0
+
+
+HEALTH = {"sglang_oom_target_up", "sglang_oom_target_scrape_duration_seconds",
+          "sglang_oom_target_last_success_timestamp_seconds", "sglang_oom_target_scrape_errors_total",
+          "sglang_oom_target_server_info_errors_total"}  # fmt: skip
 
 
 def test_dropped_source_loses_its_series():

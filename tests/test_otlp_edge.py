@@ -33,6 +33,7 @@ from tests.support.logs import oom_block
 from tests.support.otlp import attributes as _kv
 from tests.support.otlp import post
 from tests.support.otlp import proto_request as _request
+from tests.support.server import slow_heads
 
 POD = {"k8s.namespace.name": "llm", "k8s.pod.name": "sglang-0", "k8s.pod.uid": "9f1c", "k8s.container.name": "srv"}
 
@@ -354,12 +355,8 @@ def test_refused_bodies_sent_slowly_are_evicted_at_the_cap_for_an_honest_request
 def test_400_slow_connections_leave_metrics_healthz_and_honest_otlp_answering(tmp_path, daemon_factory):
     port = free_port()
     d = daemon_factory("--otlp-listen", f"127.0.0.1:{port}")
-    socks = []
+    socks = slow_heads(port, 400, b"POST /v1/logs HTTP/1.1\r\nHost: x\r\nX-Slow: ", timeout=10)
     try:
-        for _ in range(400):
-            s = socket.create_connection(("127.0.0.1", port), timeout=10)
-            s.sendall(b"POST /v1/logs HTTP/1.1\r\nHost: x\r\nX-Slow: ")
-            socks.append(s)
         url = f"http://127.0.0.1:{port}"
         lines_ = oom_block().splitlines()
         body = _request(POD, lines_).SerializeToString()

@@ -161,7 +161,14 @@ def test_every_mirrored_series_a_runbook_names_is_exported():
         f"sglang_oom_target_{name}{'_total' if typ == 'counter' else ''}" for name, typ, _ in TARGET_VALUES.values()
     } | {
         f"sglang_oom_target_{n}"
-        for n in ("up", "scrape_duration_seconds", "scrape_errors_total", "server_info_errors_total", "server_arg")
+        for n in (
+            "up",
+            "scrape_duration_seconds",
+            "scrape_errors_total",
+            "server_info_errors_total",
+            "server_arg",
+            "last_success_timestamp_seconds",
+        )
     }
     # a full name, then `..._x` / `…_x` short for the same prefix (the catalog's prose abbreviates so); a
     # recording rule's name (`target:sglang_oom_target_…:rate15m`) is not a series of the exporter's

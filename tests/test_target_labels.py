@@ -17,6 +17,7 @@ class _View:
         self.url = url
         self.up = True
         self.duration = 0.25
+        self.last_success = 1_780_000_000.0
         self.errors_total = {"timeout": 2}
         self.info_errors_total: dict[str, int] = {}
 
@@ -52,6 +53,10 @@ def test_every_target_family_carries_the_workload_labels_beside_target():
     families = list(target_families([_View("http://a:30000"), _View("http://b:30000")],
                                     lambda url: {"namespace": "llm", "pod": "llama-0"} if "a" in url else {}))  # fmt: skip
     assert _samples(families, "sglang_oom_target_up") == [
+        {"target": "http://a:30000", "namespace": "llm", "pod": "llama-0"},
+        {"target": "http://b:30000"},
+    ]
+    assert _samples(families, "sglang_oom_target_last_success_timestamp_seconds") == [
         {"target": "http://a:30000", "namespace": "llm", "pod": "llama-0"},
         {"target": "http://b:30000"},
     ]

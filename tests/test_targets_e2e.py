@@ -146,3 +146,63 @@ def test_every_era_of_metrics_is_mirrored(era_daemon, era):
         name, typ, _ = TARGET_VALUES[key]
         got = _metric(d, f"sglang_oom_target_{name}{'_total' if typ == 'counter' else ''}", **labels)
         assert got == pytest.approx(want), (key, got)
+
+
+HEALTH = {"sglang_oom_target_up", "sglang_oom_target_scrape_duration_seconds",
+          "sglang_oom_target_last_success_timestamp_seconds", "sglang_oom_target_scrape_errors_total",
+          "sglang_oom_target_server_info_errors_total"}  # fmt: skip
+
+
+def test_a_dead_servers_mirrored_series_leave_the_page_and_return_with_it(tmp_path):
+    """A stand-in serving a real SGLang 0.5.23's recorded /metrics and /server_info dies (its port refuses): from the
+    first failed scrape on, the daemon's /metrics keeps only the target's health (up 0, errors, the last success's
+    time), none of the dead server's numbers. A server on the same port brings them back, equal to before."""
+    data = os.path.join(HERE, "data", "scrape")
+    body = open(os.path.join(data, "v0.5.23-live-prefill.prom"), "rb").read()
+    info = open(os.path.join(data, "server_info_live_0_5_23_prefill.json"), "rb").read()
+    fake = FakeSGLang(metrics_body=body, info_body=info).start()
+    log = tmp_path / "server.log"
+    log.write_text("")
+    d = Daemon(["--sglang-url", fake.url, "--scrape-interval", "0.3s", "--scrape-timeout", "1s", str(log)],
+               str(tmp_path / "state")).start()  # fmt: skip
+
+    def target() -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+        return {k: v for k, v in d.metrics("sglang_oom_target_").items() if dict(k[1]).get("target") == fake.url}
+
+    def mirrored() -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+        return {k: v for k, v in target().items() if k[0] not in HEALTH}
+
+    try:
+        # The server args come with the first good scrape's /server_info, the values with its /metrics.
+        wait_until(lambda: _metric(d, "sglang_oom_target_server_arg", target=fake.url, arg="page_size") == 16,
+                   what="the live server's values", timeout=15.0)  # fmt: skip
+        alive = mirrored()
+        unified = {"target": fake.url, "engine_type": "unified"}
+        assert alive[("sglang_oom_target_max_total_tokens", tuple(sorted(unified.items())))] == 256.0
+        assert alive[("sglang_oom_target_running_requests", tuple(sorted(unified.items())))] == 0.0
+        assert len(alive) >= 10, alive
+        succeeded = _metric(d, "sglang_oom_target_last_success_timestamp_seconds", target=fake.url)
+        assert succeeded is not None
+        assert abs(succeeded - time.time()) < 60
+
+        fake.stop()  # the server dies: connections to its port are refused
+        wait_until(lambda: _metric(d, "sglang_oom_target_up", target=fake.url) == 0.0, what="target down",
+                   timeout=15.0)  # fmt: skip
+        died = time.time()
+        page = target()
+        assert {k: v for k, v in page.items() if k[0] not in HEALTH} == {}
+        assert {k[0] for k in page} == HEALTH
+        assert page[("sglang_oom_target_scrape_errors_total", (("reason", "refused"), ("target", fake.url)))] >= 1
+        last = page[("sglang_oom_target_last_success_timestamp_seconds", (("target", fake.url),))]
+        assert succeeded <= last <= died
+
+        back = FakeSGLang(metrics_body=body, info_body=info, port=fake.port).start()
+        try:
+            wait_until(lambda: mirrored() == alive, what="the values back with the server", timeout=15.0)
+            assert _metric(d, "sglang_oom_target_up", target=fake.url) == 1.0
+            assert _metric(d, "sglang_oom_target_last_success_timestamp_seconds", target=fake.url) > died
+        finally:
+            back.stop()
+    finally:
+        d.stop()
+        fake.stop()

@@ -25,6 +25,8 @@ class TargetView(Protocol):
     @property
     def duration(self) -> float: ...
     @property
+    def last_success(self) -> float | None: ...
+    @property
     def errors_total(self) -> Mapping[str, int]: ...
     @property
     def info_errors_total(self) -> Mapping[str, int]: ...
@@ -106,10 +108,19 @@ def target_families(
     Each series carries `target` and the SGLang pod (namespace, pod) or source the endpoint serves, when
     labels_for knows it (node discovery, config targets), so an alert on it names the workload and matches
     the OOM alerts of the same pod or source.
+
+    A target whose last scrape failed keeps only its health series (up 0, the scrape's duration and errors,
+    the time of its last good scrape): from the first failed scrape on its mirrored values and server args are
+    left out, as Prometheus marks a failed target's own series stale, so no panel or alert reads a dead
+    server's last numbers as live. They return with the next good scrape.
     """
     targets = list(targets)
     up = GaugeMetricFamily(f"{NAMESPACE}_target_up", "1 when the last scrape of the SGLang endpoint worked.")
     duration = GaugeMetricFamily(f"{NAMESPACE}_target_scrape_duration_seconds", "How long the last scrape took.")
+    success = GaugeMetricFamily(
+        f"{NAMESPACE}_target_last_success_timestamp_seconds",
+        "When a scrape of the SGLang endpoint last worked (kept while it is down).",
+    )
     errors = CounterMetricFamily(f"{NAMESPACE}_target_scrape_errors", "Failed scrapes, by reason.")
     info_errors = CounterMetricFamily(f"{NAMESPACE}_target_server_info_errors", "Failed /server_info fetches.")
     args = GaugeMetricFamily(f"{NAMESPACE}_target_server_arg", "Numeric SGLang server args from /server_info.")
@@ -119,11 +130,16 @@ def target_families(
         values[key] = family(f"{NAMESPACE}_target_{name}", doc)
     for t in targets:
         labels = {"target": t.url, **labels_for(t.url)}
-        _add(up, labels, 1.0 if t.up else 0.0)
+        is_up = t.up  # read once: the up gauge and the values it lets through agree
+        _add(up, labels, 1.0 if is_up else 0.0)
         _add(duration, labels, t.duration)
+        if t.last_success is not None:
+            _add(success, labels, t.last_success)
         for reason in SCRAPE_REASONS:
             _add(errors, {**labels, "reason": reason}, float(t.errors_total.get(reason, 0)))
             _add(info_errors, {**labels, "reason": reason}, float(t.info_errors_total.get(reason, 0)))
+        if not is_up:
+            continue  # a down target's mirrored values go stale (see above)
         # A label SGLang did not give (engine_type before 0.4.3) is left out rather than exported empty.
         extra = {k: v for k, v in t.snapshot_labels().items() if k in TARGET_LABELS and v}
         for key, value in t.snapshot_values().items():
@@ -133,7 +149,7 @@ def target_families(
             if arg in SERVER_ARGS and isinstance(value, int | float) and not isinstance(value, bool):
                 _add(args, {**labels, "arg": arg}, float(value))
     if targets:
-        yield from (up, duration, errors, info_errors, args, *values.values())
+        yield from (up, duration, success, errors, info_errors, args, *values.values())
 
 
 def _add(family: GaugeMetricFamily | CounterMetricFamily, labels: Mapping[str, str], value: float) -> None:

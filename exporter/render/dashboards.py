@@ -204,7 +204,9 @@ def _top_row(catalog: Catalog, kind_link: str, index: str) -> list[tuple[g.Json,
     targets_down = g.stat(
         "SGLang targets down",
         "SGLang endpoints whose last scrape failed (see the scrape errors by reason below). Red above 0: events "
-        "from those servers lose their KV context and the flag changes that start from the server's values.",
+        "from those servers lose their KV context and the flag changes that start from the server's values, and "
+        "their values leave the KV panels below (sglang_oom_target_last_success_timestamp_seconds says when they "
+        "last answered).",
         [g.target(f"count {CLUSTERED.by()} (({up}) == 0)", "down" + IN_CLUSTER, instant=True)],
         g.field_config("short", steps=g.thresholds(g.GREEN, (1, g.RED)), noValue="0"),
         textMode="value",

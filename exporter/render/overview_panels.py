@@ -75,7 +75,9 @@ def _per_target(expr: str) -> str:
 
 # What the mirrored panels need: without an endpoint they are empty, which is no sign that all is well.
 _NEEDS_TARGET = (
-    "Needs an SGLang endpoint the exporter scrapes (--sglang-url, targets: or Kubernetes discovery); empty without one."
+    "Needs an SGLang endpoint the exporter scrapes (--sglang-url, targets: or Kubernetes discovery); empty without "
+    "one. An endpoint that stops answering leaves at its first failed scrape: its lines end at the last good one, "
+    "never a dead server's numbers shown as live."
 )
 
 

@@ -88,7 +88,10 @@ _PACK_TEXT: dict[str, dict[str, str]] = {
         "meaning": "The exporter cannot scrape the SGLang endpoint (`--sglang-url`) it reads KV usage and server "
         "arguments from.",
         "impact": "OOMs are still counted from the logs, but their alerts carry only the generic fix instead of "
-        "concrete flag values, and the KV near-full warning is blind for this server.",
+        "concrete flag values, and the KV near-full warning is blind for this server. Its mirrored "
+        "`sglang_oom_target_*` values left `/metrics` at the first failed scrape, so the dashboard's KV panels "
+        "show nothing for it rather than a dead server's last numbers; "
+        "`time() - sglang_oom_target_last_success_timestamp_seconds` is how long it has not answered.",
         "mitigation": "Start SGLang with `--enable-metrics`, check the URL and port in `--sglang-url` or the "
         "config's `targets:`, and network policy between the exporter and SGLang. A server that is restarting "
         "after an OOM is unreachable for a while; that is expected and resolves on its own.",
@@ -131,7 +134,11 @@ _PACK_SERIES = {
         "sglang_oom_exporter_last_read_timestamp_seconds",
         "sglang_oom_target_running_requests",
     ],
-    "target_down": ["sglang_oom_target_up", "sglang_oom_target_scrape_errors_total"],
+    "target_down": [
+        "sglang_oom_target_up",
+        "sglang_oom_target_scrape_errors_total",
+        "sglang_oom_target_last_success_timestamp_seconds",
+    ],
     "state_errors": ["sglang_oom_exporter_state_errors_total", "sglang_oom_exporter_state_saves_total"],
 }
 

@@ -159,6 +159,12 @@ class TargetScraper:
             return self._history[-1] if self._history else None
 
     @property
+    def last_success(self) -> float | None:
+        """Wall time of the last good /metrics scrape (kept while down), or None when none worked yet."""
+        with self._lock:
+            return self._history[-1].time if self._history else None
+
+    @property
     def history(self) -> tuple[KvSnapshot, ...]:
         """The last good snapshots, oldest first."""
         with self._lock:

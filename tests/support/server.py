@@ -1,10 +1,13 @@
 """The HTTP edge as the server tests drive it: ExporterServers on 127.0.0.1 port 0 (`serve`, stopped after the
-test so the thread-leak guard sees them go), a registry standing in for the exporter's, and `get`, one request.
+test so the thread-leak guard sees them go), a registry standing in for the exporter's, `get`, one request, and
+`slow_heads`, slowloris clients for any of the exporter's listeners (metrics or OTLP).
 """
 
 from __future__ import annotations
 
+import contextlib
 import http.client
+import socket
 
 import pytest
 from prometheus_client import CollectorRegistry, Counter
@@ -63,3 +66,20 @@ def get(server, path, headers=None, *, context=None, method="GET"):
         return response.status, response.headers, response.read()
     finally:
         conn.close()
+
+
+def slow_heads(port: int, n: int, start: bytes, *, timeout: float = 5.0) -> list[socket.socket]:
+    """n connections to 127.0.0.1:port that each send `start`, the beginning of a request head, and then nothing
+    (slowloris clients holding connection slots). The caller closes them; on a failure the opened ones are closed."""
+    socks: list[socket.socket] = []
+    try:
+        for _ in range(n):
+            s = socket.create_connection(("127.0.0.1", port), timeout=timeout)
+            socks.append(s)
+            s.sendall(start)
+    except BaseException:
+        for s in socks:
+            with contextlib.suppress(OSError):
+                s.close()
+        raise
+    return socks
