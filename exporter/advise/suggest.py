@@ -19,8 +19,10 @@ def with_suggestions(
     args: Mapping[str, Any] | None,
     kv: Mapping[str, Any] | None = None,
     target: str | None = None,
+    notes: Mapping[str, Any] | None = None,
 ) -> OomEvent:
-    """The event with its concrete suggestions and the context (server args, KV state) they came from."""
+    """The event with its concrete suggestions and the context (server args, KV state) they came from; notes
+    say where each came from (`server_args_source`, `kv_source`: a log line or the scrape)."""
     context: dict[str, Any] = {}
     if target:
         context["target"] = target
@@ -28,6 +30,7 @@ def with_suggestions(
         context["server_args"] = dict(args)
     if kv:
         context["kv"] = dict(kv)
+    context.update(notes or {})
     return replace(event, suggestions=suggest(event, rule, args, kv), context=context)
 
 
