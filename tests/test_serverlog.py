@@ -9,10 +9,11 @@ import os
 import pytest
 
 from sglang_oom_exporter.detect.model import ServerLog
+from sglang_oom_exporter.detect.pipeline import Pipeline
 from sglang_oom_exporter.detect.serverlog import ARG_KEYS, ServerScanner, parse_line, state_of
 from sglang_oom_exporter.scan.run import scan_paths
 from sglang_oom_exporter.sources.sglang_metrics import INFO_KEYS
-from tests.support.helpers import CATALOG, scan_bytes
+from tests.support.helpers import CATALOG, MATCHER, scan_bytes
 
 HERE = os.path.dirname(__file__)
 LIVE = os.path.join(HERE, "data", "logs", "live_0_5_23_{}.log")
@@ -163,3 +164,45 @@ def test_scan_of_a_real_0_5_23_log_knows_the_server_from_the_log_alone(scenario,
     assert event["context"]["server_args_source"] == "log"
     assert event["context"]["kv"] == kv
     assert event["context"]["kv_source"].startswith("log line at 2026-12-0")
+
+
+def _pipeline(**kw):
+    events: list = []
+    pipe = Pipeline(CATALOG, MATCHER, source="s", location="s", sink=events.append, **kw)
+    return pipe, events
+
+
+def test_a_restart_resuming_mid_file_still_knows_the_server_from_the_state_file():
+    head = _log(DICT_BANNER, CAPACITY_CPU, DECODE)
+    tail = _log(OOM)
+    pipe, _ = _pipeline()
+    pipe.start_generation("g", 0, 1)
+    pipe.feed(head)
+    state = json.loads(json.dumps(pipe.export_state()))  # through the state file's JSON
+    assert state["server_log"]["reset"] is True
+    offset, lineno = pipe.resume_point()
+    assert offset == len(head)
+    restarted, events = _pipeline()
+    restarted.restore_state(state)
+    restarted.start_generation("g", offset, lineno)
+    restarted.feed(tail)
+    restarted.finish()
+    (event,) = events
+    assert event.server.server_args()["max_total_tokens"] == 256
+    assert event.server.server_args()["context_length"] == 4096
+    assert state_of(event.server)["running_requests"] == 4
+    fresh, alone = _pipeline()
+    fresh.start_generation("g", offset, lineno)
+    fresh.feed(tail)
+    fresh.finish()
+    assert alone[0].server.args == ()  # without the state, nothing: the lines are before the resume point
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [{"args": [["max_total_tokens", [1]]]}, {"args": [["nope", 1]]}, {"args": "x"}, {"batch": 3}, {"reset": "yes"}],
+)
+def test_a_malformed_saved_server_log_is_refused(bad):
+    pipe, _ = _pipeline()
+    with pytest.raises(ValueError, match="server_log"):
+        pipe.restore_state({"emitted_keys": [], "groups": [], "server_log": bad})

@@ -18,7 +18,7 @@ from ..detect.match import Matcher
 from ..detect.model import Gap, OomEvent, RawLine, Record, Report, ServerLog
 from ..detect.prefix import PrefixParser
 from ..detect.reader import LineReader
-from ..detect.serverlog import ServerScanner
+from ..detect.serverlog import EMPTY, ServerScanner, export_log, import_log
 
 # A file that begins mid-traceback (rotation cut it) has no header and no exception line, only frames that may
 # end in an allocator (R5). Every frame line is a hit, so the reader passes all of them (a path in a custom log
@@ -186,12 +186,20 @@ class Pipeline:
         return len(self._held)
 
     def export_state(self) -> dict[str, object]:
-        """The deduper's memory of emitted events, for the state file."""
-        return self._deduper.export_state()
+        """The deduper's memory of emitted events, and what the log said about the server before the resume point
+        (a restart re-reads from there: the lines after it are read again), for the state file."""
+        state: dict[str, object] = dict(self._deduper.export_state())
+        log = self._server.at(self.resume_point()[0])
+        if log != EMPTY:
+            state["server_log"] = export_log(log)
+        return state
 
     def restore_state(self, raw: dict[str, object]) -> None:
         """Inverse of export_state(); ValueError when malformed."""
-        self._deduper.restore_state(raw)
+        log = import_log(raw["server_log"]) if "server_log" in raw else None
+        self._deduper.restore_state({k: v for k, v in raw.items() if k != "server_log"})
+        if log is not None:
+            self._server.inherit(log)
 
     def close_open(self, now: float = 0.0) -> None:
         """The source went quiet: close records still open (a traceback that will never finish)."""

@@ -30,6 +30,7 @@ from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
+from ..sources import saved
 from .decode import unwrap
 from .finder import LineTail, make_finder
 from .model import ServerLog
@@ -87,6 +88,26 @@ def state_of(log: ServerLog) -> dict[str, Any] | None:
 
 
 EMPTY = ServerLog()
+
+
+def export_log(log: ServerLog) -> dict[str, Any]:
+    """A ServerLog as plain data for the state file (a restart resuming mid-file still knows its server)."""
+    return {"args": [list(pair) for pair in log.args], "batch": log.batch, "reset": log.reset}
+
+
+def import_log(raw: object) -> ServerLog:
+    """Inverse of export_log(); ValueError when malformed (a value other than a scalar, a key not a name)."""
+    memory = saved.obj(raw, "server_log")
+    pairs = []
+    for pair in saved.array(memory.get("args", []), "server_log.args"):
+        key, value = saved.array(pair, "server_log.args[]")
+        if saved.text(key, "server_log.args[].key") not in ARG_KEYS:
+            raise ValueError(f"server_log: unknown key {key!r}")
+        if value is None or not isinstance(value, str | int | float | bool):
+            raise ValueError(f"server_log: {key} is no scalar")
+        pairs.append((key, value))
+    batch = saved.optional(saved.text, memory.get("batch"), "server_log.batch")
+    return ServerLog(tuple(sorted(pairs)), batch, saved.flag(memory.get("reset", False), "server_log.reset"))
 
 
 def parse_line(text: str) -> ServerLog | None:
