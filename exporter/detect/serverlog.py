@@ -166,7 +166,8 @@ class ServerScanner:
         self._base = EMPTY  # everything before `_floor`, and before this generation
         self._floor = 0
         self._lines: list[tuple[int, ServerLog]] = []  # start-up lines at or after the floor: (offset, ServerLog)
-        self._regions: list[tuple[int, bytes]] = []  # complete lines at or after the floor: (offset, bytes)
+        # Complete lines at or after the floor, the bytes as fed: (offset of buf[0], buf, lo, hi), lines in buf[lo:hi].
+        self._regions: list[tuple[int, bytes, int, int]] = []
         self._tail = LineTail(MAX_LINE)
 
     def inherit(self, log: ServerLog) -> None:
@@ -174,31 +175,28 @@ class ServerScanner:
         self._base = log.then(self._base)
 
     def feed(self, data: bytes, offset: int) -> None:
-        """The next bytes of the current generation, the first at `offset`."""
+        """The next bytes of the current generation, the first at `offset` (kept as they are: no copy)."""
         if not data:
             return
         cut = data.rfind(b"\n")
-        if cut < 0:
-            self._tail.extend(data, offset)
-            return
         tail = self._tail
-        if tail.truncated:  # an over-long line: not a line this scanner reads; its bytes stay out of the regions
-            first = data.find(b"\n") + 1
-            tail.take()
-            region_at, region = offset + first, data[first : cut + 1]
-        elif tail:
-            region_at = tail.at
-            region = tail.take() + data[: cut + 1]
-        else:
-            region_at, region = offset, data[: cut + 1]
-        self._take(region, region_at)
+        if cut < 0:
+            tail.extend(data, offset)
+            return
+        begin = 0
+        if tail:
+            begin = data.find(b"\n") + 1
+            truncated, at, line = tail.truncated, tail.at, tail.take()
+            if not truncated:  # an over-long line is no line this scanner reads
+                self._take(line + data[:begin], at, 0, len(line) + begin)
+        self._take(data, offset, begin, cut + 1)
         tail.extend(data[cut + 1 :], offset + cut + 1)
 
     def finish(self) -> None:
         """The generation ended: its last line (without a newline) is a line."""
         truncated, at, line = self._tail.truncated, self._tail.at, self._tail.take()
         if line and not truncated:
-            self._take(line + b"\n", at)
+            self._take(line, at, 0, len(line))
 
     def start(self, offset: int = 0) -> None:
         """A new file generation follows from `offset`: the old one's lines fold into the base."""
@@ -218,7 +216,7 @@ class ServerScanner:
         self._base = self._fold(offset)
         self._floor = offset
         self._lines = [(at, log) for at, log in self._lines if at >= offset]
-        self._regions = [(at, region) for at, region in self._regions if at + len(region) > offset]
+        self._regions = [region for region in self._regions if region[0] + region[3] > offset]
 
     def _fold(self, offset: int) -> ServerLog:
         log, reset_at = self._base, -1
@@ -233,38 +231,38 @@ class ServerScanner:
 
     def _last_batch(self, low: int, high: int) -> str | None:
         """The last usage line that starts in [low, high), from the kept bytes."""
-        for at, region in reversed(self._regions):
-            if at >= high:
+        for base, buf, first, last in reversed(self._regions):
+            if base + first >= high:
                 continue
-            if at + len(region) <= low:
+            if base + last <= low:
                 return None
-            lo, hi = max(low - at, 0), min(high - at, len(region))
+            lo, hi = max(low - base, first), min(high - base, last)
             while True:
-                i = region.rfind(BATCH_LITERAL, lo, hi)
+                i = buf.rfind(BATCH_LITERAL, lo, hi)
                 if i < 0:
                     break
-                start = region.rfind(b"\n", 0, i) + 1
+                start = buf.rfind(b"\n", first, i) + 1 or first
                 if start < lo:
                     break
-                end = region.find(b"\n", i)
-                text = unwrap(region[start : min(end, start + MAX_LINE)])
+                end = buf.find(b"\n", i, last)
+                text = unwrap(buf[start : min(last if end < 0 else end, start + MAX_LINE)])
                 if _BATCH.search(text) is not None:
                     return text
                 hi = start
         return None
 
-    def _take(self, region: bytes, at: int) -> None:
-        if not region:
+    def _take(self, buf: bytes, base: int, lo: int, hi: int) -> None:
+        """The complete lines buf[lo:hi], buf[0] at file offset `base`: kept, and their start-up lines read."""
+        if lo >= hi:
             return
-        self._regions.append((at, region))
-        hits = self._finder.offsets(region, 0, len(region))
+        self._regions.append((base, buf, lo, hi))
         last_end = -1
-        for hit in hits:
+        for hit in self._finder.offsets(buf, lo, hi):
             if hit < last_end:
                 continue  # another literal of a line already taken
-            start = region.rfind(b"\n", 0, hit) + 1
-            end = region.find(b"\n", hit)
-            last_end = end
-            found = parse_line(unwrap(region[start : min(end, start + MAX_LINE)]))
+            start = buf.rfind(b"\n", lo, hit) + 1 or lo
+            end = buf.find(b"\n", hit, hi)
+            last_end = hi if end < 0 else end
+            found = parse_line(unwrap(buf[start : min(last_end, start + MAX_LINE)]))
             if found is not None:
-                self._lines.append((at + start, found))
+                self._lines.append((base + start, found))
