@@ -83,8 +83,8 @@ def build_parser(only_scan: bool = False) -> argparse.ArgumentParser:
                       help="a progress line on stderr (bytes of total, rate, files, events, time left); default: "
                       "on when stderr is a terminal, unless --format json goes to a pipe")  # fmt: skip
     scan.add_argument("--server-args", metavar="FILE",
-                      help="JSON from SGLang's /server_info (or /get_server_info): suggestions then start from the "
-                      "server's current flag values")  # fmt: skip
+                      help="JSON from SGLang's /server_info (or /get_server_info): fills the flag values the log's "
+                      "own banner and capacity lines do not give")  # fmt: skip
     if only_scan:
         sub.add_parser("serve", help=SERVE_HELP)
         sub.add_parser("render", help=RENDER_HELP)

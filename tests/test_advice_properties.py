@@ -10,6 +10,11 @@ For each suggestion of an event of kind K:
 - a retraction suggests nothing unless SGLang's own counter shows more than a few retracted requests;
 - a suggested value can change the failing allocation: a chunk size is below the tokens the failing prefill asked
   for, and, sized from the free tokens, not above what the pool that ran out had available;
+- the value already in use is never suggested, and no flag whose change cannot alter the failing allocation gets
+  a number: fewer running requests when the snapshot shows none running;
+- no cause the numbers contradict: no "running requests hold the pool" when none ran, no missing slots when the
+  free slots were enough, no "--mem-fraction-static" when --max-total-tokens capped the pool, no page rounding
+  explained at page size 1, and counts agree with their nouns ("1 KV token", "1 running request");
 - an event whose limiting pool is the mamba state pool (hybrid models) gets the mamba lever only: never a chunk
   size or a running-batch size, which its count (state slots, not KV tokens) must not feed. The hybrid (mamba,
   swa) and paged snapshots below are shaped as detect/match.py gives them.
@@ -25,8 +30,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from sglang_oom_exporter.advise import limits
+from sglang_oom_exporter.advise.explain import explain
 from sglang_oom_exporter.advise.rules import RULES
-from sglang_oom_exporter.advise.suggest import suggest
+from sglang_oom_exporter.advise.suggest import suggest, with_suggestions
 from sglang_oom_exporter.catalog import OomKind
 from sglang_oom_exporter.catalog.vocabulary import POOL_FULL, POOL_MAMBA, POOL_SWA
 from sglang_oom_exporter.detect.match import SHORTFALL_NOTE
@@ -86,12 +92,16 @@ _ARGS = st.fixed_dictionaries(
         "speculative_num_draft_tokens": st.integers(min_value=0, max_value=64),
         "speculative_algorithm": st.sampled_from(["EAGLE", "NGRAM"]),
         "max_mamba_cache_size": st.integers(min_value=0, max_value=10_000),
+        "max_total_tokens": st.sampled_from([None, 256, 4096, 100_000]),
+        "page_size": st.sampled_from([1, 16, 64]),
     },
 )
 _KV = st.fixed_dictionaries(
     {},
     optional={
-        "running_requests": st.integers(min_value=0, max_value=2048),
+        "running_requests": st.integers(min_value=0, max_value=2048) | st.sampled_from([0, 1]),
+        "token_usage": st.floats(min_value=0, max_value=1),
+        "context_len": st.integers(min_value=1, max_value=1_000_000),
         "num_used_tokens": st.integers(min_value=0, max_value=2_000_000),
         "max_total_num_tokens": st.integers(min_value=0, max_value=2_000_000),
         "retracted_requests_total": st.integers(min_value=0, max_value=1000),
@@ -102,8 +112,8 @@ _NUMBERS = st.fixed_dictionaries(
     optional={
         "requested_tokens": st.integers(min_value=0, max_value=200_000),
         "available_tokens": st.integers(min_value=0, max_value=200_000),
-        "req_slots_available": st.integers(min_value=0, max_value=4096),
-        "req_slots_requested": st.integers(min_value=0, max_value=4096),
+        "req_slots_available": st.integers(min_value=0, max_value=4096) | st.sampled_from([1, 7, 8]),
+        "req_slots_requested": st.integers(min_value=0, max_value=4096) | st.sampled_from([1, 4, 5]),
         "mem_fraction_static": st.floats(min_value=0.3, max_value=0.99),
     },
 )
@@ -133,6 +143,7 @@ def _check(
     if numbers.get("limiting_pool") == POOL_MAMBA:
         assert {s.flag for s in got if s.suggested is not None} <= MAMBA_FLAGS, (kind.id, rule, numbers, got)
         assert {s.flag for s in got} == MAMBA_FLAGS, (kind.id, rule, got)
+    _check_words(event, rule, numbers, args, kv, got)
     steps = _steps(kind)
     if kind.id == CATALOG.retraction_kind and kv.get("retracted_requests_total", 0) < limits.RETRACTED_BEFORE_ADVICE:
         assert got == ()
@@ -165,6 +176,37 @@ def _check(
         elif direction == "raise":
             assert s.suggested <= max(examples), (kind.id, rule, s)
     return got
+
+
+# A count whose noun disagrees with it: "1 KV tokens", "1 running requests", "1 slots".
+_BAD_PLURAL = re.compile(r"(?<![\w.])1 (?:[\w-]+ )?(?:tokens|requests|slots|were)\b|(?<![\w.])(?:[02-9]|\d\d+) was\b")
+_HOLD = ("the running requests hold the pool", "the running requests fill the pool")
+
+
+def _check_words(event: OomEvent, rule: str, numbers: dict, args: dict, kv: dict, got: tuple) -> None:
+    """What the advice says agrees with its own numbers (the rows of the advice table)."""
+    for s in got:
+        if s.suggested is not None and s.current is not None:
+            assert s.suggested != s.current, (rule, s)  # never the value already in use
+    words = [s.rule for s in got]
+    told = explain(with_suggestions(event, rule, args, kv, None, {"kv_source": "scrape"} if kv else None), "fix")
+    words += [told.what, told.advice]
+    for w in words:
+        assert not _BAD_PLURAL.search(w), (rule, w)
+    if kv.get("running_requests") == 0:
+        assert not any(h in w for w in words for h in _HOLD), (rule, words)
+        if event.phase != "decode" and rule in ("chunked_prefill", "prefill_or_decode"):
+            assert all(s.suggested is None for s in got if s.flag == "--max-running-requests"), (rule, got)
+    free, asked = numbers.get("req_slots_available"), numbers.get("req_slots_requested")
+    if free is not None and asked is not None and free >= asked:
+        assert not any("missing" in w for w in words), (rule, words)
+    if limits.pool_cap(args, kv) is not None:
+        assert not any("raise --mem-fraction-static" in w or "see --context-length and --mem" in w for w in words)
+        assert all(
+            s.flag != "--mem-fraction-static" for s in got if rule not in ("mem_fraction_down", "mem_fraction_up")
+        )
+    if args.get("page_size") == 1:
+        assert not any("round each request up to a page" in w for w in words), (rule, words)
 
 
 USES = [(rule, kind) for rule in sorted(RULES) for kind in _uses(rule)]

@@ -145,8 +145,8 @@ def _run(prom, am, hook, server_log, other_log, tmp_path) -> None:
     ann = alert["annotations"]
     assert ann["description"] == (
         "1 fatal prefill OOM on source server in the last 5m: KV cache exhausted while scheduling a prefill "
-        "batch. The last one asked for 16384 KV tokens while 6100 were available. Suggested: --chunked-prefill-size "
-        "from 16384 to 4096."
+        "batch. The last one asked for 16384 KV tokens while 6100 were available; state from the last scrape: token "
+        "usage 0.50. Suggested: --chunked-prefill-size from 16384 to 4096."
     )
     assert ann["runbook_url"].endswith("/docs/runbooks/sglangprefilloom.md")
     assert [n["_path"] for n in hook.snapshot()] == ["/pager"]  # nothing else fired

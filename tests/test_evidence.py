@@ -35,6 +35,8 @@ PAD = b"".join(b"INFO: GET /health 200 %d\n" % i for i in range(40))
     [
         (b"", 0),
         (b"[2026-03-14 22:00:00] server_args=ServerArgs(model_path='m')\n", 1),
+        (b"[2026-12-07 23:51:25] server_args={'model_path': 'm', 'chunked_prefill_size': 4096}\n", 1),  # 0.5.23
+        (b"Body: Str([2026-12-07 23:51:25] server_args={'model_path': 'm'})\n", 0),
         (b"[2026-03-14 22:00:00 TP0] max_total_num_tokens=401408, max_prefill_tokens=16384\n", 1),
         (b"[2026-03-14 22:00:00] Decode batch. #running-req: 3, #token: 900, token usage: 0.01\n", 1),
         (b'  File "/usr/lib/python3/dist-packages/sglang/srt/server.py", line 9, in f\n', 1),
@@ -72,6 +74,20 @@ def test_what_identifies_a_source_before_a_bare_cuda_oom(head, counted):
     assert len(events) == counted
     assert sum(1 for e in events if e.kind == "cuda_oom") == (1 if counted else 0)
     assert probe(head) == (counted == 1)  # the signs alone (a KV-pool message identifies as an event, not a sign)
+
+
+def test_a_bare_cuda_oom_after_the_real_0_5_23_banner_counts_as_after_the_old_banner():
+    # The recorded real banner of a 0.5.23 server (a dict since 0.5.23, 20 kB on one line), then a bare CUDA OOM.
+    with open(os.path.join(os.path.dirname(__file__), "data", "logs", "live_0_5_23_prefill.log"), "rb") as fh:
+        head = fh.readlines()[12]
+    assert head.rstrip().endswith(b"}")
+    assert head.startswith(b"[2026-12-07 23:51:25] server_args={'model_path'")
+    old = b"[2026-12-07 23:51:25] server_args=ServerArgs(model_path='m', chunked_prefill_size=4096)\n"
+    for banner in (head, old):
+        events = scan_bytes(banner + PAD + BARE)
+        line = banner.count(b"\n") + 41
+        assert [(e.kind, e.location) for e in events] == [("cuda_oom", f"t.log:{line}")]
+    assert probe(head) is True
 
 
 def test_evidence_after_the_event_qualifies_it_in_scan_and_chunking_changes_nothing():

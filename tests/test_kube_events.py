@@ -98,7 +98,8 @@ def test_a_tp2_oom_with_tracebacks_gives_exactly_one_warning_event_on_its_pod(ap
     message = body["message"]
     (s,) = events[-1].suggestions
     assert message == (
-        f"{CATALOG.kind('prefill').title}: asked for 16384 KV tokens while 9000 were available (ranks TP0, TP1). "
+        f"{CATALOG.kind('prefill').title}: asked for 16384 KV tokens while 9000 were available; state from the log "
+        "line at 2026-03-17 06:04:40: 402 running requests, token usage 0.97 (ranks TP0, TP1). "
         f"Suggested: {s.flag} from 16384 to {s.suggested:g}. {DEFAULT_RUNBOOK_BASE_URL}/sglangprefilloom.md"
     )
     assert len(message.encode()) < 1024

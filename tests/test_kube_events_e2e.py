@@ -93,7 +93,10 @@ def test_a_tp2_crash_gives_one_event_and_no_restart_gives_another(tmp_path, clus
     assert (body["reportingComponent"], body["reportingInstance"], body["source"]["host"]) == (
         "sglang-oom-exporter", NODE, NODE,
     )  # fmt: skip
-    assert "asked for 16384 KV tokens while 9000 were available (ranks TP0, TP1)." in body["message"]
+    assert (
+        "asked for 16384 KV tokens while 9000 were available; state from the log line at 2026-03-17 06:04:40: "
+        "402 running requests, token usage 0.97 (ranks TP0, TP1)."
+    ) in body["message"]
     assert body["message"].endswith("/sglangprefilloom.md")
     assert len(body["message"].encode()) < 1024
     assert d.total("retract") == 1  # counted, and no Event: non-fatal kinds are off by default

@@ -150,6 +150,25 @@ def one_fatal(live: Live, kind: str, message: str) -> dict[str, Any]:
     return event
 
 
+def concrete(event: dict[str, Any], page_size: int) -> list[tuple[str, float | None, float | None]]:
+    """The advice is the server's own: its args from its log (the banner and capacity line; /server_info only fills
+    in), the state from its last usage line, a value computed from them, never the value already in use, and a
+    --context-length sized to the 256-token pool (capped by --max-total-tokens) against the served 4096."""
+    ctx = event["context"]
+    assert ctx["server_args_source"] == "log, then /server_info"
+    assert "server_args_differ" not in ctx, ctx
+    args = ctx["server_args"]
+    assert (args["max_total_tokens"], args["max_total_num_tokens"], args["context_length"]) == (256, 256, 4096)
+    assert (args["chunked_prefill_size"], args["max_running_requests"], args["page_size"]) == (4096, 8, page_size)
+    assert ctx["kv_source"].startswith("log line at ")
+    assert "; state from the log line at " in event["explanation"]["detail"]
+    changes = [(s["flag"], s["current"], s["suggested"]) for s in event["suggestions"]]
+    assert ("--context-length", 4096, 256) in changes
+    assert all(new != now for _, now, new in changes if new is not None)
+    assert "the running requests hold the pool" not in json.dumps([event["suggestions"], event["explanation"]])
+    return changes
+
+
 def test_generic_oom_at_page_size_1_then_a_restart_into_the_same_file(live):
     """Page size 1 raises the generic text; the traceback's prefill frames name the phase. The restarted server
     appends to the same file and fails the same way: a second event, not a lost or a doubled one."""
@@ -160,6 +179,9 @@ def test_generic_oom_at_page_size_1_then_a_restart_into_the_same_file(live):
     assert (event["phase"], event["inferred"]) == ("prefill", False)
     assert (event["requested_tokens"], event["available_tokens"]) == (120, 256)
     assert event["pools"] == [{"pool": "full", "total": None, "available": 256, "evictable": 0, "free": 256}]
+    assert concrete(event, 1) == [("--chunked-prefill-size", 4096, None), ("--max-running-requests", 8, None),
+                                  ("--context-length", 4096, 256)]  # fmt: skip
+    assert "no shortfall at page size 1" in event["explanation"]["detail"]
 
     live.check_mirror_gone()  # the crashed server's gauges left /metrics; the restart's check_mirror brings them back
     rec = live.run("generic")
@@ -167,6 +189,8 @@ def test_generic_oom_at_page_size_1_then_a_restart_into_the_same_file(live):
     settle(live.daemon, 2, "prefill")
     assert all_counts(live.daemon) == {"prefill": 2}
     assert [(e["requested_tokens"], e["available_tokens"]) for e in live.events()] == [(120, 256)] * 2
+    for again in live.events():  # the restarted run's own banner and usage line
+        concrete(again, 1)
     # Two runs in one file, each logging its text once with the prefix (and once more in its traceback).
     assert len(re.findall(r"^\[[\d :-]+\] Out of memory\. Try to lower your batch size\.$", live.log_text(), re.M)) == 2
     assert [m["max_total_tokens"] for m in live.mirrored] == [256, 256]
@@ -179,6 +203,9 @@ def test_prefill_oom_at_page_size_16(live):
     assert event["available_tokens"] == 256
     assert rec.exit_codes != [0], rec  # the OOM crashed the server
     live.check_mirror_gone()
+    assert concrete(event, 16) == [("--chunked-prefill-size", 4096, None), ("--max-running-requests", 8, None),
+                                   ("--context-length", 4096, 256)]  # fmt: skip
+    assert "round each request up to a page" in event["explanation"]["detail"]  # page size 16: rounding applies
 
 
 def test_decode_oom_at_page_size_16(live):
@@ -187,6 +214,7 @@ def test_decode_oom_at_page_size_16(live):
     assert (event["phase"], event["inferred"]) == ("decode", False)
     # One more token for the one request; its 20 prompt and 9 decoded tokens hold two 16-token pages of 256.
     assert (event["requested_tokens"], event["available_tokens"]) == (1, 224)
+    assert concrete(event, 16) == [("--max-running-requests", 8, None), ("--context-length", 4096, 256)]
 
 
 def test_req_slots_oom(live):
@@ -200,6 +228,10 @@ def test_req_slots_oom(live):
     event = one_fatal(live, "req_slots", first.group(0))
     assert int(first.group(2)) >= 3
     assert event["numbers"] == {"req_slots_available": int(first.group(1)), "req_slots_requested": int(first.group(2))}
+    free, asked = int(first.group(1)), int(first.group(2))
+    limit = 6 if free >= asked else max(1, 8 - (asked - free))  # no shortfall: 75% of 8; else 8 minus the missing
+    assert concrete(event, 1) == [("--max-running-requests", 8, limit), ("--context-length", 4096, 256)]
+    assert ("missing" in event["suggestions"][0]["rule"]) is (free < asked)
 
 
 def test_real_retraction(live):

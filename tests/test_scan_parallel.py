@@ -219,6 +219,24 @@ def test_random_logs_cut_anywhere_give_the_serial_json(tmp_path, data, range_siz
     assert _json([str(path)], finder=finder, chunk=chunk, jobs=2, range_size=range_size) == serial
 
 
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("range_size", [700, 9000])
+def test_a_restart_into_the_same_file_cut_anywhere_gives_each_failure_its_own_runs_description(tmp_path, range_size):
+    # Two real 0.5.23 runs in one file (a restart writing into it): page size 16, then 1; the ranges after the
+    # first banner know it only from the ranges before them (Segment.server), and the usage lines likewise.
+    live = os.path.join(HERE, "data", "logs", "live_0_5_23_{}.log")
+    path = tmp_path / "restart.log"
+    path.write_bytes(b"".join(open(live.format(name), "rb").read() for name in ("decode", "req_slots", "prefill")))
+    serial = _json([str(path)], chunk=61)
+    assert _json([str(path)], chunk=61, jobs=2, range_size=range_size) == serial
+    events = json.loads(serial)["events"]
+    assert [(e["kind"], e["context"]["server_args"]["page_size"], e["context"]["kv_source"]) for e in events] == [
+        ("decode", 16, "log line at 2026-12-08 00:00:21"),
+        ("req_slots", 1, "log line at 2026-12-08 00:02:17"),
+        ("prefill", 16, "log line at 2026-12-07 23:52:19"),
+    ]
+
+
 def test_the_catalog_reads_the_same_through_libyaml_as_through_pure_python():
     # Start-up parses the catalog with libyaml when PyYAML has it; the tree, with the line of every mapping
     # that file:line errors quote, must be the one the pure-Python loader gives.

@@ -11,9 +11,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..catalog.vocabulary import POOL_FULL, POOL_MAMBA, POOL_SWA
-from ..detect.match import SHORTFALL_NOTE
 from ..detect.model import OomEvent, Suggestion, format_number
-from .limits import WOULD_NOT_CHANGE
+from .limits import WOULD_NOT_CHANGE, num, plural, were
 from .memory import MAMBA_COST, MAMBA_FIX, full_available
 
 # How a pool that ran out is named when it is not the full KV pool; any other keeps the name the message gave.
@@ -65,6 +64,33 @@ def value_text(value: float | None) -> str:
 
 
 def _what(event: OomEvent, pool: str) -> str:
+    what = _numbers(event, pool)
+    if not what or isinstance(event.numbers.get("exception"), str):
+        return what  # a crash's exception: the pool's state explains nothing of it
+    basis = _state(event)
+    return f"{what}; {basis}" if basis else what
+
+
+def _state(event: OomEvent) -> str:
+    """The state the advice read, and where from: "state from the log line at T: 0 running requests"."""
+    kv = event.context.get("kv")
+    source = event.context.get("kv_source")
+    if not isinstance(kv, dict) or not isinstance(source, str):
+        return ""
+    running, usage = num(kv, "running_requests"), num(kv, "token_usage")
+    parts = ([plural(running, "running request")] if running is not None else []) + (
+        [f"token usage {usage:.2f}"] if usage is not None else []
+    )
+    where = "the last scrape" if source == "scrape" else f"the {source}"
+    return f"state from {where}: {', '.join(parts)}" if parts else ""
+
+
+def _note(n: dict[str, Any]) -> str:
+    note = n.get("shortfall_note")
+    return f": {note.split(': ', 1)[-1]}" if isinstance(note, str) else ""
+
+
+def _numbers(event: OomEvent, pool: str) -> str:
     n = event.numbers
     requested, available = n.get("requested_tokens"), n.get("available_tokens")
     if requested is not None and available is not None and pool and pool != POOL_FULL:
@@ -72,18 +98,20 @@ def _what(event: OomEvent, pool: str) -> str:
         held = "free" if pool == POOL_MAMBA else "available"
         full = full_available(event)
         tail = f" (the full KV pool had {full})" if full is not None else ""
-        note = f": {SHORTFALL_NOTE}" if n.get("shortfall_note") else ""
-        return f"asked for {requested} tokens; the {name} was the limit with {available} {held}{tail}{note}"
+        return (
+            f"asked for {plural(requested, 'token')}; the {name} was the limit with {available} {held}{tail}{_note(n)}"
+        )
     if requested is not None and available is not None:
-        note = f": {SHORTFALL_NOTE}" if n.get("shortfall_note") else ""
-        return f"asked for {requested} KV tokens while {available} were available{note}"
+        return f"asked for {plural(requested, 'KV token')} while {available} {were(available)} available{_note(n)}"
     if requested is not None:
-        return f"asked for {requested} KV tokens"
+        return f"asked for {plural(requested, 'KV token')}"
     slots, free = n.get("req_slots_requested"), n.get("req_slots_available")
     if slots is not None:
-        return f"asked for {slots} request slots" + (f" while {free} were free" if free is not None else "")
+        return f"asked for {plural(slots, 'request slot')}" + (
+            f" while {free} {were(free)} free" if free is not None else ""
+        )
     if n.get("retracted_requests") is not None:
-        return f"retracted {n['retracted_requests']} running requests"
+        return f"retracted {plural(n['retracted_requests'], 'running request')}"
     if isinstance(n.get("exception"), str):  # a process died of an exception no kind names (its frames decided)
         return f"died of {n['exception']}"
     return ""

@@ -57,6 +57,42 @@ def text(value: float | None) -> str:
     return "?" if value is None else f"{value:g}"
 
 
+def plural(n: float, word: str) -> str:
+    """A count with its noun: "1 KV token", "2 running requests", "0 request slots"."""
+    return f"{text(n)} {word}" + ("" if n == 1 else "s")
+
+
+def were(n: float) -> str:
+    """The verb after a count: "1 was", "2 were"."""
+    return "was" if n == 1 else "were"
+
+
+# A pool sized by --max-total-tokens: raising the static fraction cannot grow it (the cap, not memory, sized it).
+CAP_LEVER = "raise --max-total-tokens, which caps the pool at {cap} tokens (--mem-fraction-static cannot grow it)"
+
+
+def pool_cap(args: Mapping[str, Any], kv: Mapping[str, Any]) -> float | None:
+    """The --max-total-tokens cap when it sized the KV pool (the pool is within a page of it, or its size is
+    unknown), else None: a pool smaller than the cap was sized by memory."""
+    cap = num(args, "max_total_tokens")
+    if cap is None or cap <= 0:
+        return None
+    capacity = num(args, "max_total_num_tokens") or num(kv, "max_total_num_tokens")
+    page = num(args, "page_size") or 1.0
+    return cap if capacity is None or capacity > cap - page else None
+
+
+def memory_lever(args: Mapping[str, Any], kv: Mapping[str, Any]) -> str:
+    """How to give the pool more room: the cap when --max-total-tokens sized it, else the static fraction."""
+    cap = pool_cap(args, kv)
+    return MEM_FRACTION_LEVER if cap is None else CAP_LEVER.format(cap=text(cap))
+
+
+def pool_flag(args: Mapping[str, Any], kv: Mapping[str, Any]) -> str:
+    """The flag that sizes the pool: --max-total-tokens when it capped it, else --mem-fraction-static."""
+    return "--mem-fraction-static" if pool_cap(args, kv) is None else "--max-total-tokens"
+
+
 def pow2_at_most(n: float) -> int:
     """The largest power of two not above n (0 below 1)."""
     return 1 << (int(n).bit_length() - 1) if n >= 1 else 0

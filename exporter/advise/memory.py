@@ -18,6 +18,10 @@ from .limits import (
     MEM_FRACTION_MIN,
     MEM_FRACTION_STEP,
     num,
+    plural,
+    pool_cap,
+    pool_flag,
+    text,
 )
 
 
@@ -124,23 +128,34 @@ def full_available(event: OomEvent) -> int | None:
 
 
 def pool_vs_context(args: Mapping[str, Any], kv: Mapping[str, Any]) -> list[Suggestion]:
-    """A --context-length cap when the KV pool holds less than one request of the full context."""
+    """A --context-length cap when the KV pool holds less than one request of the full context.
+
+    The context is the served one: the capacity line's context_len (as context_length) or sglang:context_len,
+    since /server_info's context_length is the flag (null unless set). The cap is the pool rounded down to 1024,
+    or, for a pool under 1024 tokens, to whole pages (a request takes whole pages).
+    """
     capacity = num(args, "max_total_num_tokens") or num(kv, "max_total_num_tokens")
-    context = num(args, "context_length")
-    if capacity is None or context is None or capacity >= context:
+    context = num(args, "context_length") or num(kv, "context_len")
+    if capacity is None or context is None or capacity < 1 or capacity >= context:
         return []
-    value = max(1024, int(capacity) - int(capacity) % 1024)
-    if value >= context:
+    page = max(1.0, num(args, "page_size") or 1.0)
+    step = 1024 if capacity >= 1024 else page
+    value = int(capacity) - int(capacity) % int(step)
+    if value < 1 or value >= context:
         return []
+    rounded = "rounded down to 1024" if step == 1024 else ("whole pages of " + text(page) if page > 1 else "")
+    cap = pool_cap(args, kv)
+    grow = f"raise --max-total-tokens (it caps the pool at {text(cap)})" if cap is not None else \
+        f"raise {pool_flag(args, kv)}"  # fmt: skip
     return [
         Suggestion(
             "--context-length",
             context,
             value,
-            f"the KV pool holds {capacity:.0f} tokens, less than one request of context_length "
-            f"{context:.0f}: cap the context at the pool (rounded down to 1024), or raise "
-            f"--mem-fraction-static; {BEYOND_EXAMPLE} (the runbook names no --context-length): the numbers show "
-            "one full-context request cannot fit",
+            f"the KV pool holds {plural(capacity, 'token')}, less than one request of context_length "
+            f"{context:.0f}: cap the context at the pool{f' ({rounded})' if rounded else ''}, or {grow}; "
+            f"{BEYOND_EXAMPLE} (the runbook names no --context-length): the numbers show one full-context request "
+            "cannot fit",
             "the pool itself is too small for the model's context",
         )
     ]

@@ -18,16 +18,19 @@ from .limits import (
     CONSERVATIVENESS_MAX,
     DRAFT_TOKENS_FLOOR,
     FALLBACK_SHRINK,
-    MEM_FRACTION_LEVER,
     POOL_HEADROOM,
     RETRACTED_BEFORE_ADVICE,
     RUNNING_REQUESTS_FLOOR,
     WOULD_NOT_CHANGE,
+    memory_lever,
     num,
+    plural,
+    pool_flag,
     pool_words,
     pow2_at_most,
     round_requests,
     text,
+    were,
 )
 
 
@@ -40,7 +43,7 @@ def prefill(event: OomEvent, args: Mapping[str, Any], kv: Mapping[str, Any]) -> 
     suggested below the tokens the failing prefill asked for: one at or above it would not change that
     allocation, so the running requests (which hold the pool) are the lever then, with the reason.
     """
-    out = _prefill_chunk(event, args)
+    out = _prefill_chunk(event, args, kv)
     requested = num(event.numbers, "requested_tokens")
     chunk = out[0]
     # A chunk with no number still names the runbook's examples: the smaller one is what it would come to.
@@ -49,20 +52,35 @@ def prefill(event: OomEvent, args: Mapping[str, Any], kv: Mapping[str, Any]) -> 
     )
     if requested is None or smallest is None or smallest < requested:
         return out
-    why = f"a {smallest:.0f}-token chunk {WOULD_NOT_CHANGE} prefill, which asked for only {requested:.0f} tokens" + (
-        f" (at most the floor {CHUNKED_PREFILL_FLOOR})" if requested <= CHUNKED_PREFILL_FLOOR else ""
+    why = (
+        f"a {smallest:.0f}-token chunk {WOULD_NOT_CHANGE} prefill, which asked for only "
+        + plural(requested, "token")
+        + (f" (at most the floor {CHUNKED_PREFILL_FLOOR})" if requested <= CHUNKED_PREFILL_FLOOR else "")
     )
+    if num(kv, "running_requests") == 0:
+        # Nothing was running: neither a smaller chunk nor fewer running requests can change this allocation.
+        available = num(event.numbers, "available_tokens")
+        idle = "no request was running before it" + (
+            ", so the pool itself is too small for it" if available is not None and available < requested
+            else ", and the numbers show no shortfall" if available is not None else ""
+        )  # fmt: skip
+        return [
+            Suggestion(chunk.flag, chunk.current, None, f"{why}; {idle}"),
+            Suggestion("--max-running-requests", num(args, "max_running_requests"), None,
+                       f"no request was running before the failure: fewer running requests {WOULD_NOT_CHANGE} "
+                       f"prefill; {memory_lever(args, kv)}"),
+        ]  # fmt: skip
     instead = "lower --max-running-requests instead, the running requests hold the pool"
     skipped = Suggestion(chunk.flag, chunk.current, None, f"{why}; {instead}")
     lever = [
         Suggestion(s.flag, s.current, s.suggested, f"the running requests hold the pool: {s.rule}"
-                   + ("" if s.suggested is not None else f"; or {MEM_FRACTION_LEVER}"), s.when)
+                   + ("" if s.suggested is not None else f"; or {memory_lever(args, kv)}"), s.when)
         for s in decode(event, args, kv)
     ]  # fmt: skip
     return [skipped, *lever]
 
 
-def _prefill_chunk(event: OomEvent, args: Mapping[str, Any]) -> list[Suggestion]:
+def _prefill_chunk(event: OomEvent, args: Mapping[str, Any], kv: Mapping[str, Any]) -> list[Suggestion]:
     requested = num(event.numbers, "requested_tokens")
     available = num(event.numbers, "available_tokens")
     current = num(args, "chunked_prefill_size")
@@ -74,17 +92,18 @@ def _prefill_chunk(event: OomEvent, args: Mapping[str, Any]) -> list[Suggestion]
         why = (
             "the message gave no available tokens"
             if available is None
-            else f"only {available:.0f} KV tokens were free{of_pool}, too few to size a prefill chunk from"
+            else f"only {plural(available, 'KV token')} {were(available)} free{of_pool}, too few to size a prefill "
+            "chunk from"
         )
         out = [_prefill_by_example(flag, current, why)]
-        if available is not None:
+        if available is not None and num(kv, "running_requests") != 0:
             out.append(
                 Suggestion(
                     "--max-running-requests",
                     num(args, "max_running_requests"),
                     None,
-                    f"only {available:.0f} tokens were free{of_pool}, less than the floor {CHUNKED_PREFILL_FLOOR}: "
-                    "the running requests fill the pool; admit fewer of them",
+                    f"only {plural(available, 'token')} {were(available)} free{of_pool}, less than the floor "
+                    f"{CHUNKED_PREFILL_FLOOR}: the running requests fill the pool; admit fewer of them",
                 )
             )
         return out
@@ -134,16 +153,17 @@ def decode(event: OomEvent, args: Mapping[str, Any], kv: Mapping[str, Any]) -> l
     running = num(kv, "running_requests")
     used = num(kv, "num_used_tokens") or num(kv, "kv_used_tokens")
     capacity = num(args, "max_total_num_tokens") or num(kv, "max_total_num_tokens")
-    if running is not None and running < 2 and used and capacity:
-        return [Suggestion(flag, current, None, f"{running:.0f} running request(s) held {used:.0f} of the "
-                           f"{capacity:.0f}-token pool: too few to size a batch from; the pool itself is small "
-                           "for one request (see --context-length and --mem-fraction-static)")]  # fmt: skip
+    if running is not None and running < 2:
+        held = f" held {used:.0f} of the {capacity:.0f}-token pool" if used and capacity else " before the failure"
+        return [Suggestion(flag, current, None, f"{plural(running, 'running request')}{held}: too few to size a "
+                           f"batch from, and fewer {WOULD_NOT_CHANGE} allocation; only a bigger pool or shorter "
+                           f"requests can (see --context-length and {pool_flag(args, kv)})")]  # fmt: skip
     if running and used and capacity:
         per_request = used / running
         value = round_requests(POOL_HEADROOM * capacity / per_request)
         rule = (
-            f"{POOL_HEADROOM:.0%} of the {capacity:.0f}-token pool over the {per_request:.0f} tokens each of the "
-            f"{running:.0f} running requests held just before the failure"
+            f"{POOL_HEADROOM:.0%} of the {capacity:.0f}-token pool over the {plural(round(per_request), 'token')} "
+            f"each of the {plural(running, 'running request')} held just before the failure"
         )
         if value >= running:
             value = round_requests(running * FALLBACK_SHRINK)
@@ -151,15 +171,18 @@ def decode(event: OomEvent, args: Mapping[str, Any], kv: Mapping[str, Any]) -> l
         return [_below_current(flag, current, value, rule + f", at least {RUNNING_REQUESTS_FLOOR}")]
     base, what = (current, "the current limit") if current else (running, "the requests running at the failure")
     if base and not current and round_requests(base * FALLBACK_SHRINK) >= base:
-        rule = f"{base:.0f} running request(s) at the failure, already the fewest: the pool is small for one request"
-        return [Suggestion(flag, current, None, rule + " (see --context-length and --mem-fraction-static)")]
+        rule = (
+            f"{plural(base, 'running request')} at the failure, already the fewest: the pool is small for one request"
+        )
+        return [Suggestion(flag, current, None, rule + f" (see --context-length and {pool_flag(args, kv)})")]
     if base:
+        missing = "no KV snapshot" if running is None else "no token count in the snapshot"
         return [
             _below_current(
                 flag,
                 current,
                 round_requests(base * FALLBACK_SHRINK),
-                f"{FALLBACK_SHRINK:.0%} of {what} ({base:.0f}); no KV snapshot to size it, "
+                f"{FALLBACK_SHRINK:.0%} of {what} ({base:.0f}); {missing} to size it, "
                 f"at least {RUNNING_REQUESTS_FLOOR}",
             )
         ]
@@ -216,10 +239,19 @@ def req_slots(event: OomEvent, args: Mapping[str, Any]) -> list[Suggestion]:
     requested = num(event.numbers, "req_slots_requested")
     if current is None:
         return [Suggestion(flag, None, None, "set it below the number of request slots (server args unknown)")]
+    if requested is not None and available is not None and available >= requested:
+        # No shortfall in the numbers (the slots were taken between SGLang's check and its message, or the message
+        # is not the allocator's): no count to subtract, so the fallback shrink, saying so.
+        value = round_requests(current * FALLBACK_SHRINK)
+        rule = (
+            f"the message shows no shortfall ({text(requested)} asked, {text(available)} free): "
+            f"{FALLBACK_SHRINK:.0%} of the current {current:.0f}, at least {RUNNING_REQUESTS_FLOOR}"
+        )
+        return [_below_current(flag, current, value, rule)]
     shortfall = max(1.0, (requested or 1.0) - (available or 0.0))
     value = round_requests(current - shortfall)
     rule = (
-        f"the current {current:.0f} minus the {shortfall:.0f} slots that were missing "
+        f"the current {current:.0f} minus the {plural(shortfall, 'slot')} that {were(shortfall)} missing "
         f"({text(requested)} asked, {text(available)} free)"
         f", rounded down to a multiple of 8 from 16 up, at least {RUNNING_REQUESTS_FLOOR}"
     )

@@ -273,6 +273,7 @@ class Deduper:
             pools=next((r.pools for r in reports if r.pools), ()),
             epoch=group.epoch,
             offset=group.offset,
+            server=first.server,
         )
         self.emitted += 1
         self._sink(event)

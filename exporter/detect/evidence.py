@@ -6,7 +6,8 @@
 
 The rule (docs/recognition.md): a source is SGLang from the first line that shows one *strong* sign, or from the
 third line that shows the weak one.
-- strong: `server_args=ServerArgs(` (the start-up banner), a traceback frame in `sglang/srt/`, a scheduler usage
+- strong: `server_args=ServerArgs(` or 0.5.23's `server_args={'` (the start-up banner, either form), a traceback
+  frame in `sglang/srt/`, a scheduler usage
   line (`#running-req: `, in every Decode batch / Prefill batch line since 0.1), the capacity line
   (`max_total_num_tokens=`), the parent's SIGQUIT line after a child died (`Received sigquit from a child
   process`, `It usually means one child failed`), or a report of a catalog kind whose text only SGLang writes (the
@@ -33,11 +34,11 @@ from collections.abc import Callable
 import regex
 
 from .decode import unwrap
-from .finder import make_finder
+from .finder import LineTail, make_finder
 from .model import Record, Report
 from .prefix import RAY_TAG, PrefixParser, starts_own
 
-STRONG = ("server_args=ServerArgs(", "sglang/srt/", "#running-req: ", "max_total_num_tokens=",
+STRONG = ("server_args=ServerArgs(", "server_args={'", "sglang/srt/", "#running-req: ", "max_total_num_tokens=",
           # The parent's SIGQUIT handler after a child died (launch phase; running phase): SGLang's own words, often
           # the only ones a pasted crash keeps after the exception (entrypoints/engine.py, tokenizer_manager.py).
           "Received sigquit from a child process", "It usually means one child failed")  # fmt: skip
@@ -170,9 +171,7 @@ class EvidenceScanner:
         self._prefixes = prefixes or PrefixParser()
         self._finder = make_finder(tuple(s.encode() for s in (*STRONG, WEAK)), prefer=finder)
         self._strong = tuple(s.encode() for s in STRONG)
-        self._partial = bytearray()
-        self._partial_at = 0
-        self._truncating = False
+        self._tail = LineTail(MAX_LINE)
         self.weak_lines: list[int] = []  # offsets of the first WEAK_LINES weak lines of the current generation
         self.strong_at: int | None = None  # offset of the first strong line of the current generation
         self._gen = 0
@@ -195,15 +194,14 @@ class EvidenceScanner:
             return
         cut = data.rfind(b"\n")
         if cut < 0:
-            self._extend(data, offset)
+            self._tail.extend(data, offset)
             return
         start = 0
-        if self._partial or self._truncating:
+        if self._tail:
             first = data.find(b"\n")
-            self._extend(data[:first], offset)
-            self._line(bytes(self._partial), self._partial_at)
-            self._partial.clear()
-            self._truncating = False
+            self._tail.extend(data[:first], offset)
+            at = self._tail.at
+            self._line(self._tail.take(), at)
             start = first + 1
         pos = start
         # One stopping search per line that holds a sign (a line that identifies ends it): an SGLang log, where
@@ -218,24 +216,13 @@ class EvidenceScanner:
             if self.done:
                 return
             pos = end + 1
-        self._extend(data[cut + 1 :], offset + cut + 1)
+        self._tail.extend(data[cut + 1 :], offset + cut + 1)
 
     def finish(self) -> None:
         """The generation ended: its last line (without a newline) is a line."""
-        if (self._partial or self._truncating) and not self.done:
-            self._line(bytes(self._partial), self._partial_at)
-        self._partial.clear()
-        self._truncating = False
-
-    def _extend(self, data: bytes, offset: int) -> None:
-        if not self._partial and not self._truncating:
-            self._partial_at = offset
-        room = MAX_LINE - len(self._partial)
-        if len(data) > room:
-            self._partial += data[: max(room, 0)]
-            self._truncating = True
-        else:
-            self._partial += data
+        at, line = self._tail.at, self._tail.take() if self._tail else None
+        if line is not None and not self.done:
+            self._line(line, at)
 
     def _line(self, line: bytes, at: int) -> None:
         if any(s in line for s in self._strong) and self._shows_strong(unwrap(line)):

@@ -169,3 +169,36 @@ def literal_set(
 def _any_of(literals: Sequence[bytes]) -> re.Pattern[bytes]:
     """A pattern that finds any of the literals (none: a pattern that never matches)."""
     return re.compile(b"|".join(re.escape(lit) for lit in literals) if literals else rb"(?!)")
+
+
+class LineTail:
+    """A scanner's unfinished last line, kept (its first max_line bytes) until the next bytes finish it."""
+
+    __slots__ = ("at", "data", "max_line", "truncated")
+
+    def __init__(self, max_line: int) -> None:
+        self.data = bytearray()
+        self.at = 0  # the offset of its first byte
+        self.truncated = False  # longer than max_line: the rest was dropped
+        self.max_line = max_line
+
+    def __bool__(self) -> bool:
+        return bool(self.data) or self.truncated
+
+    def extend(self, data: bytes, offset: int) -> None:
+        """More of the line; `offset` is where these bytes start."""
+        if not self:
+            self.at = offset
+        room = self.max_line - len(self.data)
+        if len(data) > room:
+            self.data += data[: max(room, 0)]
+            self.truncated = True
+        else:
+            self.data += data
+
+    def take(self) -> bytes:
+        """The line so far, forgotten here."""
+        line = bytes(self.data)
+        self.data.clear()
+        self.truncated = False
+        return line

@@ -136,6 +136,34 @@ def format_number(value: float | None) -> str:
 
 
 @dataclass(frozen=True, slots=True)
+class ServerLog:
+    """What a source's log said about its server up to one point of one run (detect/serverlog.py reads it).
+
+    args: the start-up lines' values as /server_info names them (no None); batch: the run's last usage line,
+    raw (parsed only for an event: serverlog.state_of); reset: a banner is among the lines folded in, so nothing
+    before them applies. Hashable and compared by value.
+    """
+
+    args: tuple[tuple[str, Any], ...] = ()
+    batch: str | None = None
+    reset: bool = False
+
+    def then(self, later: ServerLog) -> ServerLog:
+        """This, then the lines `later` folds (a restart's banner among them replaces everything before)."""
+        if later.reset:
+            return later
+        if not later.args and later.batch is None:
+            return self
+        merged = dict(self.args)
+        merged.update(later.args)
+        return ServerLog(tuple(sorted(merged.items())), later.batch or self.batch, self.reset)
+
+    def server_args(self) -> dict[str, Any]:
+        """The server args the log gave (empty when none)."""
+        return dict(self.args)
+
+
+@dataclass(frozen=True, slots=True)
 class OomEvent:
     """One server-level OOM (or near-OOM) event: the unit that the counter counts once."""
 
@@ -156,6 +184,7 @@ class OomEvent:
     offset: int = 0  # byte offset of the first line in its file generation: with the file identity, its key
     context: dict[str, Any] = field(default_factory=dict)  # KV state before it and the server args, when known
     suggestions: tuple[Suggestion, ...] = ()
+    server: ServerLog | None = None  # what its source's log said about the server before it (serverlog.py)
 
 
 @dataclass(frozen=True, slots=True)
@@ -183,3 +212,4 @@ class Report:
     # The main process's start-up failure (a launch frame, no crash header): after a crash it only repeats it, so
     # the deduper drops it when a failure of the same source came just before (dedupe.AFTERMATH_LINES).
     aftermath: bool = False
+    server: ServerLog | None = None  # what its source's log said about the server before its first line

@@ -7,7 +7,7 @@ and reset() on rotation. Nothing here does I/O: bytes come in, OomEvents go out 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ..catalog import Catalog
 from ..detect.assemble import DETAIL_LITERALS, NOISE_IN_RAW, TRACEBACK_OPENERS, Assembler
@@ -15,9 +15,10 @@ from ..detect.decode import CRI_PARTIAL_LITERALS, CRI_SPANS, Decoder
 from ..detect.dedupe import Deduper
 from ..detect.evidence import Evidence, EvidenceScanner, Held
 from ..detect.match import Matcher
-from ..detect.model import Gap, OomEvent, RawLine, Record, Report
+from ..detect.model import Gap, OomEvent, RawLine, Record, Report, ServerLog
 from ..detect.prefix import PrefixParser
 from ..detect.reader import LineReader
+from ..detect.serverlog import EMPTY, ServerScanner, export_log, import_log
 
 # A file that begins mid-traceback (rotation cut it) has no header and no exception line, only frames that may
 # end in an allocator (R5). Every frame line is a hit, so the reader passes all of them (a path in a custom log
@@ -90,6 +91,9 @@ class Pipeline:
         # parallel scan's worker), reports pass whatever their kind, and the parent applies the same rule.
         self.evidence = Evidence() if evidence is None else evidence
         self._scanner = EvidenceScanner(self.evidence, finder, prefixes)
+        # What the log says about the server (start-up lines, the last usage line): each report gets it as of its
+        # first line (detect/serverlog.py), the same bytes beside the reader.
+        self._server = ServerScanner(finder)
         self._needs_evidence = catalog.evidence_kinds()
         self._gate = gate
         # Reports of an evidence-needing kind seen before any evidence: counted if it comes within the bounds.
@@ -115,6 +119,7 @@ class Pipeline:
     def feed(self, data: bytes, now: float = 0.0) -> None:
         """Consume the next bytes of the source."""
         self._now = now
+        self._server.feed(data, self._reader.position)
         scanner = self._scanner
         if not scanner.done:
             reader = self._reader
@@ -123,6 +128,20 @@ class Pipeline:
             if scanner.done:  # the first evidence is in these bytes (or was marked from outside meanwhile)
                 self._identified_in(data, start, lineno)
         self._lines(self._reader.feed(data))
+        self._server.keep_from(self._in_flight())
+
+    def server_log(self, before: int | None = None) -> ServerLog:
+        """What the log of the current generation said about the server before this offset (default: all read)."""
+        return self._server.at(1 << 62 if before is None else before)
+
+    def inherit_server_log(self, log: ServerLog) -> None:
+        """The lines before this pipeline's first byte said this (the state file, an earlier range of a file)."""
+        self._server.inherit(log)
+
+    def _in_flight(self) -> int:
+        """The offset of the oldest line a later report can start at."""
+        parts = (self._reader.resume_point(), self._decoder.resume_point(), self._assembler.resume_point())
+        return min(p[0] for p in parts if p is not None)
 
     def is_quiet(self) -> bool:
         """Nothing in flight in any stage: a fresh pipeline fed the last lines before here would be in this very
@@ -137,8 +156,10 @@ class Pipeline:
         """The bytes that follow start a file generation (first open, rotation, truncation, a restart
         resuming at offset): finish what the previous one left, then count from offset and lineno."""
         self._finish_scanner()
+        self._server.finish()
         self._lines(self._reader.reset(offset, lineno))
         self._records_from(self._assembler.close_all())
+        self._server.start(offset)
         self._settle_held(final=True)  # a held report waits for evidence in its own generation only
         self._decoder.reset()
         self._deduper.flush(None)
@@ -165,12 +186,20 @@ class Pipeline:
         return len(self._held)
 
     def export_state(self) -> dict[str, object]:
-        """The deduper's memory of emitted events, for the state file."""
-        return self._deduper.export_state()
+        """The deduper's memory of emitted events, and what the log said about the server before the resume point
+        (a restart re-reads from there: the lines after it are read again), for the state file."""
+        state: dict[str, object] = dict(self._deduper.export_state())
+        log = self._server.at(self.resume_point()[0])
+        if log != EMPTY:
+            state["server_log"] = export_log(log)
+        return state
 
     def restore_state(self, raw: dict[str, object]) -> None:
         """Inverse of export_state(); ValueError when malformed."""
-        self._deduper.restore_state(raw)
+        log = import_log(raw["server_log"]) if "server_log" in raw else None
+        self._deduper.restore_state({k: v for k, v in raw.items() if k != "server_log"})
+        if log is not None:
+            self._server.inherit(log)
 
     def close_open(self, now: float = 0.0) -> None:
         """The source went quiet: close records still open (a traceback that will never finish)."""
@@ -194,6 +223,7 @@ class Pipeline:
     def finish(self) -> None:
         """End of input: everything pending becomes an event now."""
         self._finish_scanner()
+        self._server.finish()
         self._lines(self._reader.finish())
         self._records_from(self._assembler.close_all())
         self._settle_held(final=True)
@@ -233,6 +263,7 @@ class Pipeline:
             self._records += 1
             report = self._matcher.classify(record)
             if report is not None:
+                report = replace(report, server=self._server.at(record.offset))
                 self._reports += 1
                 if report.echo:  # SGLang's text inside another program's record: foreign, whoever the source is
                     self._foreign += 1

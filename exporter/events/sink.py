@@ -22,6 +22,7 @@ from ..advise.explain import Explanation, explain
 from ..advise.suggest import with_suggestions
 from ..catalog import Catalog
 from ..detect.model import OomEvent
+from ..detect.serverlog import state_of
 from .redact import redact_excerpt, redact_line
 
 if TYPE_CHECKING:  # `scan` imports this module and needs neither: prometheus_client costs 60-80 ms of start-up
@@ -72,7 +73,8 @@ class EventSink:
         event = replace(
             event, message=redact_line(event.message), excerpt=redact_excerpt(event.excerpt), numbers=numbers
         )
-        return with_suggestions(event, rule, context.args, context.kv, context.target)
+        context, extra = with_log(event, context)
+        return with_suggestions(event, rule, context.args, context.kv, context.target, extra)
 
     def record(
         self,
@@ -111,6 +113,49 @@ class EventSink:
             event.numbers.get("requested_tokens"), event.numbers.get("available_tokens"),
         )  # fmt: skip
         return event
+
+
+def with_log(event: OomEvent, context: Context) -> tuple[Context, dict[str, Any]]:
+    """The context with what the event's own log said about its server (detect/serverlog.py), and the notes on it.
+
+    Server args: the log's values win over the endpoint's /server_info (or scan's --server-args file) key by key,
+    which fills what the log lacks. The log's lines are the failing run's own, written by the process that
+    failed; /server_info answers for whatever process listens now (after a crash, the restarted one), and it gives
+    the flags as set (context_length is null unless set, 0.5.23) where the capacity line gives the values the
+    scheduler resolved (context_len=4096). Keys both give with different values are listed (`server_args_differ`).
+    The state: the last usage line of the run before the failure (SGLang logs one before each prefill batch and
+    every few decode steps) over the scrape, whose gauges SGLang updates only when it logs stats; `kv_source`
+    says which it was.
+    """
+    log = event.server
+    extra: dict[str, Any] = {}
+    if log is None:
+        if context.kv:
+            extra["kv_source"] = "scrape"
+        return context, extra
+    args: dict[str, Any] | None = dict(context.args) if context.args else None
+    logged = log.server_args()
+    if logged:
+        if args:
+            differ = {k: {"log": v, "server_info": args[k]} for k, v in logged.items()
+                      if args.get(k) is not None and args[k] != v}  # fmt: skip
+            if differ:
+                extra["server_args_differ"] = differ
+        args = {**(args or {}), **logged}
+        extra["server_args_source"] = "log" if not context.args else "log, then /server_info"
+    elif context.args:
+        extra["server_args_source"] = "/server_info"
+    kv: dict[str, Any] | None = dict(context.kv) if context.kv else None
+    state = state_of(log)
+    if state is not None:
+        at = state.pop("at", None)
+        state.pop("batch", None)
+        state.pop("new_tokens", None)
+        kv = {**(kv or {}), **state}
+        extra["kv_source"] = f"log line at {at}" if at else "log line"
+    elif kv:
+        extra["kv_source"] = "scrape"
+    return Context(args, kv, context.target), extra
 
 
 def explanation(event: OomEvent, catalog: Catalog) -> Explanation:

@@ -26,9 +26,10 @@ from dataclasses import dataclass, field, fields, replace
 from ..detect.dedupe import Deduper
 from ..detect.evidence import WEAK_LINES, Evidence, Held
 from ..detect.match import Matcher
-from ..detect.model import OomEvent, Report
+from ..detect.model import OomEvent, Report, ServerLog
 from ..detect.pipeline import Pipeline, PipelineStats
 from ..detect.reader import MAX_LINE
+from ..detect.serverlog import EMPTY
 
 JOIN_SEARCH_LINES = 20_000  # how far past a cut a quiet point is looked for before the cut is given up
 
@@ -47,6 +48,9 @@ class Segment:
     # SGLang evidence its pipeline's scanner saw (file offsets): the parent decides what it admits (evidence.py).
     strong_at: int | None = None
     weak_lines: list[int] = field(default_factory=list)
+    # What its lines (from its cut) said about the server (detect/serverlog.py): the parent puts the segments before
+    # it first, so a report's server description and last usage line are the serial scan's.
+    server: ServerLog = EMPTY
 
 
 class Collector(Deduper):
@@ -187,6 +191,7 @@ def scan_range(
     seg.stats = _minus(pipe.stats(), first_stats)
     seg.lines_at_end = seg.stats.lines_read + seg.lines_at_start
     seg.strong_at, seg.weak_lines = pipe.evidence_marks()
+    seg.server = pipe.server_log()
     return seg
 
 
@@ -231,6 +236,7 @@ class Joiner:
         self._held = Held()  # scan's rule: evidence anywhere later in the file counts them (no bound)
         self._foreign = 0
         self._waiting: dict[int, Segment] = {}
+        self._server = EMPTY  # what the lines before the next segment said about the server
         self._next = 0  # where the next segment of the chain must start
         self._base = 0  # file line number of that segment's line 1, minus 1, minus its lines before start
 
@@ -243,10 +249,13 @@ class Joiner:
             base = self._base - seg.lines_at_start
             self._take_evidence(seg)
             for r in seg.reports:
-                shifted = replace(r, record=replace(r.record, lineno=r.record.lineno + base)) if base else r
+                shifted = replace(r, server=self._server.then(r.server or EMPTY))
+                if base:
+                    shifted = replace(shifted, record=replace(r.record, lineno=r.record.lineno + base))
                 if self._admit(shifted):
                     self._deduper.add(shifted)
             self.stats = _plus(self.stats, seg.stats)
+            self._server = self._server.then(seg.server)
             self._next = seg.end
             self._base = base + seg.lines_at_end
 

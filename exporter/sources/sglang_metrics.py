@@ -96,6 +96,9 @@ class KvSnapshot:
     hicache_unbacked_evicted_tokens_total: float | None = None
     storage_prefetch_host_capacity_tokens_total: float | None = None
     storage_prefetch_device_capacity_tokens_total: float | None = None
+    # The served context (sglang:context_len, set at start-up): /server_info's context_length is the flag, null unless
+    # set; the advice's --context-length rule compares the pool with this.
+    context_len: float | None = None
     engine_type: str | None = None  # SGLang's label: unified | prefill | decode (| dynamic); several joined by "+"
 
     def as_dict(self) -> dict[str, Any]:
@@ -109,6 +112,7 @@ _SOURCES: dict[str, tuple[str, tuple[str, ...]]] = {
     "token_usage": (_MAX, ("sglang:token_usage",)),
     "num_used_tokens": (_COUNT, ("sglang:num_used_tokens",)),
     "max_total_num_tokens": (_COUNT, ("sglang:max_total_num_tokens",)),
+    "context_len": (_MAX, ("sglang:context_len",)),
     "kv_available_tokens": (_COUNT, ("sglang:kv_available_tokens",)),
     "kv_evictable_tokens": (_COUNT, ("sglang:kv_evictable_tokens",)),
     "kv_used_tokens": (_COUNT, ("sglang:kv_used_tokens",)),
