@@ -126,3 +126,19 @@ def test_nothing_running_never_blames_the_running_requests():
     ]
     assert got.suggestions[0].rule.endswith("no request was running before it, so the pool itself is too small for it")
     assert all("hold the pool" not in s.rule and "fill the pool" not in s.rule for s in got.suggestions)
+
+
+def test_scans_text_never_gives_the_usual_fix_its_own_numbers_rule_out_nor_repeats_the_levers():
+    # The real generic OOM asked for 120 of 256 free tokens with nothing running: the prefill kind's usual fix
+    # ("Lower --chunked-prefill-size (for example to 4096 or 2048)") is what the server already runs and could not
+    # change the failing prefill. The text gave it anyway, then "not --chunked-prefill-size", then an advice line
+    # repeating both levers' reasons.
+    from sglang_oom_exporter.scan.report import format_text
+
+    lines = format_text(scan_paths(CATALOG, [LIVE.format("generic")])).splitlines()
+    assert [line.split(":")[0].strip() for line in lines[1:7]] == [
+        "KV cache exhausted while scheduling a prefill batch", "phase=prefill requested_tokens=120 available_tokens=256 "
+        "shortfall_tokens=none (asked for 120, 256 available", "Asked for 120 KV tokens while 256 were available",
+        "not --chunked-prefill-size", "not --max-running-requests", "suggest",
+    ]  # fmt: skip
+    assert lines[7] == ""

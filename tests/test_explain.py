@@ -168,8 +168,14 @@ def test_a_prefill_a_smaller_chunk_cannot_shrink_gets_the_running_requests_with_
     assert info == {"source": "server", "kind": "prefill", "limiting_pool": "full",
                     "detail": "The last one asked for 1444 KV tokens while 300 were available.",
                     "advice": SMALL_ADVICE}  # fmt: skip
-    assert f"    advice: {SMALL_ADVICE}" in format_text(result).splitlines()
-    assert "suggest: --chunked-prefill-size" not in format_text(result)
+    text = format_text(result)
+    assert "suggest: --chunked-prefill-size" not in text
+    # scan's text: the usual fix (lower --chunked-prefill-size) is ruled out by these numbers, so no fix line says
+    # it; the levers are one line each, and the advice, which would repeat them, is left out.
+    assert [line.split(":")[0] for line in text.splitlines()[3:7]] == [
+        "    Asked for 1444 KV tokens while 300 were available.", "    not --chunked-prefill-size",
+        "    suggest", "",
+    ]  # fmt: skip
 
 
 def test_a_prefill_a_smaller_chunk_cannot_shrink_without_server_args_says_what_to_lower_instead(tmp_path):

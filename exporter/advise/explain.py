@@ -26,7 +26,8 @@ class Explanation:
     limiting_pool: str  # the pool that ran out as the event names it (full, swa, mamba, ...)
     what: str  # "asked for 16384 KV tokens while 6100 were available": a clause, no capital, no full stop
     advice: str  # "Suggested: --chunked-prefill-size from 16384 to 4096." or "Fix: <text>"
-    fix: str  # the fix text that applies: the kind's, or the rule's when the limiting pool changes the lever
+    fix: str  # the fix text that applies: the kind's, or the rule's when the limiting pool changes the lever; ""
+    # when the event's own numbers rule out the lever it turns (a suggestion left that flag alone)
 
     @property
     def detail(self) -> str:
@@ -48,7 +49,10 @@ def explain(event: OomEvent, kind_fix: str) -> Explanation:
     pool = event.numbers.get("limiting_pool")
     pool = pool if isinstance(pool, str) else ""
     fix = MAMBA_FIX + "." if pool == POOL_MAMBA else kind_fix
-    return Explanation(pool, _what(event, pool), _advice(event, fix, pool), fix)
+    advice = _advice(event, fix, pool)
+    if any(skipped(s) and s.flag in fix for s in event.suggestions):
+        fix = ""  # the kind's usual fix turns a lever this event's numbers rule out: its advice says what instead
+    return Explanation(pool, _what(event, pool), advice, fix)
 
 
 def skipped(s: Suggestion) -> bool:

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..advise.explain import skipped
+from ..advise.memory import MAMBA_COST
 from ..catalog import Catalog
 from ..detect.model import OomEvent
 from ..detect.pipeline import PipelineStats
@@ -114,14 +115,18 @@ def format_text(result: ScanResult, names: dict[str, str] | None = None) -> str:
             out.append("    " + " ".join(facts))
         if told.sentence:
             out.append(f"    {told.sentence}")
-        out.append(f"    fix: {told.fix}")
+        if told.fix:
+            out.append(f"    fix: {told.fix}")
+        levers = []
         for s in e.suggestions:
             when = f"; when {s.when}" if s.when else ""
             if s.suggested is not None:
-                out.append(f"    suggest: {s.flag} {s.change()}  ({s.rule}{when})")
+                levers.append(f"    suggest: {s.flag} {s.change()}  ({s.rule}{when})")
             elif skipped(s):
-                out.append(f"    not {s.flag}: {s.rule}{when}")
-        if told.advice != f"Fix: {told.fix}":  # the fix line says it already
+                levers.append(f"    not {s.flag}: {s.rule}{when}")
+        out.extend(levers)
+        # The advice sums up the levers above (and repeats a fix line): shown when it says more than they do.
+        if (not levers or MAMBA_COST in told.advice) and told.advice != f"Fix: {told.fix}":
             out.append(f"    advice: {told.advice}")
     counts = result.counts()
     out.append("")
