@@ -27,25 +27,18 @@ from ..detect.prefix import PrefixParser, starts_own
 MAX_RECORD_LINES = 400  # a record that grows past this is closed (a runaway traceback, not an OOM)
 
 # Lines a record skips (a radix-cache dump's node lines, its token totals): they neither end nor join it. In one
-# table: (the start of the line as a regex, a literal every such line holds).
-NOISE_LINES: tuple[tuple[str, str], ...] = (
-    (r" +\d+ \[[\d, ]*\] r=\d+", "] r="),
-    (r" +\d+ \d+ fr=", " fr="),
-    (r" *\[\d+\] \d+ fr=", " fr="),
-    (r" *\[\d+\] \d+ full_lock=", " full_lock="),
-    (r"#tokens: \d+", "tokens: "),
-    (r"#full_tokens: \d+, #(?:swa_tokens|mamba_num): \d+", "tokens: "),
+# table: the start of each such line as a regex.
+NOISE_LINES: tuple[str, ...] = (
+    r" +\d+ \[[\d, ]*\] r=\d+",
+    r" +\d+ \d+ fr=",
+    r" *\[\d+\] \d+ fr=",
+    r" *\[\d+\] \d+ full_lock=",
+    r"#tokens: \d+",
+    r"#full_tokens: \d+, #(?:swa_tokens|mamba_num): \d+",
 )
-_NOISE_TEXT = "(?:" + "|".join(rx for rx, _ in NOISE_LINES) + ")"
-_NOISE = regex.compile("^" + _NOISE_TEXT)
-# The same anywhere in a raw line (behind any container framing), for the reader, whose window such lines must not
-# use up (the record after them still takes its next detail line): a quick test of the literals, then the regex.
-NOISE_IN_RAW = (
-    re.compile("|".join(sorted({re.escape(lit) for _, lit in NOISE_LINES})).encode()),
-    regex.compile(_NOISE_TEXT.encode()),
-)
+_NOISE = regex.compile("^(?:" + "|".join(NOISE_LINES) + ")")
 # The lines that open a traceback, in one table: (the whole line as a regex, a literal every such line holds).
-# A header alone opens a record here, so the reader must pass it too: the pipeline hands it TRACEBACK_OPENERS
+# A header alone opens a record here, so the reader must find it: the pipeline hands it TRACEBACK_OPENERS
 # ("Exception in ModelRpcClient:" / "... ControllerSingle:", facts 10.5).
 TRACEBACK_HEADERS: tuple[tuple[str, str], ...] = (
     (r"Traceback \(most recent call last\):\s*$", "Traceback (most recent call last)"),
@@ -58,30 +51,27 @@ _FRAME = regex.compile(r'^\s+File "(?P<path>[^"]*)", line \d+, in (?P<func>[\w<>
 _CHAINED = ("During handling of the above exception", "The above exception was the direct cause")
 # A chained exception goes on in the same record: its link line, then its own "Traceback ..." header.
 _CHAIN_LINES = ("Traceback", *_CHAINED)
-# The lines a logged block continues with (facts 2, 10), in one table: (start of the line as a regex, the literal
-# that the reader keeps its window open for, whether the line can be a block's last). The reader's literals and
-# the assembler's regex are both derived from it. A hint line ("1. ") and the leak warning's second line need no
-# literal: the line before them (Possible solutions, the numbers) or their anchor holds one.
-DETAIL_LINES: tuple[tuple[str, str | None, bool], ...] = (
-    (r"Try to allocate", "Try to allocate", False),
-    (r"Available", "vailable", True),
-    (r"Avaliable", "valiable", True),  # sic: 0.3.x-0.4.5
-    (r"SWA available", "vailable", True),
-    (r"(?:Full|SWA) LRU list", "LRU list", True),
-    (r"Possible solutions", "Possible solutions", False),
-    (r"\d\. ", None, False),
-    (r"Open an issue", "Open an issue", True),
-    (r"(?:KV cache|Memory) pool leak detected!", None, True),  # 0.1.x: the warning's numbers come first
-    (r"[\w.()\[\] ]*?[\w)\]] ?= ?-?\d", "evictable", True),  # name=value pairs (0.4.5 paged, leak checks)
+# The lines a logged block continues with (facts 2, 10), in one table: (start of the line as a regex, whether the
+# line can be a block's last).
+DETAIL_LINES: tuple[tuple[str, bool], ...] = (
+    (r"Try to allocate", False),
+    (r"Available", True),
+    (r"Avaliable", True),  # sic: 0.3.x-0.4.5
+    (r"SWA available", True),
+    (r"(?:Full|SWA) LRU list", True),
+    (r"Possible solutions", False),
+    (r"\d\. ", False),
+    (r"Open an issue", True),
+    (r"(?:KV cache|Memory) pool leak detected!", True),  # 0.1.x: the warning's numbers come first
+    (r"[\w.()\[\] ]*?[\w)\]] ?= ?-?\d", True),  # name=value pairs (0.4.5 paged, leak checks)
 )
 # The busy-time checker's INFO lines ("[Mem Check (BUSY)] [full] total=...", every iteration at level > 1; facts
 # 11.1) look like a leak check's pool lines but are their own records: never a detail line of another record.
 _NOT_DETAIL = r"(?!\[Mem Check)"
-DETAIL_LITERALS = tuple(dict.fromkeys(lit for _, lit, _ in DETAIL_LINES if lit))
 
 
 def _detail_regex(last_only: bool) -> regex.Pattern[str]:
-    alternatives = "|".join(rx for rx, _, last in DETAIL_LINES if last or not last_only)
+    alternatives = "|".join(rx for rx, last in DETAIL_LINES if last or not last_only)
     # Possessive: a line of blanks must not be split between \s and the name=value class (quadratic otherwise).
     return regex.compile(r"^\s*+" + _NOT_DETAIL + "(?:" + alternatives + ")")
 
