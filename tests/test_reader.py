@@ -171,25 +171,42 @@ def test_a_cri_partial_record_keeps_the_lines_coming_until_its_full_record(betwe
         assert got == [("prefill", "t.log:21", {"requested_tokens": 7})], prefilter
 
 
-def test_a_record_whose_stream_never_writes_again_is_closed_after_a_bounded_run(monkeypatch):
-    # A CRI record open on stderr while stdout writes on: the reader offers stdout's lines, the pipeline needs none
-    # of them; past MAX_UNNEEDED_RUN of them the reader cuts in with a gap, which closes the record (counted), and
-    # then skips the rest instead of splitting every line.
-    monkeypatch.setattr(reader_module, "MAX_UNNEEDED_RUN", 50)
+def test_a_record_whose_stream_went_quiet_is_closed_after_stale_lines_whatever_the_prefilter():
+    # A CRI record open on stderr while stdout writes on: the reader offers stdout's lines, the pipeline needs none of
+    # them; once stderr has written none of the last STALE_LINES lines, the record closes (line-counted, so reading
+    # every line closes it at the same line), and the reader skips the rest instead of splitting every line.
     t = b"2026-03-14T22:07:33.1Z"
     data = t + b" stderr F [2026-03-14 22:07:33 TP0] Prefill out of memory. Try to lower your batch size.\n"
     data += t + b" stderr F Try to allocate 7 tokens.\n"
-    data += b"".join(t + b" stdout F GET /%d 200\n" % i for i in range(200))
+    data += b"".join(t + b" stdout F GET /%d 200\n" % i for i in range(1500))
+    data += t + b" stderr F Available tokens: 5 (available_size=5 + evictable_size=0)\n"
+    from sglang_oom_exporter.detect.assemble import STALE_LINES
     from sglang_oom_exporter.detect.pipeline import Pipeline
 
     events = []
     pipe = Pipeline(CATALOG, MATCHER, source="t", location="t.log", sink=events.append)
     pipe.feed(data)
+    pipe.finish()
+    assert pipe._reader.quiet_lines == STALE_LINES + 1 == 1001  # lines 3-1003: the record closes before line 1003
+    assert pipe.stats().lines_read == 1503
+    for got in (events, scan_bytes(data, prefilter=False)):
+        assert [(e.kind, e.location, e.numbers) for e in got] == [("prefill", "t.log:1", {"requested_tokens": 7})]
+
+
+def test_a_cri_partial_whose_full_record_never_comes_stops_holding_lines_after_a_bounded_run(monkeypatch):
+    # A "stdout P" record whose F never comes (the container died mid-line) keeps the decoder waiting; past
+    # MAX_UNNEEDED_RUN lines in a row the pipeline does not need, the reader cuts in with a gap and skips the rest.
+    monkeypatch.setattr(reader_module, "MAX_UNNEEDED_RUN", 50)
+    t = b"2026-03-14T22:07:33.1Z"
+    data = t + b" stdout P [2026-03-14 22:07:33 TP0] Prefill out of mem\n"
+    data += b"".join(t + b" stderr F step %d\n" % i for i in range(200))
+    from sglang_oom_exporter.detect.pipeline import Pipeline
+
+    pipe = Pipeline(CATALOG, MATCHER, source="t", location="t.log", sink=lambda e: None)
+    pipe.feed(data)
     assert pipe._reader.quiet_lines == 50
     assert pipe.is_quiet()
-    pipe.finish()
-    assert [(e.kind, e.location, e.numbers) for e in events] == [("prefill", "t.log:1", {"requested_tokens": 7})]
-    assert pipe.stats().lines_read == 202
+    assert pipe.stats().lines_read == 201
 
 
 def test_two_streams_records_open_at_once_each_keep_their_own_window():

@@ -25,6 +25,10 @@ from ..detect.model import Gap, LogLine, Prefix, Record
 from ..detect.prefix import PrefixParser, starts_own
 
 MAX_RECORD_LINES = 400  # a record that grows past this is closed (a runaway traceback, not an OOM)
+# A record whose stream wrote none of the source's last this many lines is closed: its program went quiet (a traceback
+# whose process died) while others write on. Line-counted, so every reading of the input closes it at the same line;
+# without it, one such record would keep every later line of the other streams in front of the decoder.
+STALE_LINES = 1000
 
 # Lines a record skips (a radix-cache dump's node lines, its token totals): they neither end nor join it. In one
 # table: the start of each such line as a regex.
@@ -115,6 +119,8 @@ class Assembler:
         self._prefixes = prefixes or PrefixParser()
         self._open: dict[tuple[str, str], _Open] = {}
         self._last_key: dict[str, tuple[str, str]] = {}
+        self._seen: dict[str, int] = {}  # each stream's latest line number
+        self._expires = 0  # no open record is stale before this line (a lower bound, recomputed when passed)
         self.noise_lines = 0
 
     def feed(self, item: LogLine | Gap) -> Iterator[Record]:
@@ -122,6 +128,7 @@ class Assembler:
         if isinstance(item, Gap):
             yield from self.close_all()
             return
+        self._seen[item.stream] = item.lineno
         text = item.text
         if text and text[0] in " #[" and _NOISE.match(text):
             self.noise_lines += 1
@@ -140,10 +147,22 @@ class Assembler:
                 yield out
         self._open.clear()
         self._last_key.clear()
+        self._seen.clear()
 
     def idle(self) -> bool:
         """No record open."""
         return not self._open
+
+    def expire(self, lineno: int) -> list[Record]:
+        """Line `lineno` of the source comes next (any stream's): close the records whose stream wrote none of the
+        STALE_LINES lines before it, and return them."""
+        if lineno <= self._expires or not self._open:
+            return []
+        seen = self._seen
+        stale = [(rec.lineno, key) for key, rec in self._open.items() if seen.get(rec.stream, 0) + STALE_LINES < lineno]
+        closed = [record for _, key in sorted(stale) for record in self._close(key)]
+        self._expires = min((seen.get(r.stream, 0) for r in self._open.values()), default=lineno) + STALE_LINES
+        return closed
 
     def quiet(self, stream: str) -> bool:
         """No record of this stream is open: a line of it that no literal hit can only be dropped (it cannot
@@ -202,6 +221,7 @@ class Assembler:
             self._start(key, line, None, message)
 
     def _start(self, key: tuple[str, str], line: LogLine, prefix: Prefix | None, message: str) -> None:
+        self._expires = min(self._expires, line.lineno + STALE_LINES)
         header = _HEADER.search(message)
         if header is not None:
             # A forwarder that prints a recombined record raw ("Body: Str([...] Scheduler hit an exception: Traceback

@@ -217,7 +217,10 @@ class Pipeline:
     def _needs(self, data: bytes) -> bool:
         """The reader's question, while busy, about a line that no literal hit: does a stage need it? Not when its
         stream (as the decoder will read it) has nothing open: it can then neither start a record nor join or
-        close one."""
+        close one. First the records gone stale by this line are closed, as they are before a line fed (_lines)."""
+        stale = self._assembler.expire(self._reader.next_lineno - 1)
+        if stale:
+            self._records_from(stale)
         stream = stream_of(data)
         return stream is None or not (self._decoder.quiet(stream) and self._assembler.quiet(stream))
 
@@ -228,6 +231,9 @@ class Pipeline:
                 decoder.reset()
                 self._records_from(assembler.feed(item))
                 continue
+            stale = assembler.expire(item.lineno)
+            if stale:
+                self._records_from(stale)
             line = decoder.decode(item)
             if line is not None:
                 self._records_from(assembler.feed(line))
