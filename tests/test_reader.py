@@ -178,7 +178,7 @@ def test_a_record_whose_stream_went_quiet_is_closed_after_stale_lines_whatever_t
     t = b"2026-03-14T22:07:33.1Z"
     data = t + b" stderr F [2026-03-14 22:07:33 TP0] Prefill out of memory. Try to lower your batch size.\n"
     data += t + b" stderr F Try to allocate 7 tokens.\n"
-    data += b"".join(t + b" stdout F GET /%d 200\n" % i for i in range(1500))
+    data += b"".join(t + b" stdout F GET /%d 200\n" % i for i in range(500))
     data += t + b" stderr F Available tokens: 5 (available_size=5 + evictable_size=0)\n"
     from sglang_oom_exporter.detect.assemble import STALE_LINES
     from sglang_oom_exporter.detect.pipeline import Pipeline
@@ -187,8 +187,8 @@ def test_a_record_whose_stream_went_quiet_is_closed_after_stale_lines_whatever_t
     pipe = Pipeline(CATALOG, MATCHER, source="t", location="t.log", sink=events.append)
     pipe.feed(data)
     pipe.finish()
-    assert pipe._reader.quiet_lines == STALE_LINES + 1 == 1001  # lines 3-1003: the record closes before line 1003
-    assert pipe.stats().lines_read == 1503
+    assert pipe._reader.quiet_lines == STALE_LINES + 1 == 257  # lines 3-259: the record closes before line 259
+    assert pipe.stats().lines_read == 503
     for got in (events, scan_bytes(data, prefilter=False)):
         assert [(e.kind, e.location, e.numbers) for e in got] == [("prefill", "t.log:1", {"requested_tokens": 7})]
 
