@@ -122,6 +122,7 @@ class Assembler:
         self._open: dict[tuple[str, str], _Open] = {}
         self._last_key: dict[str, tuple[str, str]] = {}
         self._seen: dict[str, int] = {}  # each stream's latest line number
+        self._lineno = 0  # the source line being read (expire() comes before each): a joined CRI line's is its last
         self._expires = 0  # no open record is stale before this line (a lower bound, recomputed when passed)
         self.noise_lines = 0
 
@@ -130,7 +131,7 @@ class Assembler:
         if isinstance(item, Gap):
             yield from self.close_all()
             return
-        self._seen[item.stream] = item.lineno
+        self._seen[item.stream] = max(item.lineno, self._lineno)
         text = item.text
         if text and text[0] in " #[" and _NOISE.match(text):
             self.noise_lines += 1
@@ -158,6 +159,7 @@ class Assembler:
     def expire(self, lineno: int) -> list[Record]:
         """Line `lineno` of the source comes next (any stream's): close the records whose stream wrote none of the
         STALE_LINES lines before it, and return them."""
+        self._lineno = lineno
         if lineno <= self._expires or not self._open:
             return []
         seen = self._seen

@@ -27,9 +27,9 @@ from .finder import make_finder, minimal_literals
 # of a scan's CPU on a log with a retraction line every 1,250 lines, for the same events (tests/test_scan_lookback.py).
 DEFAULT_BEFORE = 0
 MAX_LINE = 256 * 1024
-# Lines in a row the stages need none of while they are busy (another stream's, the record's own stream silent):
-# past this many, the reader cuts in with a Gap, which closes what is open, so that a record whose program never
-# writes again does not keep a scan splitting every line of the others' for the rest of the file.
+# Lines in a row the stages need none of while they are busy: past this many, the reader cuts in with a Gap, which
+# closes what is open. The assembler closes a record whose stream went quiet long before (STALE_LINES); this bounds
+# what no stage bounds (a CRI partial record whose full record never comes), so a scan never splits every line.
 MAX_UNNEEDED_RUN = 100_000
 
 _NOT_NUL = regex.compile(rb"[^\x00]")
