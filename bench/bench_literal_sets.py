@@ -21,10 +21,10 @@ from typing import Any
 
 from sglang_oom_exporter.catalog import load_catalog
 from sglang_oom_exporter.detect.assemble import TRACEBACK_OPENERS
-from sglang_oom_exporter.detect.decode import CRI_PARTIAL_LITERALS, CRI_SPANS
+from sglang_oom_exporter.detect.decode import CRI_PARTIAL_LITERALS, escaped_literals
 from sglang_oom_exporter.detect.evidence import STRONG, WEAK
-from sglang_oom_exporter.detect.finder import literal_set
-from sglang_oom_exporter.detect.pipeline import EXTENDERS, FRAME_LITERALS
+from sglang_oom_exporter.detect.finder import minimal_literals
+from sglang_oom_exporter.detect.pipeline import FRAME_LITERALS
 
 CHUNKS = (8 << 10, 64 << 10, 4 << 20)
 
@@ -80,7 +80,8 @@ def main() -> int:
         print("hyperscan is not installed here: the bytes.find finder has nothing to share", file=sys.stderr)
         return 2
     searched = (*load_catalog().anchors(), *FRAME_LITERALS, *CRI_PARTIAL_LITERALS)  # as the pipeline's reader
-    reader = literal_set(searched, TRACEBACK_OPENERS, EXTENDERS, CRI_SPANS)[2]
+    searched = (*searched, *TRACEBACK_OPENERS)
+    reader = minimal_literals((*searched, *escaped_literals(searched)))
     evidence = tuple(s.encode() for s in (*STRONG, WEAK))
     data = foreign_log(args.mb)
     dbs = {"reader": database(hyperscan, reader), "evidence": database(hyperscan, evidence),

@@ -25,27 +25,26 @@ from ..detect.model import Gap, LogLine, Prefix, Record
 from ..detect.prefix import PrefixParser, starts_own
 
 MAX_RECORD_LINES = 400  # a record that grows past this is closed (a runaway traceback, not an OOM)
+# A record whose stream wrote none of the source's last this many lines is closed: its program went quiet (a traceback
+# whose process died) while others write on. Line-counted, so every reading of the input closes it at the same line;
+# without it, one such record would keep every later line of the other streams in front of the decoder. 256: the
+# other-stream lines the reader held inside a record before it (its MAX_FOREIGN_LINES); at 1,000, a scan of a CRI log
+# with a PyTorch OOM traceback every 1,500 lines of another stream took 60 % more CPU.
+STALE_LINES = 256
 
 # Lines a record skips (a radix-cache dump's node lines, its token totals): they neither end nor join it. In one
-# table: (the start of the line as a regex, a literal every such line holds).
-NOISE_LINES: tuple[tuple[str, str], ...] = (
-    (r" +\d+ \[[\d, ]*\] r=\d+", "] r="),
-    (r" +\d+ \d+ fr=", " fr="),
-    (r" *\[\d+\] \d+ fr=", " fr="),
-    (r" *\[\d+\] \d+ full_lock=", " full_lock="),
-    (r"#tokens: \d+", "tokens: "),
-    (r"#full_tokens: \d+, #(?:swa_tokens|mamba_num): \d+", "tokens: "),
+# table: the start of each such line as a regex.
+NOISE_LINES: tuple[str, ...] = (
+    r" +\d+ \[[\d, ]*\] r=\d+",
+    r" +\d+ \d+ fr=",
+    r" *\[\d+\] \d+ fr=",
+    r" *\[\d+\] \d+ full_lock=",
+    r"#tokens: \d+",
+    r"#full_tokens: \d+, #(?:swa_tokens|mamba_num): \d+",
 )
-_NOISE_TEXT = "(?:" + "|".join(rx for rx, _ in NOISE_LINES) + ")"
-_NOISE = regex.compile("^" + _NOISE_TEXT)
-# The same anywhere in a raw line (behind any container framing), for the reader, whose window such lines must not
-# use up (the record after them still takes its next detail line): a quick test of the literals, then the regex.
-NOISE_IN_RAW = (
-    re.compile("|".join(sorted({re.escape(lit) for _, lit in NOISE_LINES})).encode()),
-    regex.compile(_NOISE_TEXT.encode()),
-)
+_NOISE = regex.compile("^(?:" + "|".join(NOISE_LINES) + ")")
 # The lines that open a traceback, in one table: (the whole line as a regex, a literal every such line holds).
-# A header alone opens a record here, so the reader must pass it too: the pipeline hands it TRACEBACK_OPENERS
+# A header alone opens a record here, so the reader must find it: the pipeline hands it TRACEBACK_OPENERS
 # ("Exception in ModelRpcClient:" / "... ControllerSingle:", facts 10.5).
 TRACEBACK_HEADERS: tuple[tuple[str, str], ...] = (
     (r"Traceback \(most recent call last\):\s*$", "Traceback (most recent call last)"),
@@ -58,30 +57,27 @@ _FRAME = regex.compile(r'^\s+File "(?P<path>[^"]*)", line \d+, in (?P<func>[\w<>
 _CHAINED = ("During handling of the above exception", "The above exception was the direct cause")
 # A chained exception goes on in the same record: its link line, then its own "Traceback ..." header.
 _CHAIN_LINES = ("Traceback", *_CHAINED)
-# The lines a logged block continues with (facts 2, 10), in one table: (start of the line as a regex, the literal
-# that the reader keeps its window open for, whether the line can be a block's last). The reader's literals and
-# the assembler's regex are both derived from it. A hint line ("1. ") and the leak warning's second line need no
-# literal: the line before them (Possible solutions, the numbers) or their anchor holds one.
-DETAIL_LINES: tuple[tuple[str, str | None, bool], ...] = (
-    (r"Try to allocate", "Try to allocate", False),
-    (r"Available", "vailable", True),
-    (r"Avaliable", "valiable", True),  # sic: 0.3.x-0.4.5
-    (r"SWA available", "vailable", True),
-    (r"(?:Full|SWA) LRU list", "LRU list", True),
-    (r"Possible solutions", "Possible solutions", False),
-    (r"\d\. ", None, False),
-    (r"Open an issue", "Open an issue", True),
-    (r"(?:KV cache|Memory) pool leak detected!", None, True),  # 0.1.x: the warning's numbers come first
-    (r"[\w.()\[\] ]*?[\w)\]] ?= ?-?\d", "evictable", True),  # name=value pairs (0.4.5 paged, leak checks)
+# The lines a logged block continues with (facts 2, 10), in one table: (start of the line as a regex, whether the
+# line can be a block's last).
+DETAIL_LINES: tuple[tuple[str, bool], ...] = (
+    (r"Try to allocate", False),
+    (r"Available", True),
+    (r"Avaliable", True),  # sic: 0.3.x-0.4.5
+    (r"SWA available", True),
+    (r"(?:Full|SWA) LRU list", True),
+    (r"Possible solutions", False),
+    (r"\d\. ", False),
+    (r"Open an issue", True),
+    (r"(?:KV cache|Memory) pool leak detected!", True),  # 0.1.x: the warning's numbers come first
+    (r"[\w.()\[\] ]*?[\w)\]] ?= ?-?\d", True),  # name=value pairs (0.4.5 paged, leak checks)
 )
 # The busy-time checker's INFO lines ("[Mem Check (BUSY)] [full] total=...", every iteration at level > 1; facts
 # 11.1) look like a leak check's pool lines but are their own records: never a detail line of another record.
 _NOT_DETAIL = r"(?!\[Mem Check)"
-DETAIL_LITERALS = tuple(dict.fromkeys(lit for _, lit, _ in DETAIL_LINES if lit))
 
 
 def _detail_regex(last_only: bool) -> regex.Pattern[str]:
-    alternatives = "|".join(rx for rx, _, last in DETAIL_LINES if last or not last_only)
+    alternatives = "|".join(rx for rx, last in DETAIL_LINES if last or not last_only)
     # Possessive: a line of blanks must not be split between \s and the name=value class (quadratic otherwise).
     return regex.compile(r"^\s*+" + _NOT_DETAIL + "(?:" + alternatives + ")")
 
@@ -125,6 +121,9 @@ class Assembler:
         self._prefixes = prefixes or PrefixParser()
         self._open: dict[tuple[str, str], _Open] = {}
         self._last_key: dict[str, tuple[str, str]] = {}
+        self._seen: dict[str, int] = {}  # each stream's latest line number
+        self._lineno = 0  # the source line being read (expire() comes before each): a joined CRI line's is its last
+        self._expires = 0  # no open record is stale before this line (a lower bound, recomputed when passed)
         self.noise_lines = 0
 
     def feed(self, item: LogLine | Gap) -> Iterator[Record]:
@@ -132,6 +131,7 @@ class Assembler:
         if isinstance(item, Gap):
             yield from self.close_all()
             return
+        self._seen[item.stream] = max(item.lineno, self._lineno)
         text = item.text
         if text and text[0] in " #[" and _NOISE.match(text):
             self.noise_lines += 1
@@ -150,15 +150,31 @@ class Assembler:
                 yield out
         self._open.clear()
         self._last_key.clear()
+        self._seen.clear()
 
     def idle(self) -> bool:
         """No record open."""
         return not self._open
 
+    def expire(self, lineno: int) -> list[Record]:
+        """Line `lineno` of the source comes next (any stream's): close the records whose stream wrote none of the
+        STALE_LINES lines before it, and return them."""
+        self._lineno = lineno
+        if lineno <= self._expires or not self._open:
+            return []
+        seen = self._seen
+        stale = [(rec.lineno, key) for key, rec in self._open.items() if seen.get(rec.stream, 0) + STALE_LINES < lineno]
+        closed = [record for _, key in sorted(stale) for record in self._close(key)]
+        self._expires = min((seen.get(r.stream, 0) for r in self._open.values()), default=lineno) + STALE_LINES
+        return closed
+
     def quiet(self, stream: str) -> bool:
         """No record of this stream is open: a line of it that no literal hit can only be dropped (it cannot
         start a record, and there is none for it to join or to close)."""
-        return all(key[0] != stream for key in self._open)
+        for key in self._open:  # noqa: SIM110 - a loop, not all(): asked of each other-stream line while one is open
+            if key[0] == stream:
+                return False
+        return True
 
     def resume_point(self) -> tuple[int, int] | None:
         """(offset, lineno) of the oldest record still open, if any."""
@@ -212,6 +228,7 @@ class Assembler:
             self._start(key, line, None, message)
 
     def _start(self, key: tuple[str, str], line: LogLine, prefix: Prefix | None, message: str) -> None:
+        self._expires = min(self._expires, line.lineno + STALE_LINES)
         header = _HEADER.search(message)
         if header is not None:
             # A forwarder that prints a recombined record raw ("Body: Str([...] Scheduler hit an exception: Traceback

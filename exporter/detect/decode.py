@@ -32,8 +32,6 @@ CRI_FULL = "F"
 # space after the tag: an empty partial ("... stdout P", a write that began with its newline) joins the next
 # record too, and the record's first line is then the partial's.
 CRI_PARTIAL_LITERALS = tuple(f" {s} {CRI_PARTIAL}" for s in CRI_STREAMS)
-CRI_SPANS = tuple((f" {s} {CRI_PARTIAL}", f" {s} {CRI_FULL} ") for s in CRI_STREAMS)
-_CRI_STREAM_WORDS = tuple(f"{s} ".encode() for s in CRI_STREAMS)
 _CRI_TIME = r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?(?:Z|[+-]\d\d:?\d\d)"
 _CRI_STREAM = "|".join(CRI_STREAMS)
 _CRI = regex.compile(
@@ -51,7 +49,13 @@ _ANSI = regex.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 # A blockquote marker: ">" and one space, per level, so a quoted frame keeps its own indentation.
 _QUOTE = regex.compile(r"^(?:> ?)+")
 _COMPOSE_TAG = regex.compile(rb"^([\w.-]+) +\|")
-_ANSI_B = regex.compile(rb"\x1b\[[0-9;]*[A-Za-z]")
+_CI_TIME_B = regex.compile(_CI_TIME.pattern.encode())
+# A docker json-file line exactly as docker writes it, its stream one of the two: a match is a line json.loads reads
+# as that object (strict JSON strings: no raw control characters, only valid escapes).
+_JSON_STR = rb'"(?:[^"\\\x00-\x1f]|\\["\\/bfnrt]|\\u[0-9a-fA-F]{4})*"'
+_DOCKER_B = regex.compile(
+    rb'^\{"log":' + _JSON_STR + rb',"stream":"(' + _CRI_STREAM.encode() + rb')","time":' + _JSON_STR + rb"\}[ \t\r]*$"
+)
 
 
 class Decoder:
@@ -130,13 +134,44 @@ class Decoder:
         return LogLine(lineno, _tail(line), stream, ts, raw.offset)
 
 
-def cri_full_stream(data: bytes) -> str | None:
-    """The stream of a raw line that Decoder.decode reads as a CRI full (F) record; None for any other line
-    (a partial record, another format, or one this cheap test cannot vouch for)."""
-    if not data[:1].isdigit():
+def stream_of(data: bytes) -> str | None:
+    """The wrapper stream Decoder.decode gives this raw line as one whole record ("" for a bare line): a CRI full (F)
+    record's stream, a docker json-file line's, a compose service's; None for a line this cheap test cannot vouch for
+    (a CRI partial record, an irregular JSON object, an ANSI-coloured or non-ASCII line), which the reader then passes.
+    Exact: whenever it names a stream, decoding the line names the same one (property-tested)."""
+    first = data[:1]
+    if first.isdigit():
+        m = _CRI_HEAD_B.match(data)
+        if m is not None:
+            return m.group(1).decode() if m.group(2) == _CRI_FULL_TAG else None
+    elif first == b"{":
+        m = _DOCKER_B.match(data)
+        if m is not None:
+            return m.group(1).decode()
+        if data.startswith(b'{"log":'):
+            return None
+    if not data.isascii():  # str's \d and \w take other scripts' digits and letters: the bytes tests cannot vouch
         return None
-    m = _CRI_HEAD_B.match(data)
-    return None if m is None or m.group(2) != _CRI_FULL_TAG else m.group(1).decode()
+    if first.isdigit() and _CI_TIME_B.match(data) is not None:
+        return ""
+    if b"\x1b" in data:
+        return None
+    if b"|" in data[:80]:
+        m = _COMPOSE_TAG.match(data)
+        if m is not None:
+            return m.group(1).decode()
+    return ""
+
+
+def escaped_literals(literals: tuple[str, ...]) -> tuple[str, ...]:
+    """The forms a docker json-file line writes these literals in, where they differ: `"` and `\\` escaped (JSON), and
+    `<`, `>`, `&` as \\u00XX too (docker's encoder). A line's framing must not hide a literal from the prefilter."""
+    out: list[str] = []
+    for lit in literals:
+        json_form = lit.replace("\\", "\\\\").replace('"', '\\"')
+        html_form = json_form.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
+        out += [form for form in (json_form, html_form) if form != lit]
+    return tuple(dict.fromkeys(out))
 
 
 def unwrap(data: bytes) -> str:
@@ -165,24 +200,3 @@ def _strip_compose(text: str) -> tuple[str, str]:
 
 def _tail(text: str) -> str:
     return text[:-1] if text.endswith("\r") else text
-
-
-def wrapper_stream(line: bytes) -> bytes | None:
-    """The wrapper stream of a raw line: its compose service, CRI stream or docker json stream; None if bare."""
-    first = line[:1]
-    if first.isdigit():
-        sp = line.find(b" ", 0, 48)  # the cheap test first: most digit-led lines of a CRI log are CRI records
-        if sp > 0 and line[sp + 1 : sp + 8] in _CRI_STREAM_WORDS and _CRI_HEAD_B.match(line) is not None:
-            return line[sp + 1 : sp + 7]
-    elif first == b"{":
-        i = line.rfind(b'"stream":"')
-        if i >= 0:
-            return line[i + 10 : line.find(b'"', i + 10)]
-        return None
-    head = line[:96]
-    if b"|" not in head:
-        return None
-    if b"\x1b" in head:  # compose colours its service prefix
-        head = _ANSI_B.sub(b"", head)
-    m = _COMPOSE_TAG.match(head)
-    return m.group(1) if m is not None else None

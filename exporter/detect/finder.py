@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import re
 from collections.abc import Sequence
 from typing import Any, Protocol, cast
 
@@ -142,33 +141,6 @@ def _build_finder(literals: Sequence[bytes], prefer: str) -> Finder:
             if prefer == "hyperscan":
                 raise
     return BytesFinder(literals)
-
-
-LiteralSet = tuple[tuple[bytes, ...], tuple[bytes, ...], tuple[bytes, ...], re.Pattern[bytes], re.Pattern[bytes], bool]
-
-
-@functools.lru_cache(maxsize=64)
-def literal_set(
-    literals: tuple[str, ...], openers: tuple[str, ...], extenders: tuple[str, ...], spans: tuple[tuple[str, str], ...]
-) -> LiteralSet:
-    """A line reader's literals: (openers, extenders, searched literals, opener pattern, extender pattern,
-    whether every span opener holds a searched literal, so that a line opening a span is always a hit).
-
-    Once per run: every reader of a scan of 1,000 files asks for the same set.
-    """
-    openers_b, extenders_b = minimal_literals(openers), minimal_literals(extenders)
-    searched = minimal_literals((*literals, *openers))
-    # One search per line for any of them: about 2.3x faster than one `in` per literal.
-    opener_re, extender_re = _any_of(openers_b), _any_of(extenders_b)
-    # When every span opener holds a searched literal, a line that opens a span is a hit: with no span open,
-    # the other lines need no span check.
-    openers_hit = all(any(lit in o.encode() for lit in searched) for o, _ in spans)
-    return openers_b, extenders_b, searched, opener_re, extender_re, openers_hit
-
-
-def _any_of(literals: Sequence[bytes]) -> re.Pattern[bytes]:
-    """A pattern that finds any of the literals (none: a pattern that never matches)."""
-    return re.compile(b"|".join(re.escape(lit) for lit in literals) if literals else rb"(?!)")
 
 
 class LineTail:

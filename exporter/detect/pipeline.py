@@ -10,8 +10,8 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 
 from ..catalog import Catalog
-from ..detect.assemble import DETAIL_LITERALS, NOISE_IN_RAW, TRACEBACK_OPENERS, Assembler
-from ..detect.decode import CRI_PARTIAL_LITERALS, CRI_SPANS, Decoder
+from ..detect.assemble import TRACEBACK_OPENERS, Assembler
+from ..detect.decode import CRI_PARTIAL_LITERALS, Decoder, escaped_literals, stream_of
 from ..detect.dedupe import Deduper
 from ..detect.evidence import Evidence, EvidenceScanner, Held
 from ..detect.match import Matcher
@@ -25,9 +25,6 @@ from ..detect.serverlog import EMPTY, ServerScanner, export_log, import_log
 # format is no frame); a frame of SGLang's own code (OWN_CODE) may then start a headless traceback.
 FRAME_LITERALS = ('.py", line ',)
 OWN_CODE = ("sglang/srt/",)
-# Not searched for (a block's detail lines and a traceback's frames follow the anchor line), but they keep the
-# reader's window open. The detail lines' literals live with the assembler's regex for them (one table).
-EXTENDERS = ('File "', *DETAIL_LITERALS)
 
 
 @dataclass(slots=True)
@@ -76,12 +73,11 @@ class Pipeline:
         self._reader = LineReader(
             (*anchors, *FRAME_LITERALS, *CRI_PARTIAL_LITERALS),
             openers=TRACEBACK_OPENERS,
-            extenders=EXTENDERS,
-            spans=CRI_SPANS,
+            escaped=escaped_literals,
             finder=finder,
             prefilter=prefilter,
-            quiet=self._quiet,
-            fillers=NOISE_IN_RAW,
+            busy=self._busy,
+            needs=self._needs,
         )
         self._decoder = Decoder()
         prefixes = PrefixParser(extra_prefixes)
@@ -242,10 +238,21 @@ class Pipeline:
             foreign_events=self._foreign,
         )
 
-    def _quiet(self, stream: str) -> bool:
-        """The reader's question for a line in its window that no literal hit: nothing of this stream is being
-        joined. The reader's items are consumed one by one, so the answer is about the lines before it."""
-        return self._decoder.quiet(stream) and self._assembler.quiet(stream)
+    def _busy(self) -> bool:
+        """The reader's question before a line that no literal hit: is a record open or a CRI partial record
+        waiting? If not, such a line can change nothing here (only a hit starts a record), and the reader skips it.
+        The reader's items are consumed one by one, so the answer is about the lines before it."""
+        return not (self._decoder.idle() and self._assembler.idle())
+
+    def _needs(self, data: bytes) -> bool:
+        """The reader's question, while busy, about a line that no literal hit: does a stage need it? Not when its
+        stream (as the decoder will read it) has nothing open: it can then neither start a record nor join or
+        close one. First the records gone stale by this line are closed, as they are before a line fed (_lines)."""
+        stale = self._assembler.expire(self._reader.next_lineno - 1)
+        if stale:
+            self._records_from(stale)
+        stream = stream_of(data)
+        return stream is None or not (self._decoder.quiet(stream) and self._assembler.quiet(stream))
 
     def _lines(self, items: Iterable[RawLine | Gap]) -> None:
         decoder, assembler = self._decoder, self._assembler
@@ -254,6 +261,9 @@ class Pipeline:
                 decoder.reset()
                 self._records_from(assembler.feed(item))
                 continue
+            stale = assembler.expire(item.lineno)
+            if stale:
+                self._records_from(stale)
             line = decoder.decode(item)
             if line is not None:
                 self._records_from(assembler.feed(line))

@@ -2,40 +2,35 @@
 
 An OOM needs a handful of rare literals to be anywhere near it ("ut of memory", "Traceback", ...). The reader
 searches each chunk for them in one pass (finder.py) and only splits the lines around a hit into RawLines: the
-hit line and a few lines behind it (and, if asked, `before` lines ahead of it). Lines that continue a record
-(a frame, a detail line) keep the window open without being searched for, so a traceback of any depth passes
-through whole. Each wrapper stream (a compose service, a CRI or docker stream) has its own window: a line of
-another stream than the record's neither extends nor uses it up, so a web UI's lines mixed into a block or a
-traceback never cut it short, nor do the lines a record skips (a radix-cache dump's). A CRI line in the window
-that no literal hit is only counted when its stream has nothing open downstream (the pipeline answers `quiet`):
-it could neither start a record nor join or close one, and the hundreds of a web server's stdout lines held
-inside another program's stderr traceback cost no decoding. Every other line is only counted, as a Gap. `scan`
-and `serve` share this path, so a file read in one piece, in 1-byte pieces, or with the prefilter off gives the
-same events (property-tested).
+hit line (and, if asked, `before` lines ahead of it), then every line for as long as the stages after it have
+something in flight (`busy`: a record open, a CRI partial record waiting for its F). A line that is not a hit
+can only change that state when there is some, so the reader needs no model of records or log formats: the stage
+that owns the state says when it needs no more lines. While it is busy, the reader still asks about each line
+that is not a hit (`needs`): a line the stages answer no for (another stream's, whose records are all closed) is
+only counted, never decoded. Every other line is only counted, as a Gap. `scan` and `serve` share this path,
+so a file read in one piece, in 1-byte pieces, or with the prefilter off gives the same events (property-tested).
 """
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable, Iterator, Sequence
 
 import regex
 
 from ..detect.model import Gap, RawLine
-from .decode import cri_full_stream, wrapper_stream
 
 # make_finder is looked up here at call time: tests swap it for one finder.
-from .finder import literal_set, make_finder
+from .finder import make_finder, minimal_literals
 
-DEFAULT_AFTER = 32  # after a traceback opens: its header lines; each frame line then extends the window
-DEFAULT_AFTER_SHORT = 4  # after an anchor or detail line: the next detail line, or the closing blank line
 # No look-back by default: a record starts at its anchor line whatever came before it, and a CRI partial record
 # ahead of an anchor is a hit of its own (the pipeline searches for " stdout P"). Four look-back lines cost 30 %
 # of a scan's CPU on a log with a retraction line every 1,250 lines, for the same events (tests/test_scan_lookback.py).
 DEFAULT_BEFORE = 0
-MAX_SPAN_LINES = 100_000  # an unclosed span (a cut file) stops holding the window open after this many lines
 MAX_LINE = 256 * 1024
-MAX_FOREIGN_LINES = 256  # other-stream lines held inside an open window before they count against it again
+# Lines in a row the stages need none of while they are busy: past this many, the reader cuts in with a Gap, which
+# closes what is open. The assembler closes a record whose stream went quiet long before (STALE_LINES); this bounds
+# what no stage bounds (a CRI partial record whose full record never comes), so a scan never splits every line.
+MAX_UNNEEDED_RUN = 100_000
 
 _NOT_NUL = regex.compile(rb"[^\x00]")
 
@@ -48,45 +43,33 @@ class LineReader:
         literals: Sequence[str],
         *,
         openers: Sequence[str] = (),
-        extenders: Sequence[str] = (),
-        spans: Sequence[tuple[str, str]] = (),
+        escaped: Callable[[tuple[str, ...]], tuple[str, ...]] | None = None,
         finder: str = "auto",
         prefilter: bool = True,
-        after: int = DEFAULT_AFTER,
-        after_short: int = DEFAULT_AFTER_SHORT,
         before: int | None = None,
         max_line: int = MAX_LINE,
-        quiet: Callable[[str], bool] | None = None,
-        fillers: tuple[re.Pattern[bytes], regex.Pattern[bytes]] | None = None,
+        busy: Callable[[], bool] | None = None,
+        needs: Callable[[bytes], bool] | None = None,
     ) -> None:
-        """fillers: (a quick necessary test, the test): a line in the window they both find (anywhere) neither
-        extends nor uses it up, as a line of another stream does (the assembler's noise lines, which a record
-        skips)."""
-        literals_ = literal_set(tuple(literals), tuple(openers), tuple(extenders), tuple(spans))
-        self._openers, self._extenders, searched, self._opener_re, self._extender_re, self._openers_hit = literals_
-        # A span (a CRI partial record up to its stream's F record) keeps the window open until it closes,
-        # however many other-stream lines come in between: the F may hold the rest of an anchor.
-        self._spans = tuple((o.encode(), c.encode()) for o, c in spans)
-        self._open_spans: set[int] = set()
-        self._span_lines = 0
-        self._finder = make_finder(searched, prefer=finder)
+        """literals and openers: what the prefilter searches for (a line holding one is a hit and always passes);
+        escaped: the other forms a line's framing writes them in, searched too.
+
+        busy: whether the stages after the reader have something in flight (then every line is split and offered);
+        needs: asked of such a line that no literal hit, whether those stages need it (no: it is only counted)."""
+        searched = (*literals, *openers)
+        if escaped is not None:
+            searched = (*searched, *escaped(tuple(searched)))
+        self._finder = make_finder(minimal_literals(searched), prefer=finder)
         self._prefilter = prefilter
-        self._after = after
-        self._after_short = after_short
         self._before = DEFAULT_BEFORE if before is None else before
         self._max_line = max_line
-        # Asked of a line in the window that no literal hit: is its stream's record state empty downstream (no
-        # record open, no partial line)? Then the line can change nothing there and is only counted.
-        self._quiet = quiet
-        self._fillers = fillers
-        self.quiet_lines = 0
+        self._busy = busy
+        self._needs = needs
+        self.quiet_lines = 0  # lines offered while busy that the stages did not need
+        self._unneeded_run = 0
         self._partial = bytearray()
         self._truncating = False  # discarding the tail of an over-long line until its newline
-        self._window = 0  # lines still to pass through after the last hit of a bare line (or a look-back, a span)
-        # Each wrapper stream's own window, armed by its lines: two streams' records open at once (an OOM on
-        # stderr while stdout logs its own) each get their lines, whatever the other writes in between.
-        self._streams: dict[bytes, int] = {}
-        self._foreign = 0  # lines of no armed stream held since a stream was last armed
+        self._window = 0  # lines to pass whatever the stages say: the look-back lines and the hit line
         self._held: list[RawLine] = []  # the last few skipped lines, for a later hit's look-back
         self._earlier_generations = 0
         self._pos = 0  # file offset of the next byte fed
@@ -102,17 +85,9 @@ class LineReader:
         return self._pos
 
     def idle(self) -> bool:
-        """Nothing in flight: no partial line, no open window or span, and as many held lines as a fresh
-        reader fed the same last lines would hold."""
-        return (
-            self._window == 0
-            and not self._streams
-            and not self._open_spans
-            and self._span_lines == 0
-            and not self._partial
-            and not self._truncating
-            and len(self._held) == self._before
-        )
+        """Nothing in flight: no partial line, no line still to pass, and as many held lines as a fresh reader fed
+        the same last lines would hold."""
+        return self._window == 0 and not self._partial and not self._truncating and len(self._held) == self._before
 
     @property
     def lines_read(self) -> int:
@@ -159,8 +134,7 @@ class LineReader:
             yield Gap(len(self._held))
             self._held = []
         self._window = 0
-        self._streams.clear()
-        self._foreign = 0
+        self._unneeded_run = 0
 
     def reset(self, offset: int = 0, lineno: int = 1) -> Iterator[RawLine | Gap]:
         """A new file generation follows (rotation, truncation, a restart resuming mid-file): flush, and
@@ -232,110 +206,45 @@ class LineReader:
         self.next_lineno += 1
         return line
 
-    def _window_after(self, line: bytes, is_hit: bool) -> int:
-        """Lines to pass through after this one: long after a traceback opens, short after an anchor."""
-        if is_hit:
-            return self._after if self._opener_re.search(line) else self._after_short
-        return self._after_short if self._extender_re.search(line) else 0
-
-    def _advance_window(self, line: bytes, is_hit: bool) -> None:
-        """One line of the window went by. A line of a stream no wrapped line armed, or a bare line while
-        wrapped ones are armed, leaves every window as it was; a line of an armed stream uses up its own."""
-        streams = self._streams
-        if not streams:
-            if self._filler(line, is_hit):
-                return
-            after = self._window_after(line, is_hit)
-            self._window = max(self._window - 1, after)
-            if after:  # only a line that arms the window needs its stream (and a plain line has none: cheap)
-                tag = wrapper_stream(line)
-                if tag is not None:  # the bare window goes on too: a bare record may still be open
-                    streams[tag] = after
-                self._foreign = 0
-            return
-        tag = wrapper_stream(line)
-        left = streams.get(tag) if tag is not None else None
-        if left is None and not is_hit and self._foreign < MAX_FOREIGN_LINES:
-            # A bare line in a window armed by a wrapped one is not the record's stream either: in compose
-            # output it is compose's own ("sglang-1 exited with code 137"), which prefixes every service line.
-            self._foreign += 1
-            return
-        if self._filler(line, is_hit):
-            return
-        after = self._window_after(line, is_hit)
-        if left is None and not is_hit:  # past the bound of lines held: they use up every window again
-            for other in list(streams):
-                if streams[other] > 1:
-                    streams[other] -= 1
-                else:
-                    del streams[other]
-        # The bare window (a bare line's record, a look-back, an open span's one more line) goes by with every
-        # line counted.
-        self._window = max(self._window - 1, after if tag is None else 0)
-        if tag is not None and (left is not None or after):
-            kept = max((left or 0) - 1, after)
-            if kept:
-                streams[tag] = kept
-            else:
-                del streams[tag]
-        if after:
-            self._foreign = 0
-
-    def _filler(self, line: bytes, is_hit: bool) -> bool:
-        """A line the window holds without using it up (counted with the other streams' lines, to the same bound)."""
-        fillers = self._fillers
-        if is_hit or fillers is None or self._foreign >= MAX_FOREIGN_LINES or fillers[0].search(line) is None:
-            return False
-        if fillers[1].search(line) is None:
-            return False
-        self._foreign += 1
-        return True
-
-    def _span_holds(self, line: bytes) -> bool:
-        """Track open spans; True while one is open (and not past its bound)."""
-        for i, (opener, closer) in enumerate(self._spans):
-            if opener in line:
-                self._open_spans.add(i)
-            elif closer in line:
-                self._open_spans.discard(i)
-        if not self._open_spans:
-            self._span_lines = 0
-            return False
-        self._span_lines += 1
-        if self._span_lines > MAX_SPAN_LINES:
-            self._open_spans.clear()
-            self._span_lines = 0
-            return False
-        return True
-
     def _walk(self, buf: bytes, lo: int, hi: int) -> Iterator[RawLine | Gap]:
-        """Split buf[lo:hi] (newline-terminated) into lines near hits, and gaps."""
+        """Split buf[lo:hi] (newline-terminated) into the lines the stages after the reader need, and gaps."""
         if not self._prefilter:
-            self._window = hi - lo + 1
-            hits: list[int] = []
-        else:
-            hits = self._finder.offsets(buf, lo, hi)
+            pos = lo
+            while pos < hi:
+                end = buf.find(b"\n", pos, hi)
+                yield self._line(buf, pos, end)
+                pos = end + 1
+            return
+        hits = self._finder.offsets(buf, lo, hi)
+        busy, needs = self._busy, self._needs
         pos, h = lo, 0
         while pos < hi:
+            if self._window > 0:  # a look-back line or the hit line
+                self._window -= 1
+                end = buf.find(b"\n", pos, hi)
+                self._unneeded_run = 0
+                yield self._line(buf, pos, end)
+                pos = end + 1
+                continue
+            if busy is not None and busy():
+                start, end = pos, buf.find(b"\n", pos, hi)
+                line = self._line(buf, start, end)
+                pos = end + 1
+                while h < len(hits) and hits[h] < start:
+                    h += 1
+                if (h < len(hits) and hits[h] < end) or needs is None or needs(line.data):
+                    self._unneeded_run = 0
+                    yield line
+                    continue
+                self.quiet_lines += 1
+                self._unneeded_run += 1
+                if self._unneeded_run >= MAX_UNNEEDED_RUN:
+                    self._unneeded_run = 0
+                    yield Gap(0)
+                continue
+            self._unneeded_run = 0
             while h < len(hits) and hits[h] < pos:
                 h += 1
-            if self._window > 0 or self._streams:
-                end = buf.find(b"\n", pos, hi)
-                line = self._line(buf, pos, end)
-                pos = end + 1
-                if self._prefilter:
-                    is_hit = h < len(hits) and hits[h] < end
-                    self._advance_window(line.data, is_hit)
-                    spans = self._spans and (is_hit or self._open_spans or not self._openers_hit)
-                    if spans and self._span_holds(line.data):
-                        self._window = max(self._window, 1)
-                    if not is_hit and self._quiet is not None:
-                        stream = cri_full_stream(line.data)
-                        if stream is not None and self._quiet(stream):
-                            self.quiet_lines += 1
-                            continue
-                yield line
-                continue
             if h == len(hits):
                 yield from self._skip_to_end(buf, pos, hi)
                 return

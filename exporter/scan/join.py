@@ -1,8 +1,8 @@
 """Cutting one big file into byte ranges and joining the ranges' reports exactly. Used by parallel.py.
 
 How a cut stays exact. A cut is exact at a *quiet point*: a line boundary where the pipeline holds nothing
-in flight (the reader's window is shut, no CRI span or partial line is open, its look-back holds the last
-four lines, no record is being assembled, no CRI partial record waits) — a pipeline started fresh a few
+in flight (the reader has no hit or look-back line left to pass and no partial line, its look-back holds the
+last lines it keeps, no record is being assembled, no CRI partial record waits) — a pipeline started fresh a few
 lines earlier reaches that point in the same state, so everything after it comes out the same. The file is
 cut at line boundaries C1 < C2 < ...; `find_join` feeds a fresh pipeline line by line from a cut Ck and
 returns the first quiet point Jk it reaches (within range k and JOIN_SEARCH_LINES). It depends only on the

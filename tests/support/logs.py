@@ -6,6 +6,7 @@ The templates take their second (`{s}`) so that a test can write blocks the dedu
 
 from __future__ import annotations
 
+import json
 import os
 import time
 
@@ -97,6 +98,32 @@ CRI_FRAGMENTS = [
     _CRI_T + b" stderr F torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB.\n",
     _CRI_T + b'2 stdout F   File "/workspace/train.py", line 88, in <module>\n',
     b"2026-03-14 stdout F not a CRI record\n",
+]
+
+
+def _docker(stream: str, line: bytes, *, html: bool) -> bytes:
+    """One docker json-file line: json-file escapes quotes and backslashes, docker's encoder also <, > and &."""
+    obj = {"log": line.decode("utf-8", "replace"), "stream": stream, "time": "2026-03-14T22:07:33.1Z"}
+    text = json.dumps(obj, ensure_ascii=False, separators=(",", ":"))
+    if html:
+        text = text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
+    return text.encode() + b"\n"
+
+
+# The same records as docker's json-file log on either stream (stderr with docker's HTML escapes, stdout without),
+# with another program's lines, lines that only look like docker's, and a traceback cut at its first frame.
+DOCKER_FRAGMENTS = [
+    _docker(stream, f, html=stream == "stderr")
+    for f in FRAGMENTS
+    if not f.startswith(b"2026-03-14T")
+    for stream in ("stdout", "stderr")
+] + [
+    _docker("stdout", b'10.0.0.1 - - [14/Mar/2026:22:07:33 +0000] "GET /v1/models HTTP/1.1" 200 91\n', html=False),
+    _docker("stderr", b'  File "/x/sglang/srt/managers/scheduler.py", line 2, in <module>\n', html=True),
+    _docker("stderr", b"torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB.\n", html=True),
+    b'{"log":"Try to allocate 5 tokens.\\n","stream":"stderr"}\n',  # no time: irregular, the reader cannot vouch
+    b'{"log":"Available tokens: 3\\x\\n","stream":"stderr","time":"t"}\n',  # an invalid escape: a json error
+    b"plain line between json ones\n",
 ]
 
 
