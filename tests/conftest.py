@@ -17,8 +17,6 @@ import pytest
 
 # Threads get this long to finish after a test: a stopped observer's threads exit asynchronously.
 _THREAD_GRACE_SECONDS = 2.0
-# A property-based (hypothesis) test's hang guard, in place of pyproject's 10 s (pytest_collection_modifyitems).
-PROPERTY_TIMEOUT_SECONDS = 120
 # The harness's fixtures, for every test module (tests/support: in-process apps closed after each test, the daemon,
 # the HTTP server, the fake API, the CLI).
 pytest_plugins = [
@@ -48,18 +46,16 @@ def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Long tests first on every worker. xdist's worksteal scheduler (README's test command) first hands
     worker i the i-th contiguous slice of the collected items, and only later moves work between them; so
-    the items, sorted long first (slow, then the longer timeout first; stable), are dealt out round-robin
-    into one slice per worker. The order is the same on every worker, as xdist requires."""
+    the items, sorted long first (slow, then e2e, then the longer timeout first; stable), are dealt out
+    round-robin into one slice per worker. The order is the same on every worker, as xdist requires."""
 
-    for item in items:
-        # pyproject's 10 s timeout catches a hang, not a slow machine. A property test runs 60-200 examples: 2 s
-        # alone, past 10 s at a load of 18 (two helpers saw it); its own speed is bench/fuzz.py's business.
-        if getattr(getattr(item, "obj", None), "is_hypothesis_test", False) and not item.get_closest_marker("timeout"):
-            item.add_marker(pytest.mark.timeout(PROPERTY_TIMEOUT_SECONDS))
-
-    def key(item: pytest.Item) -> tuple[bool, float]:
+    def key(item: pytest.Item) -> tuple[bool, bool, float]:
         timeout = item.get_closest_marker("timeout")
-        return (item.get_closest_marker("slow") is None, -float(timeout.args[0] if timeout and timeout.args else 0))
+        return (
+            item.get_closest_marker("slow") is None,
+            item.get_closest_marker("e2e") is None,
+            -float(timeout.args[0] if timeout and timeout.args else 0),
+        )
 
     items.sort(key=key)
     workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))

@@ -116,7 +116,6 @@ def test_every_listed_equivalent_names_a_mutant_of_the_current_rules_with_a_reas
 # One alert with one test file: 9 mutants, about 2 s alone (a recording rule's 24 mutants under its 9 readers'
 # files took 17 s alone and over a minute beside the whole-pack check in the suite).
 @pytest.mark.e2e
-@pytest.mark.timeout(120)
 def test_the_check_fails_on_a_new_survivor_and_on_a_stale_entry(tmp_path):
     alert = "SGLangDecodeRequestsAborted"
     listed = yaml.safe_load(mutate_alerts.EQUIVALENTS.read_text(encoding="utf-8"))
@@ -161,7 +160,6 @@ def test_the_mutation_check_of_the_pack_passes(tmp_path: Path):
 @pytest.mark.e2e
 @pytest.mark.needs_promtool
 @needs_promtool
-@pytest.mark.timeout(60)
 def test_the_command_line_prints_the_table_and_writes_every_outcome(tmp_path, capsys):
     out = tmp_path / "outcomes.json"
     assert mutate_alerts.main(["--alert", "SGLangOOMTargetDown", "--json", str(out)]) == 0
