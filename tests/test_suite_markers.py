@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parent.parent
 def _selections() -> dict[str, str]:
     """Makefile target -> the `-m` expression its pytest run selects with."""
     found = re.findall(r"^([a-z0-9-]+):[^\n]*\n((?:\t[^\n]*\n)+)", (ROOT / "Makefile").read_text(), flags=re.M)
-    return {name: m.group(1) for name, body in found if (m := re.search(r'\$\(PYTEST\) -m "([^"]+)"', body))}
+    return {name: m.group(1) for name, body in found if (m := re.search(r'\$\(PYTEST\)[^"\n]* -m "([^"]+)"', body))}
 
 
 def _markers() -> list[str]:
@@ -82,3 +82,12 @@ def test_an_unmarked_test_that_starts_helm_fails_before_helm_runs():
 )
 def test_what_makes_a_test_end_to_end(argv, program):
     assert e2e_program(argv) == program
+
+
+def test_every_measured_slow_test_names_a_test_that_exists():
+    from tests.conftest import MEASURED_SLOW
+
+    assert len(MEASURED_SLOW) == 40
+    for nodeid in sorted(MEASURED_SLOW):
+        path, name = nodeid.split("::")
+        assert re.search(rf"^def {name}\(", (ROOT / path).read_text(encoding="utf-8"), flags=re.M), nodeid
