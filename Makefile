@@ -1,6 +1,8 @@
 # The edit loop and CI in one place. `make all` is what tools/test.sh (README's test command) and CI run.
 #   make lint          ruff, ruff format --check, mypy --strict (pyproject's settings)
-#   make test          the pure-Python tests, no slow or end-to-end ones: the seconds-long loop
+#   make test          the pure-Python tests, no slow or end-to-end ones: the edit loop (CONTRIBUTING has its
+#                      measured time), one worker per CPU: nothing in it waits on another program, and each
+#                      worker costs a collection of the suite (about 4 s of CPU)
 #   make e2e           the tests that start promtool, Prometheus, Alertmanager, podman, chromium, helm, mtail or
 #                      the daemon (pytest marker e2e; their machine packages missing: they skip and say why)
 #   make live-sglang   the tests that run a real SGLang 0.5.23 on the CPU against the daemon (pytest marker live_sglang,
@@ -20,6 +22,7 @@ PYTEST_ARGS ?=
 ALL_MARKERS ?= not lint
 LINT_PATHS := exporter tests bench tools
 PYTEST := $(PYTHON) -m pytest -q -n auto --dist worksteal $(PYTEST_ARGS)
+CPUS := $(shell $(PYTHON) -c 'import os; print(len(os.sched_getaffinity(0)))' 2>/dev/null || echo auto)
 CONTAINER ?= $(shell command -v podman || command -v docker)
 VERSION := $(shell sed -n 's/^__version__ = "\(.*\)"$$/\1/p' exporter/__init__.py)
 IMAGE ?= sglang-oom-exporter:$(VERSION)
@@ -39,7 +42,7 @@ lint:
 	$(PYTHON) -m mypy
 
 test:
-	$(PYTEST) -m "not e2e and not slow and not lint"
+	$(PYTEST) -n $(CPUS) -m "not e2e and not slow and not lint"
 
 e2e:
 	$(PYTEST) -m "e2e and not live_sglang"

@@ -274,7 +274,6 @@ def _unit_test_mutated(
 @pytest.mark.e2e
 @pytest.mark.needs_promtool
 @needs_promtool
-@pytest.mark.timeout(180)
 def test_the_unit_tests_catch_a_rule_without_its_born_at_one_branch(tmp_path):
     # The convention's warning: a plain increase() misses a series born at 1, and it extrapolates. Prove the
     # tests notice both, while the ordinary case still pages (rounded, as the old pack printed it).
@@ -307,7 +306,6 @@ def _without_line(expr: str, marker: str) -> str:
 
 @pytest.mark.needs_promtool
 @needs_promtool
-@pytest.mark.timeout(180)
 @pytest.mark.parametrize(
     ("rule", "mutate", "failing"),
     [
@@ -376,7 +374,6 @@ def test_the_unit_tests_catch_a_no_logs_rule_that_ignores_waiting_sources_or_pag
 
 @pytest.mark.e2e
 @pytest.mark.slow
-@pytest.mark.timeout(40)
 def test_the_guard_alerts_read_series_a_live_daemon_exports_with_the_values_their_tests_assume(tmp_path):
     """A corrupt state file and a configured log that does not exist: the series the guards read, on real serve."""
     from tests.support.daemon import Daemon
@@ -431,7 +428,6 @@ def test_every_alert_has_a_promtool_test_that_fires_it_and_one_that_keeps_it_qui
 @pytest.mark.e2e
 @pytest.mark.needs_promtool
 @needs_promtool
-@pytest.mark.timeout(180)
 def test_dashboard_url_is_templated_from_the_alert_labels(tmp_path):
     options = RenderOptions(
         runbook_base_url="https://runbooks.example.com/sglang", grafana_url="https://grafana.example.com"
@@ -512,7 +508,6 @@ def test_amtool_accepts_the_example():
 
 @pytest.mark.e2e
 @needs_amtool
-@pytest.mark.timeout(60)
 def test_amtool_routes_critical_to_the_pager_and_warnings_to_tickets():
     for spec in SPECS:
         receiver = RECEIVERS[spec.severity]
@@ -578,7 +573,6 @@ def _route(config: Path, labels: list[str]) -> str:
 
 @pytest.mark.e2e
 @needs_amtool
-@pytest.mark.timeout(120)
 def test_the_example_merged_under_a_catch_all_routes_ours_and_leaves_the_others_alone(tmp_path):
     before, after = tmp_path / "existing.yml", tmp_path / "merged.yml"
     before.write_text(dump_yaml(EXISTING))

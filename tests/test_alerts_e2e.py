@@ -59,7 +59,7 @@ from tests.support.promstack import (
 )
 from tests.support.sglang_data import INFO
 
-pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(90)]
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 ROOT = Path(__file__).resolve().parent.parent
 RETRACTION = "[2026-03-14 22:09:0{s} TP0] KV cache pool is full. Retract requests. #retracted_reqs: 2, #new_token_ratio: 0.4000 -> 0.5000\n"

@@ -133,7 +133,6 @@ def App_config(app: App, **changes):  # noqa: N802
 
 @pytest.mark.e2e
 @pytest.mark.slow
-@pytest.mark.timeout(90)
 def test_a_sighup_storm_neither_crashes_nor_stalls_the_daemon(tmp_path, daemon_factory):
     log = tmp_path / "a.log"
     log.write_text("")

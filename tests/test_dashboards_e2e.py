@@ -79,7 +79,7 @@ METRICS = METRICS_0_5_16 + (
     )
 )
 
-pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(60)]
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 ROOT = Path(__file__).resolve().parent.parent
 DASHBOARD = json.loads((ROOT / OVERVIEW_PATH).read_text(encoding="utf-8"))

@@ -182,7 +182,7 @@ def test_pip_install_into_a_fresh_venv_gives_a_working_console_script(tmp_path):
     )  # fmt: skip
     try:
         port = _port_from_log(proc)
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + 60
         while True:
             with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
                 body = response.read().decode()
@@ -214,7 +214,7 @@ def _needs_modern_setuptools() -> None:
 def _port_from_log(proc: subprocess.Popen[str]) -> int:
     """The port from serve's startup line (it listens on port 0)."""
     assert proc.stderr is not None
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         line = proc.stderr.readline()
         if "serving on" in line:

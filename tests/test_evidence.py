@@ -109,7 +109,6 @@ def test_a_line_longer_than_a_read_is_judged_whole():
     assert not probe(b"hello\nworld\n")
 
 
-@pytest.mark.timeout(120)
 def test_a_parallel_scan_admits_what_the_serial_scan_admits(tmp_path):
     # Evidence in the first range; bare CUDA OOMs in later ranges; three weak lines spread over cuts.
     parts = [BARE, PAD, WEAK % 1, PAD, WEAK % 2, PAD, bare(1), PAD, WEAK % 3, PAD]
@@ -276,7 +275,6 @@ def _one_oom_file(tmp_path, name: str, evidence: bytes) -> str:
     return str(path)
 
 
-@pytest.mark.timeout(120)
 def test_scan_counts_a_cuda_oom_with_evidence_after_it_once_serially_and_cut_into_ranges_near_it(tmp_path):
     sglang = _one_oom_file(tmp_path, "sglang.log", BANNER)
     foreign = _one_oom_file(tmp_path, "train.log", b"Epoch 3 step 1200 loss=1.234\n")

@@ -97,7 +97,6 @@ def test_the_log_and_healthz_show_the_same_escape(caplog) -> None:
 
 @pytest.mark.e2e
 @pytest.mark.slow
-@pytest.mark.timeout(120)
 def test_daemon_follows_a_file_whose_name_is_not_utf8(tmp_path, daemon_factory) -> None:
     logs = tmp_path / "logs"
     logs.mkdir()

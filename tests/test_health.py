@@ -113,7 +113,6 @@ def _healthz(port: int) -> tuple[int, str]:
 
 @pytest.mark.e2e
 @pytest.mark.slow
-@pytest.mark.timeout(60)
 def test_serve_reports_a_missing_plain_path_on_healthz_and_in_metrics(tmp_path, daemon_factory):
     path = tmp_path / "sglang.log"
     d = daemon_factory(str(path))
@@ -129,7 +128,6 @@ def test_serve_reports_a_missing_plain_path_on_healthz_and_in_metrics(tmp_path, 
 
 @pytest.mark.e2e
 @pytest.mark.slow
-@pytest.mark.timeout(60)
 def test_serve_with_an_unusable_state_dir_fails_healthz(tmp_path, daemon_factory):
     log = tmp_path / "a.log"
     log.write_text("")

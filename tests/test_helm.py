@@ -170,7 +170,6 @@ def _validate_all(k8s: str) -> tuple[int, list[tuple[str, list[str]]]]:
 
 @pytest.mark.e2e
 @pytest.mark.slow
-@pytest.mark.timeout(60)  # the first case of a version runs the tool for all of them
 @pytest.mark.parametrize("ci", CI_FILES)
 @pytest.mark.parametrize("k8s", K8S_VERSIONS)
 def test_kubernetes_validate_strict(ci, k8s):
@@ -190,7 +189,6 @@ def test_kubernetes_validate_strict(ci, k8s):
 
 @pytest.mark.e2e
 @pytest.mark.slow
-@pytest.mark.timeout(60)
 @pytest.mark.parametrize("k8s", K8S_VERSIONS)
 def test_kubernetes_validate_rejects_a_misspelt_field(k8s):
     needs_kubernetes_validate()

@@ -358,7 +358,6 @@ def test_the_token_secret_and_the_network_policy_validate_strictly(tmp_path, k8s
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(60)
 def test_the_daemon_as_the_chart_configures_it_refuses_a_post_without_the_token(tmp_path, daemon_factory):
     docs = template(values={"mode": "receiver"})
     token = base64.b64decode(one(docs, "Secret")["data"]["token"])
@@ -378,7 +377,6 @@ def test_the_daemon_as_the_chart_configures_it_refuses_a_post_without_the_token(
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(60)
 def test_an_open_receiver_says_so_in_its_log(tmp_path, daemon_factory):
     d = daemon_factory("--otlp-listen", f"127.0.0.1:{free_port()}")
     seen: list[str] = []

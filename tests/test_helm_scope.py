@@ -20,7 +20,7 @@ from sglang_oom_exporter.render.dashboards import OVERVIEW_PATH
 from sglang_oom_exporter.render.options import RenderOptions
 from tests.support.helm import CHART, by_kind, helm, needs_dashboards, needs_rules, one, template
 
-pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
+pytestmark = [pytest.mark.e2e]
 
 CATALOG = load_catalog()
 SCOPE = {"jobSelector": 'job=~"sglang-oom.*"', "clusterLabel": "k8s_cluster"}

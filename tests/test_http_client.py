@@ -61,7 +61,6 @@ def test_an_https_call_to_an_untrusted_server_is_a_tls_reason(api, tls):
     assert api.calls == []
 
 
-@pytest.mark.timeout(30)
 def test_an_api_server_that_drips_its_answer_times_out_at_the_whole_calls_deadline(api, tls):
     api.pods = [pod("llm", f"llama-{i}", f"10.0.0.{i}") for i in range(3)]
     api.mode = "slow_drip"  # every read returns within 0.1 s; the whole list would take over a minute

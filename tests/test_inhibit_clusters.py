@@ -18,7 +18,7 @@ from sglang_oom_exporter.render.alertspec import NEAR_FULL, RETRACTIONS_HIGH
 from tests.support.helpers import wait_until
 from tests.support.promstack import ALERTMANAGER, Alertmanager, require_binaries
 
-pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(60)]
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 ROOT = Path(__file__).resolve().parent.parent
 POD = {"namespace": "llm", "pod": "sglang-0", "container": "sglang"}

@@ -17,7 +17,7 @@ from tests.support.fake_kubeapi import FakeKubeApi, pod
 from tests.support.helpers import openssl_cert, wait_until
 from tests.support.logs import append, cri, oom_block
 
-pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(120)]
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 NODE = "gpu-node-1"
 UID = "6f1c1a52-3b8e-4a0e-9d7e-1f2a3b4c5d6e"

@@ -328,7 +328,6 @@ CRI_PREFILL = "".join(
 
 @pytest.mark.e2e
 @pytest.mark.slow
-@pytest.mark.timeout(90)
 def test_serve_in_node_mode_gives_pod_events_their_sglang_context(tmp_path, tls, api, monkeypatch):
     cert, _, token = tls
     sa = tmp_path / "serviceaccount"

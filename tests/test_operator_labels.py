@@ -42,7 +42,7 @@ from tests.support.promstack import (
     require_binaries,
 )
 
-pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(120)]
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 ROOT = Path(__file__).resolve().parent.parent
 RELEASE_NS = "monitoring"

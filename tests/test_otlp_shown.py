@@ -23,7 +23,7 @@ from tests.support.otlp import export, log_lines, pod_resource, records
 HERE = os.path.dirname(__file__)
 CASE = os.path.join(HERE, "data", "logs", "cuda_oom_three_texts.log")  # three cuda_oom events, each at a known line
 EVENTS = "sglang_oom_events_total"
-pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(120)]
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 
 def get(d: Daemon, path: str) -> tuple[int, str]:

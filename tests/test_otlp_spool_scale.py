@@ -59,7 +59,6 @@ def _request(r: int) -> dict[str, list[Line]]:
             for i in range(NAMES)}  # fmt: skip
 
 
-@pytest.mark.timeout(120)
 def test_thousands_of_services_list_the_shared_directory_once_per_pass_not_once_per_source(tmp_path, monkeypatch):
     monkeypatch.setattr(os, "fsync", lambda fd: None)  # durability is not the subject: 10,000 fsyncs are slow
     app, clock = started_app(tmp_path, otlp_listen="127.0.0.1:0", paths=())
@@ -96,7 +95,6 @@ class _CountedValues(dict):
             yield value
 
 
-@pytest.mark.timeout(120)
 def test_thousands_of_sources_retired_at_once_cost_a_pass_not_one_per_source(tmp_path):
     # The spool removes every idle source at one save; the source set then retires them in one discovery pass.
     logs = tmp_path / "logs"

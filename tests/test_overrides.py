@@ -24,8 +24,6 @@ from sglang_oom_exporter.render.options import RenderOptions
 from sglang_oom_exporter.render.overrides import load_with_overrides
 from sglang_oom_exporter.render.promql import relabel_cluster
 
-pytestmark = pytest.mark.timeout(60)
-
 CATALOG = load_catalog()
 OVERRIDES = """\
 # ours: the scrape jobs are per cluster, Mimir's external label is k8s_cluster, and we want more warning

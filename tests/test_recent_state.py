@@ -111,7 +111,6 @@ def _get(port: int, path: str) -> str:
 
 @pytest.mark.e2e
 @pytest.mark.slow
-@pytest.mark.timeout(60)
 def test_a_restarted_daemon_keeps_its_page_events_and_last_event_times(tmp_path, daemon_factory):
     log = tmp_path / "server.log"
     log.write_text(oom_block() + oom_block(kind="Decode"))

@@ -19,7 +19,7 @@ from tests.support.daemon import Daemon, settle
 from tests.support.helpers import wait_until
 from tests.support.logs import append, cri, oom_block
 
-pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(90)]
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 TORCH_OOM = """\
 Epoch 3 step 1200 loss=1.234

@@ -38,7 +38,6 @@ def test_a_state_file_nested_100000_levels_deep_is_moved_aside(tmp_path, raw):
 
 @pytest.mark.e2e
 @pytest.mark.slow
-@pytest.mark.timeout(60)
 def test_serve_starts_on_a_state_file_nested_100000_levels_deep(tmp_path):
     (tmp_path / "a.log").write_text("")
     write_state(tmp_path, None, raw="[" * DEEP + "]" * DEEP)

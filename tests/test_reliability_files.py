@@ -21,7 +21,7 @@ from tests.support.daemon import Daemon, settle
 from tests.support.helpers import wait_until
 from tests.support.logs import append, oom_block
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(60)]
+pytestmark = [pytest.mark.slow]
 
 
 def _opened(d: Daemon, n: int = 1) -> bool:
@@ -111,7 +111,6 @@ class LimitedDaemon(Daemon):
 
 
 @pytest.mark.e2e
-@pytest.mark.timeout(120)
 def test_more_files_than_the_open_file_limit_are_all_counted_and_http_answers(tmp_path):
     files = [tmp_path / f"pod{i:03d}.log" for i in range(2 * _NOFILE + 44)]  # 300 files, limit 128
     for f in files:
@@ -256,7 +255,6 @@ def _rotations(d: Daemon) -> float:
 
 
 @pytest.mark.e2e
-@pytest.mark.timeout(90)
 def test_rename_rotation_right_after_each_write_is_exact(tmp_path, daemon_factory):
     """Each generation gets its OOM and is renamed away at once: the block is read from the renamed file.
 

@@ -19,7 +19,7 @@ from tests.support.daemon import Daemon, settle
 from tests.support.helpers import wait_until
 from tests.support.logs import oom_block
 
-pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(60)]
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 STATE_ENV = {"SGLANG_OOM_EXPORTER_STATE_INTERVAL": "60s"}  # no periodic save: only the start's own
 
@@ -58,7 +58,7 @@ def test_a_first_start_killed_as_its_state_file_appears_is_known_to_the_next(tmp
     proc = _spawn(first)
     path = os.path.join(state, "state.json")
     try:
-        deadline = time.monotonic() + 20
+        deadline = time.monotonic() + 60  # a hang guard: a daemon start at load 12
         while not os.path.exists(path):  # a tight poll: the kill lands within a millisecond of the save
             assert proc.poll() is None
             assert time.monotonic() < deadline
@@ -80,7 +80,7 @@ def test_the_starting_positions_are_saved_before_http_answers(tmp_path):
     first = Daemon([str(tmp_path / "*.log")], state)
     proc = _spawn(first)
     try:
-        deadline = time.monotonic() + 20
+        deadline = time.monotonic() + 60  # a hang guard: a daemon start at load 12
         while True:
             assert proc.poll() is None
             assert time.monotonic() < deadline

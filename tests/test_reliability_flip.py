@@ -32,7 +32,6 @@ def _errors(d: Daemon) -> float:
 
 @pytest.mark.e2e
 @pytest.mark.slow
-@pytest.mark.timeout(120)
 def test_a_path_flipping_between_file_and_directory_counts_every_generation(tmp_path, daemon_factory):
     path = tmp_path / "flip.log"
     d = daemon_factory(str(path))
@@ -166,7 +165,6 @@ def test_a_glob_match_flipping_with_a_directory_once_a_second_counts_every_gener
 
 @pytest.mark.e2e
 @pytest.mark.slow
-@pytest.mark.timeout(120)
 def test_the_real_daemon_follows_a_glob_match_through_its_directory_flips(tmp_path, daemon_factory):
     # The same flips on the real daemon and its file watcher, each step waiting for what the daemon reports
     # (bench/flip_dir.py --glob --rate 1 measures the fixed-rhythm writer's count).

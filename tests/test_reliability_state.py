@@ -84,7 +84,6 @@ def test_one_rejected_position_with_counters_kept_does_not_recount_the_file(tmp_
 
 @pytest.mark.e2e
 @pytest.mark.slow
-@pytest.mark.timeout(60)
 def test_sigkill_in_the_first_second_loses_nothing_written_while_down(tmp_path):
     """The daemon is killed as soon as it says it is ready, long before its first periodic save."""
     logs = [tmp_path / f"r{i}.log" for i in range(3)]

@@ -24,8 +24,6 @@ from sglang_oom_exporter.render.runbooks import INDEX
 ROOT = Path(__file__).resolve().parent.parent
 CATALOG = load_catalog()
 
-pytestmark = pytest.mark.timeout(60)  # each test renders a few times
-
 
 @pytest.fixture
 def render(capsys):

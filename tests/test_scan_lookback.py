@@ -35,7 +35,6 @@ def test_no_look_back_is_the_default():
     assert reader.LineReader(["ut of memory"])._before == 0
 
 
-@pytest.mark.timeout(120)
 @pytest.mark.parametrize("finder", ["hyperscan", "bytes.find"])
 def test_every_golden_log_gives_the_same_json_with_four_look_back_lines_and_without_prefilter(monkeypatch, finder):
     if finder == "hyperscan":
@@ -55,7 +54,6 @@ def test_every_golden_log_gives_the_same_json_with_four_look_back_lines_and_with
     assert events == sum(len(load_expected(path)["events"]) for path in CASES)
 
 
-@pytest.mark.timeout(120)
 def test_a_generated_log_with_retraction_lines_decodes_four_lines_less_per_event_for_the_same_json(
     tmp_path, monkeypatch
 ):

@@ -14,14 +14,10 @@ import subprocess
 import sys
 import time
 
-import pytest
-
 from sglang_oom_exporter.progress import Progress
 from sglang_oom_exporter.scan.run import scan_paths
 from sglang_oom_exporter.scan.serial import input_size
 from tests.support.helpers import CATALOG
-
-pytestmark = pytest.mark.timeout(60)
 
 RETRACT = "[2026-03-14 22:01:{s:02d} TP0] KV cache pool is full. Retract requests. #retracted_reqs: 3, #new_token_ratio: 0.4 -> 0.5\n"
 COMMAND = [sys.executable, "-m", "sglang_oom_exporter", "scan", "--jobs", "1"]

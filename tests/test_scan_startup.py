@@ -31,7 +31,6 @@ def test_check_readable_names_the_input(tmp_path):
         check_readable(str(tmp_path))
 
 
-@pytest.mark.timeout(60)
 def test_scan_imports_no_serve_render_or_http_code(tmp_path):
     path = tmp_path / "r.log"
     path.write_bytes(RETRACT)
@@ -76,7 +75,6 @@ def _pool_calls(monkeypatch) -> list[int]:
     return calls
 
 
-@pytest.mark.timeout(60)
 def test_a_pool_starts_only_above_min_parallel_bytes(tmp_path, monkeypatch):
     calls = _pool_calls(monkeypatch)
     paths = []
@@ -95,7 +93,6 @@ def test_a_pool_starts_only_above_min_parallel_bytes(tmp_path, monkeypatch):
     assert calls == [2]
 
 
-@pytest.mark.timeout(60)
 def test_stdin_between_files_in_a_pool_keeps_input_order(tmp_path, monkeypatch):
     calls = _pool_calls(monkeypatch)
     first, last = tmp_path / "a.log", tmp_path / "b.log"

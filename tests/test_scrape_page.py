@@ -70,9 +70,6 @@ def _series(text: str) -> list[str]:
 
 
 # --- a scrape never waits for the loop --------------------------------------------------------------------
-
-
-@pytest.mark.timeout(20)
 def test_a_scrape_and_a_probe_answer_while_the_loop_is_mid_slice(tmp_path, monkeypatch):
     log = tmp_path / "a.log"
     log.write_text("")

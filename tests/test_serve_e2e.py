@@ -21,7 +21,7 @@ from tests.support.daemon import Daemon, settle
 from tests.support.helpers import free_port, wait_until
 from tests.support.logs import append, cri, oom_block
 
-pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(60)]
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 
 def test_appends(tmp_path, daemon_factory):

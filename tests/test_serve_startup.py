@@ -14,8 +14,6 @@ import sys
 import urllib.error
 import urllib.request
 
-import pytest
-
 from tests.support.helpers import free_port, wait_until
 
 # Imported only when a setting asks for them; a plain `serve PATH` asks for none. (PyYAML is not among them:
@@ -51,7 +49,6 @@ def _imported(log: str) -> set[str]:
     return {line.rsplit("|", 1)[1].strip() for line in log.splitlines() if line.startswith("import time:")}
 
 
-@pytest.mark.timeout(60)
 def test_a_plain_serve_imports_nothing_only_some_settings_need(tmp_path):
     (tmp_path / "a.log").write_text("")
     port = free_port()

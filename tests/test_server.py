@@ -537,7 +537,6 @@ def test_tls_requires_a_client_certificate_when_configured(serve, tmp_path):
 
 @pytest.mark.e2e
 @pytest.mark.slow
-@pytest.mark.timeout(120)
 @pytest.mark.skipif(shutil.which(CHROMIUM) is None, reason=f"{CHROMIUM} is missing (Debian package chromium)")
 def test_chromium_renders_the_event_table(serve, catalog, tmp_path):
     store = EventStore()
@@ -565,7 +564,6 @@ PHONE_WIDTH = 390  # px: an iPhone 12-15's portrait viewport
 
 @pytest.mark.e2e
 @pytest.mark.slow
-@pytest.mark.timeout(120)
 @pytest.mark.skipif(shutil.which(CHROMIUM) is None, reason=f"{CHROMIUM} is missing (Debian package chromium)")
 def test_the_events_page_fits_a_phone_screen(catalog, tmp_path):
     store = EventStore()

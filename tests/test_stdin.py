@@ -18,14 +18,14 @@ def test_bytes_pass_through_and_reach_the_pipeline_with_a_wake_per_chunk():
         pump.start()
         os.write(write_fd, b"[2026-03-14 22:07:33 TP0] hello\n")
         os.close(write_fd)
-        deadline = time.monotonic() + 5
+        deadline = time.monotonic() + 60  # a hang guard: the loop ends once the pump is done
         got: list[bytes] = []
         done = False
         while not done and time.monotonic() < deadline:
             chunks, done = pump.drain()
             got += chunks
             time.sleep(0.01)
-        pump._thread.join(5)
+        pump._thread.join(60)
     assert done
     assert b"".join(got) == out.getvalue() == b"[2026-03-14 22:07:33 TP0] hello\n"
     assert len(wakes) == len(got) + 1  # one per chunk, and one for the end

@@ -17,7 +17,7 @@ from tests.support.helpers import wait_until
 from tests.support.logs import PREFILL, append
 from tests.support.sglang_data import INFO, METRICS
 
-pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(90)]
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 HERE = os.path.dirname(__file__)
 

@@ -14,6 +14,13 @@ directly or through another record (a family's first member standing for the fam
 - kind: each `kind="..."` matcher set to the next kind of the catalog;
 - for, keep_firing_for: doubled (0 -> 1m) and halved.
 
+How it runs: each test file is cut into one file per test case (promtool evaluates a case on its own, so the
+cases of a file pass together exactly when the file passes), and the mutants go in rounds: every mutant still
+alive runs its next case, cheapest first (evaluation steps times input series), all of a round's cases in a few
+`promtool test rules` processes, `--jobs` at a time. A mutant is killed by the first case that fails and runs no
+more; a survivor runs every case of every file that judges it, as before. Most mutants die on their first or
+second case, so the check evaluates a small part of the cases it used to.
+
 Mutation points come from a real PromQL parser (promql-parser); the mutated expression is printed by it, so a
 control run first proves each alert's tests pass on its printed, unmutated rule. A mutant that promtool's
 `check rules` rejects is not valid and is counted apart.
@@ -58,7 +65,7 @@ if str(ROOT) not in sys.path:
 
 from sglang_oom_exporter.catalog import load_catalog  # noqa: E402 - the checkout's package, after its root
 from sglang_oom_exporter.config.values import parse_duration  # noqa: E402
-from tests.support.helpers import load_yaml  # noqa: E402
+from tests.support.helpers import dump_yaml, load_yaml  # noqa: E402
 from tests.support.promtool_rules import RULES, isolate  # noqa: E402
 
 RULE_TESTS = ROOT / "tests" / "rules"
@@ -93,6 +100,7 @@ class Outcome:
     mutant: Mutant
     status: str  # killed, killed-by-structure, survived, equivalent, invalid, unjudged (its control failed)
     reason: str = ""
+    cases: int = 0  # promtool test cases run for it: a killed mutant stops at the first that fails
 
 
 # --- finding the mutation points ----------------------------------------------------------------------------
@@ -353,6 +361,30 @@ def _replacing(name: str, rule: dict[str, Any]) -> Callable[[dict[str, Any]], No
     return change
 
 
+def _case_cost(case: dict[str, Any], default_interval: str) -> float:
+    """How much promtool evaluates for one test case: its evaluation steps times its input series (plus one)."""
+    times = [
+        parse_duration(str(t["eval_time"]))
+        for key in ("alert_rule_test", "promql_expr_test")
+        for t in case.get(key) or []
+    ]
+    step = parse_duration(str(case.get("interval") or default_interval)) or 60.0
+    return (max(times, default=0.0) / step + 1) * (len(case.get("input_series") or []) + 1)
+
+
+def _split_cases(out: Path, name: str, test: dict[str, Any]) -> list[tuple[float, str]]:
+    """Write each test case of the test file `name` (in out, its document `test`) to a file of its own beside it,
+    against the same rule file; (cost, file name) per case, cheapest first."""
+    stem = name.removesuffix(".test.yaml")
+    default = str(test.get("evaluation_interval") or "1m")
+    cases = []
+    for i, case in enumerate(test["tests"]):
+        case_name = f"{stem}-c{i:02d}.test.yaml"
+        (out / case_name).write_text(dump_yaml({**test, "tests": [case]}))
+        cases.append((_case_cost(case, default), case_name))
+    return sorted(cases)
+
+
 # --- the check ------------------------------------------------------------------------------------------------------
 
 
@@ -371,6 +403,10 @@ class Report:
             row = table.setdefault(o.mutant.alert, {})
             row[o.status] = row.get(o.status, 0) + 1
         return table
+
+    def case_runs(self) -> int:
+        """The promtool test cases run for the mutants (a killed mutant stops at its first failing case)."""
+        return sum(o.cases for o in self.outcomes)
 
     def killed_percent(self) -> float:
         """Killed (by promtool or the structural test) among the valid mutants."""
@@ -412,7 +448,7 @@ def check(
     outcomes: list[Outcome] = []
     with tempfile.TemporaryDirectory(prefix="mutate-alerts-", dir=work_dir) as tmp:
         out = Path(tmp)
-        pending: dict[str, Outcome] = {}  # test file name -> outcome to fill
+        pending: dict[str, tuple[Outcome, dict[str, Any]]] = {}  # test file name -> outcome to fill, its document
         controls: dict[str, str] = {}  # test file name -> alert
         for rule in chosen:
             alert = rule_name(rule)
@@ -444,32 +480,48 @@ def check(
                 outcomes.append(outcome)
                 for test_file in files:
                     stem = f"m{n:03d}-{alert.lower().replace(':', '-')}-{test_file.name.removesuffix('.test.yaml')}"
-                    name, _ = isolate(out, test_file, _replacing(alert, m.rule), stem)
-                    pending[name] = outcome
+                    name, test = isolate(out, test_file, _replacing(alert, m.rule), stem)
+                    pending[name] = (outcome, test)
         rule_files = [n.replace(".test.yaml", ".rules.yaml") for n in pending]
         checked = _in_batches(["promtool", "check", "rules"], rule_files, out, jobs, "Checking ")
-        runnable = []
-        for name, outcome in pending.items():
-            if name.replace(".test.yaml", ".rules.yaml") in checked:
-                runnable.append(name)
-            else:
+        for name, (outcome, _) in pending.items():
+            if name.replace(".test.yaml", ".rules.yaml") not in checked:
                 outcome.status, outcome.reason = "invalid", "promtool check rules rejects it"
-        passed = _in_batches(["promtool", "test", "rules"], [*controls, *runnable], out, jobs, "Unit Testing:")
-        failed_controls = {alert for name, alert in controls.items() if name not in passed}
-        for alert in sorted(failed_controls):
-            problems.append(f"{alert}: its tests fail on the unmutated rule as the parser prints it (control)")
-        # A mutant survives when every test file that judges it passed; one failing file kills it.
-        survived: dict[int, bool] = {}
-        for name in runnable:
-            survived[id(pending[name])] = survived.get(id(pending[name]), True) and name in passed
-        for name in runnable:
-            outcome = pending[name]
-            if outcome.status == "invalid":
-                continue
-            if outcome.mutant.alert in failed_controls:
-                outcome.status, outcome.reason = "unjudged", "the control failed"
-            elif survived[id(outcome)]:
-                outcome.status = "survived"
+        # Each valid mutant's cases (of every file that judges it), cheapest first; a mutant is a key while alive.
+        cases: dict[int, list[tuple[float, str]]] = {}
+        judged: dict[int, Outcome] = {}
+        for name, (outcome, test) in pending.items():
+            if outcome.status != "invalid":
+                cases.setdefault(id(outcome), []).extend(_split_cases(out, name, test))
+                judged[id(outcome)] = outcome
+        for found in cases.values():
+            found.sort()
+        failed_controls: set[str] = set()
+        first = True
+        while cases or first:
+            # A round: the next case of every mutant alive (and the controls, whole, in the first round).
+            batch = [found[0][1] for found in cases.values()]
+            for key in cases:
+                judged[key].cases += 1
+            passed = _in_batches(["promtool", "test", "rules"], [*(controls if first else ()), *batch], out, jobs,
+                                 "Unit Testing:")  # fmt: skip
+            if first:
+                failed_controls = {alert for name, alert in controls.items() if name not in passed}
+                for alert in sorted(failed_controls):
+                    problems.append(f"{alert}: its tests fail on the unmutated rule as the parser prints it (control)")
+                first = False
+            for key, found in list(cases.items()):
+                outcome = judged[key]
+                if outcome.mutant.alert in failed_controls:
+                    outcome.status, outcome.reason = "unjudged", "the control failed"
+                    del cases[key]
+                elif found[0][1] not in passed:  # killed: its other cases need not run
+                    del cases[key]
+                else:
+                    found.pop(0)
+                    if not found:  # every case of every judging file passed
+                        outcome.status = "survived"
+                        del cases[key]
     listed = load_equivalents(equivalents_path)
     surviving = set()
     for o in outcomes:
@@ -526,7 +578,7 @@ def summary(report: Report) -> str:
         f"killed {report.killed_percent():.1f} % of {valid} valid mutants "
         f"(promtool: {total['killed']}/{run} run; structure: {total['killed-by-structure']}); "
         f"{total['equivalent']} equivalent, {total['survived']} unlisted survivors, {total['invalid']} invalid; "
-        f"{report.seconds:.1f} s"
+        f"{report.case_runs()} test cases run for the mutants; {report.seconds:.1f} s"
     )
     return "\n".join(lines)
 
