@@ -192,8 +192,8 @@ def test_every_expression_matches_the_catalog_job_and_oom_alerts_aggregate_expor
         if spec.role in ("fatal", "crash_loop"):
             (read,) = set(re.findall(r"\b(unit_kind:[a-z_]+:[a-z0-9_]+)", spec.expr))
             source = read.replace("unit_kind:", "source_kind:", 1)
-            assert records[source].startswith(f"{by}, kind)"), spec.name  # two exporters count once
-            assert records[read].startswith(f"{by}, group, kind)"), spec.name  # one page per serving group
+            assert records[source].startswith(f"{by}, host, kind)"), spec.name  # two exporters of a pod count once
+            assert records[read].startswith(f"{by}, group, host, kind)"), spec.name  # one page per serving group
     absent = next(s for s in SPECS if s.role == "exporter_down")
     assert f'absent(up{{job="{JOB}"}})' in absent.expr  # bare selector: the alert keeps its job label
 

@@ -129,11 +129,12 @@ def _run(prom, am, hook, server_log, other_log, tmp_path) -> None:
     print(f"\ntime to page (log append -> Alertmanager webhook): {to_page:.1f}s")
     (alert,) = note["alerts"]
     assert alert["status"] == "firing"
+    host = prom.query("up")[0]["metric"]["instance"]  # a plain file's unit: its source on its host
     assert alert["labels"] == {"alertname": "SGLangPrefillOOM", "kind": "prefill", "source": "server",
-                               "severity": "critical"}  # fmt: skip
+                               "host": host, "severity": "critical"}  # fmt: skip
     ann = alert["annotations"]
     assert ann["description"] == (
-        "1 fatal prefill OOM on source server in the last 5m: KV cache exhausted while scheduling a prefill "
+        f"1 fatal prefill OOM on source server on host {host} in the last 5m: KV cache exhausted while scheduling a prefill "
         "batch. The last one asked for 16384 KV tokens while 6100 were available. Suggested: --chunked-prefill-size "
         "from 16384 to 4096."
     )

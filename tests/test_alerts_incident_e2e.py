@@ -155,3 +155,42 @@ def _am_text(am: Alertmanager, alertname: str, pod: str, **labels: str) -> str:
     ]  # fmt: skip
     assert len(found) <= 1, found
     return found[0] if found else ""
+
+
+def test_two_hosts_with_one_source_name_are_two_incidents_each_naming_its_host(tmp_path):
+    """Two machines without Kubernetes, each with /var/log/sglang/sglang.log read by its own plain-file
+    exporter, both in one scrape job: the source is `sglang` on both. Host A's decode OOM, then host B's: two
+    incidents at the pager, each naming its machine, and host B's OOM is no update of host A's."""
+    require_binaries(PROMETHEUS, ALERTMANAGER)
+    logs = {name: tmp_path / name / "var-log-sglang" / "sglang.log" for name in ("a", "b")}
+    for log in logs.values():
+        log.parent.mkdir(parents=True)
+        log.write_text(BANNER)
+    with (
+        WebhookReceiver() as hook,
+        Daemon([str(logs["a"])], str(tmp_path / "a" / "state")) as host_a,
+        Daemon([str(logs["b"])], str(tmp_path / "b" / "state")) as host_b,
+        alerting(
+            tmp_path, hook, [ROOT / RULES_PATH], targets=[f"127.0.0.1:{host_a.port}", f"127.0.0.1:{host_b.port}"]
+        ) as (prom, am),  # fmt: skip
+    ):
+        prom.wait_for_targets_up()
+        wait_until(lambda: prom.query_value('count(sglang_oom_exporter_sglang_sources{job="sglang-oom-exporter"} == 1)') == 2,
+                   timeout=20, what="both exporters following their sglang.log")  # fmt: skip
+        hosts = {"a": f"127.0.0.1:{host_a.port}", "b": f"127.0.0.1:{host_b.port}"}
+        append(logs["a"], oom_block(kind="Decode"))
+        wait_until(lambda: _key(hook, "host", hosts["a"]), timeout=40, what="host A's page")
+        append(logs["b"], oom_block(kind="Decode"))
+        wait_until(lambda: _key(hook, "host", hosts["b"]), timeout=40, what="host B's page")
+        texts = {name: _am_text(am, "SGLangDecodeOOM", "", host=host) for name, host in hosts.items()}
+        incidents = _incidents(hook)
+    assert sorted(tuple(sorted(notes[0]["groupLabels"].items())) for notes in incidents.values()) == [
+        (("host", hosts["a"]), ("source", "sglang")),
+        (("host", hosts["b"]), ("source", "sglang")),
+    ]
+    for notes in incidents.values():
+        assert {tuple(sorted(_firing(n))) for n in notes} == {("SGLangDecodeOOM",)}
+        assert {n["receiver"] for n in notes} == {"pager"}
+    for name, host in hosts.items():
+        assert texts[name].startswith(f"1 fatal decode OOM on source sglang on host {host} in the last 5m: "), texts
+    assert [n for n in hook.snapshot() if n["_path"] != "/pager"] == []

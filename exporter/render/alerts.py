@@ -45,15 +45,16 @@ from .oom_alerts import (
     retraction_alert,
 )
 from .options import GENERATED_NOTE, Files, RenderOptions
-from .promql import SOURCE_LABELS, Scope
+from .promql import HOST, SOURCE_LABELS, Scope
 
 RULES_PATH = "alerts/sglang-oom.rules.yaml"
 ALERTMANAGER_PATH = "alerts/alertmanager.example.yml"
 # Receivers of the example Alertmanager config, by severity.
 RECEIVERS = {"critical": "pager", "warning": "ticket", "info": "null"}
 # What one incident is, as the pages' labels say it: a pod, a multi-node server's serving group (its alerts
-# carry `group` and no pod), or a plain file's `source`. container is left out: a pod is one incident.
-INCIDENT_LABELS = ("namespace", "pod", "group", "source")
+# carry `group` and no pod), or a plain file's `source` on its `host`. container is left out: a pod is one
+# incident.
+INCIDENT_LABELS = ("namespace", "pod", "group", "source", HOST)
 
 
 def retraction_kind(catalog: Catalog) -> OomKind | None:

@@ -28,7 +28,7 @@ from .alertspec import (
     alert_name,
     pack_alert,
 )
-from .promql import SOURCE_LABELS, Scope, exact_increase, fmt, indent, per_group, recent_event, sel
+from .promql import HOST, SOURCE_LABELS, Scope, exact_increase, fmt, indent, per_group, recent_event, sel, with_host
 
 # What the alerts on SGLang's scraped values group by: the pod (sidecar mode), the exporter and the SGLang URL.
 # engine_type (SGLang's prefill | decode | unified, where it gives one) tells a PD pair's servers apart.
@@ -41,9 +41,9 @@ GROUP_MAP = "namespace_pod:sglang_oom_serving_group_info:max"
 PD_ROLE = "namespace_pod_source:sglang_oom_target_engine_type:info"
 LAST_EVENT_SOURCE = "source_kind:sglang_oom_last_event_info:max"
 LAST_EVENT = "unit_kind:sglang_oom_last_event_info:max"
-UNIT_LABELS = (*SOURCE_LABELS, "group")
+UNIT_LABELS = (*SOURCE_LABELS, "group", HOST)
 # What a description's lookup matches the unit by (a pod's containers share its page text).
-UNIT_KEY = ("namespace", "pod", "source", "group")
+UNIT_KEY = ("namespace", "pod", "source", "group", HOST)
 
 
 def source_new(window: str) -> str:
@@ -79,9 +79,9 @@ def oom_records(
     for window in fatal_windows(kinds, pack):
         series = scope.sel("sglang_oom_fatal_events_total")
         exact = exact_increase(series, window, recent_event(scope, window))
-        per_source = f"max {scope.by(*SOURCE_LABELS, 'kind')} (\n{indent(exact)}\n)\n"
+        per_source = f"max {scope.by(*SOURCE_LABELS, HOST, 'kind')} (\n{indent(with_host(exact))}\n)\n"
         records.append(RecordSpec(source_new(window), OOM_GROUP, per_source))
-        grouped = per_group(scope, source_new(window), "kind", info=GROUP_MAP, sources=source_new(window))
+        grouped = per_group(scope, source_new(window), HOST, "kind", info=GROUP_MAP, sources=source_new(window))
         records.append(RecordSpec(unit_new(window), OOM_GROUP, grouped))
     if retract is not None:
         records += _retraction_records(retract, scope)
@@ -93,15 +93,16 @@ def _pd_role(scope: Scope) -> str:
     """(namespace, pod or source) -> engine_type, for the servers SGLang's metrics call a PD prefill or decode
     server (the mirrored sglang_oom_target_* series), the last hour, as the server may be down."""
     usage = sel("sglang_oom_target_token_usage", scope.job_selector, 'engine_type=~"prefill|decode"')
-    return f"max {scope.by('namespace', 'pod', 'source', 'engine_type')} (last_over_time({usage}[1h]))\n"
+    recent = with_host(f"last_over_time({usage}[1h])")
+    return f"max {scope.by('namespace', 'pod', 'source', HOST, 'engine_type')} (\n{indent(recent)}\n)\n"
 
 
 def _last_event_source(scope: Scope) -> str:
     """The exporter's text for each source's last event of each kind (sglang_oom_last_event_info: the limiting
     pool, the numbers and the advice), two exporters counted once, with the PD role where it is known."""
-    labels = (*SOURCE_LABELS, "kind", "limiting_pool", "detail", "advice")
-    last = f"max {scope.by(*labels)} ({scope.sel('sglang_oom_last_event_info')})"
-    at = scope.on("namespace", "pod", "source")
+    labels = (*SOURCE_LABELS, HOST, "kind", "limiting_pool", "detail", "advice")
+    last = f"max {scope.by(*labels)} (\n{indent(with_host(scope.sel('sglang_oom_last_event_info')))}\n)"
+    at = scope.on("namespace", "pod", "source", HOST)
     return f"{last}\n* {at} group_left (engine_type) {PD_ROLE}\nor\n{last}\nunless {at} {PD_ROLE}\n"
 
 
@@ -125,7 +126,7 @@ def who(scope: Scope) -> str:
     return (
         "{{ if $labels.group }}group {{ $labels.namespace }}/{{ $labels.group }}"
         "{{ else if $labels.pod }}pod {{ $labels.namespace }}/{{ $labels.pod }}"
-        "{{ else }}source {{ $labels.source }}{{ end }}"
+        "{{ else }}source {{ $labels.source }}{{ with $labels.host }} on host {{ . }}{{ end }}{{ end }}"
         f"{{{{ with {cluster} }}}} in cluster {{{{ . }}}}{{{{ end }}}}"
     )
 
@@ -345,9 +346,10 @@ def crash_records(crash: OomKind, scope: Scope) -> list[RecordSpec]:
         last = scope.sel("sglang_oom_last_event_timestamp_seconds", kind=crash.id)
         recent = f"(time() - max without (kind) ({last})) < {int(parse_duration(window))}"
         exact = exact_increase(series, window, recent)
-        per_source = f"max {scope.by(*SOURCE_LABELS)} (\n{indent(exact)}\n)\n"
+        per_source = f"max {scope.by(*SOURCE_LABELS, HOST)} (\n{indent(with_host(exact))}\n)\n"
         records.append(RecordSpec(crash_new("source", window), OOM_GROUP, per_source))
-        grouped = per_group(scope, crash_new("source", window), info=GROUP_MAP, sources=crash_new("source", window))
+        source = crash_new("source", window)
+        grouped = per_group(scope, source, HOST, info=GROUP_MAP, sources=source)
         records.append(RecordSpec(crash_new("unit", window), OOM_GROUP, grouped))
     return records
 
