@@ -133,9 +133,10 @@ def _run(prom, am, hook, server_log, other_log, tmp_path) -> None:
     assert alert["labels"] == {"alertname": "SGLangPrefillOOM", "kind": "prefill", "source": "server",
                                "host": host, "severity": "critical"}  # fmt: skip
     ann = alert["annotations"]
+    seen = prom.query_value('sglang_oom_last_event_timestamp_seconds{kind="prefill", source="server"}')
+    at = time.strftime("%Y-%m-%d %H:%M:%S +0000 UTC", time.gmtime(int(seen)))  # when the OOM was, at every repeat
     assert ann["description"] == (
-        f"1 fatal prefill OOM on source server on host {host} in the last 5m: KV cache exhausted while scheduling a prefill "
-        "batch. The last one asked for 16384 KV tokens while 6100 were available. Suggested: --chunked-prefill-size "
+        f"1 fatal prefill OOM on source server on host {host}, the last at {at}. Suggested: --chunked-prefill-size "
         "from 16384 to 4096."
     )
     assert ann["runbook_url"].endswith("/docs/runbooks/sglangprefilloom.md")
