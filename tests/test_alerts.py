@@ -193,8 +193,8 @@ def test_every_expression_matches_the_catalog_job_and_oom_alerts_aggregate_expor
         if spec.role in ("fatal", "crash_loop"):
             (read,) = set(re.findall(r"\b(unit_kind:[a-z_]+:[a-z0-9_]+)", spec.expr))
             source = read.replace("unit_kind:", "source_kind:", 1)
-            assert records[source].startswith(f"{by}, kind)"), spec.name  # two exporters count once
-            assert records[read].startswith(f"{by}, group, kind)"), spec.name  # one page per serving group
+            assert records[source].startswith(f"{by}, host, kind)"), spec.name  # two exporters of a pod count once
+            assert records[read].startswith(f"{by}, group, host, kind)"), spec.name  # one page per serving group
     absent = next(s for s in SPECS if s.role == "exporter_down")
     assert f'absent(up{{job="{JOB}"}})' in absent.expr  # bare selector: the alert keeps its job label
 
@@ -205,10 +205,10 @@ def test_descriptions_quote_the_exporters_text_and_fall_back_to_the_catalog_fix(
             continue
         d = spec.description
         assert "sglang_oom_last_event_info:max{" in d, spec.name  # the exporter's numbers and advice
-        assert "{{ .Labels.advice }}" in d, spec.name
+        assert "{{ .Labels.advice }}" in d or " .Labels.advice }}" in d, spec.name
         assert f"{{{{ else }}}}Fix: {spec.kind.summary}{{{{ end }}}}" in d, spec.name
-        if spec.role == "fatal":
-            assert "{{ .Labels.detail }}" in d or "{{ with .Labels.detail }}" in d
+        # A page quotes the lever only: the numbers (detail) are on /events and in the runbook.
+        assert ("{{ .Labels.detail }}" in d or "{{ with .Labels.detail }}" in d) == (spec.role != "fatal"), spec.name
 
 
 def test_a_new_kind_in_the_catalog_gets_its_alert_without_code_changes():
@@ -251,6 +251,107 @@ def test_promtool_unit_tests_pass(tmp_path):
     proc = _run("promtool", "test", "rules", *names, cwd=tmp_path, timeout=330)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert proc.stdout.count("SUCCESS") == len(RULE_TESTS) == len(SPECS)
+
+
+# The longest names a page realistically shows: Kubernetes object names of 63 characters (a generated pod name
+# is cut there), a long cluster name, a plain file's source on a fully qualified host, and two-digit counts.
+LONGEST = {
+    "cluster": "prod-us-east-1-gpu-a100-01",
+    "namespace": "llm-inference-production-east",
+    "pod": "sglang-llama-3-1-405b-instruct-fp8-decode-7f9c8d6b5d-x2k4p-abcd",
+    "group": "sglang-deepseek-v3-671b-instruct-fp8-prefill-leaderworkerset-01",
+    "source": "llama-3-1-405b-instruct-fp8-decode-node",
+    "host": "gpu-node-017.prod.example.internal:9877",
+}
+# The exporter's longest advice (INFO_LABEL_LIMIT, 299 characters): a rule's own words where no value is given,
+# and suggested values with their reasons in parentheses.
+LONG_FIX = ("Fix: A 2048-token chunk would not change the failing prefill, which asked for only 15 tokens (at most "
+            "the floor 512); lower --max-running-requests instead, since the running requests hold the KV pool and "
+            "each new one takes its share of it before the prefill asks for its chunk of tokens, so fewer...")  # fmt: skip
+LONG_SUGGESTED = ("Suggested: --max-running-requests from 1024 to 256, --chunked-prefill-size from 16384 to 4096 (not "
+                  "--mem-fraction-static: a larger static fraction leaves less room for CUDA graphs and activations, "
+                  "and the pool that ran out is the one the running requests hold; not --page-size: pages round up "
+                  "to the next page).")  # fmt: skip
+LAST_SEEN = 1796693025  # 2026-12-08 01:23:45 UTC
+
+
+def _lever(advice: str) -> str:
+    """What a page quotes of the exporter's advice: the suggested values without their reasons, cut at 160."""
+    if advice.startswith("Suggested: ") and " (" in advice:
+        advice = advice.split(" (", 1)[0] + "."
+    return advice if len(advice) <= 160 else advice[:159] + "…"
+
+
+def _longest_pages_test(kind) -> dict:
+    """A promtool test case of one fatal kind on four units with the longest names, each with 12 new OOMs: a PD
+    decode pod with the longest advice, a multi-node server's group, a plain file's source on its host (with the
+    suggested values and their reasons), and a pod whose last event the rules do not know (the catalog's fix)."""
+    n = LONGEST
+    job = f'job="{JOB}",cluster="{n["cluster"]}"'
+    pod, bare = f'namespace="{n["namespace"]}",pod="{n["pod"]}"', f'namespace="{n["namespace"]}",pod="{n["pod"]}-x"'
+    member = f'namespace="{n["namespace"]}",pod="{n["group"]}-0"'
+    source = f'source="{n["source"]}"'
+    units = [(f'instance="10.0.0.7:9877",{pod},container="sglang"', LONG_FIX),
+             (f'instance="10.0.0.7:9877",{member},container="sglang"', LONG_SUGGESTED),
+             (f'instance="{n["host"]}",{source}', LONG_SUGGESTED),
+             (f'instance="10.0.0.7:9877",{bare},container="sglang"', None)]  # fmt: skip
+    series = []
+    for labels, advice in units:
+        at = f'{job},{labels},kind="{kind.id}"'
+        series.append({"series": f"sglang_oom_fatal_events_total{{{at}}}", "values": "0x2 12x10"})
+        if advice is not None:
+            info = f'{at},limiting_pool="",detail="The last one asked for 16384 KV tokens.",advice="{advice}"'
+            series += [{"series": f"sglang_oom_last_event_info{{{info}}}", "values": "_x2 1x10"},
+                       {"series": f"sglang_oom_last_event_timestamp_seconds{{{at}}}", "values": f"_x2 {LAST_SEEN}x10"}]  # fmt: skip
+    series += [
+        {"series": f'sglang_oom_target_token_usage{{{job},instance="10.0.0.7:9877",{pod},engine_type="decode"}}',
+         "values": "0.5x12"},
+        {"series": f'sglang_oom_serving_group_info{{{job},instance="10.0.0.7:9877",{member},group="{n["group"]}",'
+                   'worker_index="0"}', "values": "1x12"},
+    ]  # fmt: skip
+    events = f"12 fatal {kind.id} OOMs"
+    at = ", the last at 2026-12-08 01:23:45 +0000 UTC"
+    cluster = f" in cluster {n['cluster']}"
+    pages = [
+        ({"namespace": n["namespace"], "pod": n["pod"], "container": "sglang"},
+         f"{events} on pod {n['namespace']}/{n['pod']}{cluster} (PD decode server){at}. {_lever(LONG_FIX)}"),
+        ({"namespace": n["namespace"], "group": n["group"]},
+         f"{events} on group {n['namespace']}/{n['group']}{cluster}{at}. {_lever(LONG_SUGGESTED)}"),
+        ({"source": n["source"], "host": n["host"]},
+         f"{events} on source {n['source']} on host {n['host']}{cluster}{at}. {_lever(LONG_SUGGESTED)}"),
+        ({"namespace": n["namespace"], "pod": f"{n['pod']}-x", "container": "sglang"},
+         f"{events} on pod {n['namespace']}/{n['pod']}-x{cluster} within {kind.alert['window']}. Fix: {kind.summary}"),
+    ]  # fmt: skip
+    name = alert_name(kind.id)
+    spec = next(s for s in SPECS if s.name == name)
+    exp = [{"exp_labels": {"severity": "critical", "kind": kind.id, "cluster": n["cluster"], **labels},
+            "exp_annotations": {"summary": spec.summary, "description": text,
+                                "runbook_url": runbook_page_url(RenderOptions(), name)}}
+           for labels, text in pages]  # fmt: skip
+    return {"name": f"{name} on the longest names", "interval": "1m", "input_series": series,
+            "alert_rule_test": [{"eval_time": "3m", "alertname": name, "exp_alerts": exp}]}  # fmt: skip
+
+
+@pytest.mark.e2e
+@pytest.mark.needs_promtool
+@needs_promtool
+def test_every_fatal_page_is_one_sentence_of_at_most_400_characters_for_the_longest_names(tmp_path):
+    """Rendered by promtool (the same Go templates as Prometheus): every fatal alert's description on the longest
+    names, with the exporter's longest advice and with none, is the expected sentence, and none is over 400
+    characters; the numbers and the reasons stay on /events and in the runbook."""
+    fatal = [k for k in CATALOG.kinds if k.fatal in ("true", "raised")]
+    cases = [_longest_pages_test(k) for k in fatal]
+    texts = [a["exp_annotations"]["description"] for c in cases for t in c["alert_rule_test"] for a in t["exp_alerts"]]
+    assert len(texts) == 4 * len(fatal) == 36
+    longest = max(texts, key=len)
+    assert len(longest) <= 400, (len(longest), longest)
+    assert longest.count(". ") == 1  # one sentence, then the lever
+    assert longest.endswith("…")  # the advice cut: its whole text is on /events
+    test = {"rule_files": [str(RULES)], "evaluation_interval": "1m", "tests": cases}
+    (tmp_path / "longest.test.yaml").write_text(dump_yaml(test))
+    proc = _run("promtool", "test", "rules", "longest.test.yaml", cwd=tmp_path, timeout=110)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    print(f"\nthe longest fatal page ({len(longest)} characters): {longest}")
 
 
 def _unit_test_mutated(
@@ -449,8 +550,7 @@ def test_dashboard_url_is_templated_from_the_alert_labels(tmp_path):
                                    "container": "sglang"},
                     "exp_annotations": {
                         "summary": "SGLang fatal OOM: the CUDA allocator ran out of GPU memory (outside the KV pool).",
-                        "description": "1 fatal cuda_oom OOM on pod llm/sglang-0 in the last 5m: the CUDA "
-                        "allocator ran out of GPU memory (outside the KV pool). Fix: Activations or CUDA graphs "
+                        "description": "1 fatal cuda_oom OOM on pod llm/sglang-0 within 5m. Fix: Activations or CUDA graphs "
                         "outgrew what the KV pool left free; lower --mem-fraction-static (e.g. to 0.8).",
                         "runbook_url": "https://runbooks.example.com/sglang/sglangcudaoom.md",
                         "dashboard_url": "https://grafana.example.com/d/sglang-oom-overview?from=now-3h&to=now"

@@ -140,13 +140,15 @@ def _run(prom, am, hook, server_log, other_log, tmp_path) -> None:
     assert to_page >= parse_duration(PAGE_GROUP_WAIT)  # held for the pager's group_wait, not the root's 1s
     (alert,) = note["alerts"]
     assert alert["status"] == "firing"
+    host = prom.query("up")[0]["metric"]["instance"]  # a plain file's unit: its source on its host
     assert alert["labels"] == {"alertname": "SGLangPrefillOOM", "kind": "prefill", "source": "server",
-                               "severity": "critical"}  # fmt: skip
+                               "host": host, "severity": "critical"}  # fmt: skip
     ann = alert["annotations"]
+    seen = prom.query_value('sglang_oom_last_event_timestamp_seconds{kind="prefill", source="server"}')
+    at = time.strftime("%Y-%m-%d %H:%M:%S +0000 UTC", time.gmtime(int(seen)))  # when the OOM was, at every repeat
     assert ann["description"] == (
-        "1 fatal prefill OOM on source server in the last 5m: KV cache exhausted while scheduling a prefill "
-        "batch. The last one asked for 16384 KV tokens while 6100 were available; state from the last scrape: token "
-        "usage 0.50. Suggested: --chunked-prefill-size from 16384 to 4096."
+        f"1 fatal prefill OOM on source server on host {host}, the last at {at}. Suggested: --chunked-prefill-size "
+        "from 16384 to 4096."
     )
     assert ann["runbook_url"].endswith("/docs/runbooks/sglangprefilloom.md")
     assert [n["_path"] for n in hook.snapshot()] == ["/pager"]  # nothing else fired

@@ -234,7 +234,7 @@ def test_the_documented_overrides_example_renders_as_it_says(tmp_path):
     rules = _rules(load_with_overrides(str(path)))
     assert all('job=~"sglang-oom.*"' in m for r in rules.values() for m in _raw_selectors(r["expr"]))
     source = rules["source_kind:sglang_oom_fatal_events:exact_increase5m"]["expr"]
-    assert source.startswith("max by (k8s_cluster, namespace, pod, container, source, kind)")
+    assert source.startswith("max by (k8s_cluster, namespace, pod, container, source, host, kind)")
     assert rules["SGLangKVCacheNearFull"]["expr"] == "target:sglang_oom_kv_cache_used:ratio > 0.95\n"
     assert " * 60 > 5\nor\n" in rules["SGLangKVCacheRetractionsHigh"]["expr"]
     assert (rules["SGLangPrefillOOM"]["for"], rules["SGLangPrefillOOM"]["keep_firing_for"]) == ("1m", "30m")

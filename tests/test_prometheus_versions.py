@@ -24,7 +24,7 @@ PROMETHEUS_FUNCTIONS = {
     "delta": BASELINE, "deriv": BASELINE, "increase": BASELINE, "irate": BASELINE, "label_replace": BASELINE,
     "max_over_time": BASELINE, "min_over_time": BASELINE, "avg_over_time": BASELINE, "sum_over_time": BASELINE,
     "count_over_time": BASELINE, "rate": BASELINE, "resets": BASELINE, "time": BASELINE, "timestamp": BASELINE,
-    "vector": BASELINE, "scalar": BASELINE, "histogram_quantile": BASELINE, "label_join": BASELINE,
+    "vector": BASELINE, "scalar": BASELINE, "histogram_quantile": BASELINE, "label_join": BASELINE, "floor": BASELINE,
     "absent_over_time": (2, 16, 0),  # prometheus/prometheus#6490
     "last_over_time": (2, 26, 0),  # prometheus/prometheus#8457
     "clamp": (2, 26, 0), "sgn": (2, 26, 0),  # the same change

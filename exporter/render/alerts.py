@@ -45,15 +45,16 @@ from .oom_alerts import (
     retraction_alert,
 )
 from .options import GENERATED_NOTE, Files, RenderOptions
-from .promql import SOURCE_LABELS, Scope
+from .promql import HOST, SOURCE_LABELS, Scope
 
 RULES_PATH = "alerts/sglang-oom.rules.yaml"
 ALERTMANAGER_PATH = "alerts/alertmanager.example.yml"
 # Receivers of the example Alertmanager config, by severity.
 RECEIVERS = {"critical": "pager", "warning": "ticket", "info": "null"}
 # What one incident is, as the pages' labels say it: a pod, a multi-node server's serving group (its alerts
-# carry `group` and no pod), or a plain file's `source`. container is left out: a pod is one incident.
-INCIDENT_LABELS = ("namespace", "pod", "group", "source")
+# carry `group` and no pod), or a plain file's `source` on its `host`. container is left out: a pod is one
+# incident.
+INCIDENT_LABELS = ("namespace", "pod", "group", "source", HOST)
 # The pager route's group_wait: how long Alertmanager holds a new incident's first page to gather its other alerts.
 # Every page is `for: 0m` in one rule group, so the alerts of one crash (its ranks merged by the exporter within
 # 0.15 s, counted within 0.2 s) are found by one evaluation and reach Alertmanager within that evaluation's run

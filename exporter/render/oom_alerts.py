@@ -28,7 +28,7 @@ from .alertspec import (
     alert_name,
     pack_alert,
 )
-from .promql import SOURCE_LABELS, Scope, exact_increase, fmt, indent, per_group, recent_event, sel
+from .promql import HOST, SOURCE_LABELS, Scope, exact_increase, fmt, indent, per_group, recent_event, sel, with_host
 
 # What the alerts on SGLang's scraped values group by: the pod (sidecar mode), the exporter and the SGLang URL.
 # engine_type (SGLang's prefill | decode | unified, where it gives one) tells a PD pair's servers apart.
@@ -41,9 +41,9 @@ GROUP_MAP = "namespace_pod:sglang_oom_serving_group_info:max"
 PD_ROLE = "namespace_pod_source:sglang_oom_target_engine_type:info"
 LAST_EVENT_SOURCE = "source_kind:sglang_oom_last_event_info:max"
 LAST_EVENT = "unit_kind:sglang_oom_last_event_info:max"
-UNIT_LABELS = (*SOURCE_LABELS, "group")
+UNIT_LABELS = (*SOURCE_LABELS, "group", HOST)
 # What a description's lookup matches the unit by (a pod's containers share its page text).
-UNIT_KEY = ("namespace", "pod", "source", "group")
+UNIT_KEY = ("namespace", "pod", "source", "group", HOST)
 
 
 def source_new(window: str) -> str:
@@ -79,9 +79,9 @@ def oom_records(
     for window in fatal_windows(kinds, pack):
         series = scope.sel("sglang_oom_fatal_events_total")
         exact = exact_increase(series, window, recent_event(scope, window))
-        per_source = f"max {scope.by(*SOURCE_LABELS, 'kind')} (\n{indent(exact)}\n)\n"
+        per_source = f"max {scope.by(*SOURCE_LABELS, HOST, 'kind')} (\n{indent(with_host(exact))}\n)\n"
         records.append(RecordSpec(source_new(window), OOM_GROUP, per_source))
-        grouped = per_group(scope, source_new(window), "kind", info=GROUP_MAP, sources=source_new(window))
+        grouped = per_group(scope, source_new(window), HOST, "kind", info=GROUP_MAP, sources=source_new(window))
         records.append(RecordSpec(unit_new(window), OOM_GROUP, grouped))
     if retract is not None:
         records += _retraction_records(retract, scope)
@@ -93,16 +93,22 @@ def _pd_role(scope: Scope) -> str:
     """(namespace, pod or source) -> engine_type, for the servers SGLang's metrics call a PD prefill or decode
     server (the mirrored sglang_oom_target_* series), the last hour, as the server may be down."""
     usage = sel("sglang_oom_target_token_usage", scope.job_selector, 'engine_type=~"prefill|decode"')
-    return f"max {scope.by('namespace', 'pod', 'source', 'engine_type')} (last_over_time({usage}[1h]))\n"
+    recent = with_host(f"last_over_time({usage}[1h])")
+    return f"max {scope.by('namespace', 'pod', 'source', HOST, 'engine_type')} (\n{indent(recent)}\n)\n"
 
 
 def _last_event_source(scope: Scope) -> str:
     """The exporter's text for each source's last event of each kind (sglang_oom_last_event_info: the limiting
-    pool, the numbers and the advice), two exporters counted once, with the PD role where it is known."""
-    labels = (*SOURCE_LABELS, "kind", "limiting_pool", "detail", "advice")
-    last = f"max {scope.by(*labels)} ({scope.sel('sglang_oom_last_event_info')})"
-    at = scope.on("namespace", "pod", "source")
-    return f"{last}\n* {at} group_left (engine_type) {PD_ROLE}\nor\n{last}\nunless {at} {PD_ROLE}\n"
+    pool, the numbers and the advice), two exporters counted once, with the PD role where it is known. Its value
+    is when that event was seen (sglang_oom_last_event_timestamp_seconds, whole seconds), so a page can say when
+    the OOM was, words that stay true at every repeat of the notification."""
+    labels = (*SOURCE_LABELS, HOST, "kind", "limiting_pool", "detail", "advice")
+    info, seen = scope.sel("sglang_oom_last_event_info"), scope.sel("sglang_oom_last_event_timestamp_seconds")
+    timed = f"{info}\n* ignoring (limiting_pool, detail, advice) group_left\nfloor({seen})"
+    last = f"max {scope.by(*labels)} (\n{indent(with_host(timed))}\n)"
+    at = scope.on("namespace", "pod", "source", HOST)
+    role = f"group {scope.by('namespace', 'pod', 'source', HOST, 'engine_type')} ({PD_ROLE})"
+    return f"{last}\n* {at} group_left (engine_type) {role}\nor\n{last}\nunless {at} {PD_ROLE}\n"
 
 
 def _last_event_unit(scope: Scope) -> str:
@@ -125,7 +131,7 @@ def who(scope: Scope) -> str:
     return (
         "{{ if $labels.group }}group {{ $labels.namespace }}/{{ $labels.group }}"
         "{{ else if $labels.pod }}pod {{ $labels.namespace }}/{{ $labels.pod }}"
-        "{{ else }}source {{ $labels.source }}{{ end }}"
+        "{{ else }}source {{ $labels.source }}{{ with $labels.host }} on host {{ . }}{{ end }}{{ end }}"
         f"{{{{ with {cluster} }}}} in cluster {{{{ . }}}}{{{{ end }}}}"
     )
 
@@ -159,26 +165,51 @@ def _text(kind: OomKind) -> str:
 _PD_ROLE = '{{ with $labels.engine_type }}{{ if ne . "unified" }} {{ . }} server{{ end }}{{ end }}'
 
 
+# A page's longest description, rendered, for the longest names a unit has (tests/test_alerts.py renders it).
+PAGE_CHARS = 400
+# The most of the exporter's advice a page quotes: its suggested values, without the reasons in parentheses
+# (those, and the numbers, are on /events and in the runbook).
+LEVER_CHARS = 160
+
+
+def _when(window: str) -> str:
+    """When the unit's last event of the kind was (the looked-up record's value, the latest of a group's
+    members), else the window."""
+    latest = "{{ $t := 0.0 }}{{ range . }}{{ if gt .Value $t }}{{ $t = .Value }}{{ end }}{{ end }}"
+    at = ", the last at {{ $t | humanizeTimestamp }}"
+    return f"{{{{ with $info }}}}{latest}{at}{{{{ else }}}} within {window}{{{{ end }}}}"
+
+
+def _lever(kind: OomKind) -> str:
+    """The last event's advice as the exporter wrote it, without its reasons and cut at LEVER_CHARS, else the
+    catalog's fix for the kind (a page without the last event's time and role has room for it whole)."""
+    advice = (
+        "{{ $a := reReplaceAll `^(Suggested: [^(]*) \\(.*\\)\\.$` `$1.` .Labels.advice }}"
+        f"{{{{ if gt (len $a) {LEVER_CHARS} }}}}{{{{ printf `%.{LEVER_CHARS - 1}s` $a }}}}…"
+        "{{ else }}{{ $a }}{{ end }}"
+    )
+    fix = f"Fix: {kind.summary}"
+    return f"{{{{ with $info }}}}{{{{ with first . }}}}{advice}{{{{ end }}}}{{{{ else }}}}{fix}{{{{ end }}}}"
+
+
 def _events(noun: str) -> str:
     """`$value` new events, exact: "1 fatal prefill OOM", "2 fatal prefill OOMs"."""
     return f"{{{{ $value }}}} {noun}{{{{ if ne $value 1.0 }}}}s{{{{ end }}}}"
 
 
 def fatal_alert(kind: OomKind, scope: Scope) -> AlertSpec:
-    """`SGLang<Kind>OOM`: page on the first fatal event of the kind, per unit (pod, serving group, source)."""
+    """`SGLang<Kind>OOM`: page on the first fatal event of the kind, per unit (pod, serving group, source).
+
+    Its description is one sentence of at most PAGE_CHARS for the longest names (tests/test_alerts.py): how many,
+    where, when the last one was (true at every repeat of the notification, unlike "in the last 5m") and the
+    lever; what ran out is its summary. The numbers and the reasons are on /events and in the runbook."""
     alert = kind.alert
     window = str(alert["window"])
     expr = f'{unit_new(window)}{{kind="{kind.id}"}} > 0\n'
-    members = (
-        '{{ with $info }}{{ if $labels.group }} (pods {{ range $i, $r := sortByLabel "member_pod" . }}'
-        "{{ if $i }}, {{ end }}{{ .Labels.member_pod }}{{ end }}){{ end }}"
-        "{{ with (first .).Labels.engine_type }} (PD {{ . }} server){{ end }}{{ end }}"
-    )
+    role = "{{ with $info }}{{ with (first .).Labels.engine_type }} (PD {{ . }} server){{ end }}{{ end }}"
     description = (
         _lookup(scope, LAST_EVENT, UNIT_KEY, kind=kind.id)
-        + f"{_events(f'fatal {kind.id} OOM')} on {who(scope)}{members} in the last {window}: "
-        + f"{_lower_first(kind.title)}. "
-        + _text(kind)
+        + f"{_events(f'fatal {kind.id} OOM')} on {who(scope)}{role}{_when(window)}. {_lever(kind)}"
     )
     return AlertSpec(
         name=alert_name(kind.id),
@@ -345,9 +376,10 @@ def crash_records(crash: OomKind, scope: Scope) -> list[RecordSpec]:
         last = scope.sel("sglang_oom_last_event_timestamp_seconds", kind=crash.id)
         recent = f"(time() - max without (kind) ({last})) < {int(parse_duration(window))}"
         exact = exact_increase(series, window, recent)
-        per_source = f"max {scope.by(*SOURCE_LABELS)} (\n{indent(exact)}\n)\n"
+        per_source = f"max {scope.by(*SOURCE_LABELS, HOST)} (\n{indent(with_host(exact))}\n)\n"
         records.append(RecordSpec(crash_new("source", window), OOM_GROUP, per_source))
-        grouped = per_group(scope, crash_new("source", window), info=GROUP_MAP, sources=crash_new("source", window))
+        source = crash_new("source", window)
+        grouped = per_group(scope, source, HOST, info=GROUP_MAP, sources=source)
         records.append(RecordSpec(crash_new("unit", window), OOM_GROUP, grouped))
     return records
 
@@ -360,7 +392,7 @@ def crashed_alert(crash: OomKind, scope: Scope) -> AlertSpec:
     description = (
         _lookup(scope, LAST_EVENT, UNIT_KEY, kind=crash.id)
         + "{{ $value }} SGLang crash{{ if ne $value 1.0 }}es{{ end }}"
-        + f" on {who(scope)} in the last {window}: {_lower_first(crash.title)}, so no OOM "
+        + f" on {who(scope)}{_when(window)}: {_lower_first(crash.title)}, so no OOM "
         + "alert says why it restarted. "
         + _text(crash)
     )
@@ -386,7 +418,7 @@ def crash_loop_any_alert(crash: OomKind, scope: Scope) -> AlertSpec:
     window, count = str(loop["window"]), int(loop["count"])
     description = (
         _lookup(scope, LAST_EVENT, UNIT_KEY, kind=crash.id)
-        + f"SGLang on {who(scope)} died {{{{ $value }}}} times in the last {window} (alert at {count}) of "
+        + f"SGLang on {who(scope)} died {{{{ $value }}}} times within {window} (alert at {count}) of "
         + "exceptions that are no out-of-memory error: it restarts and dies again, and no OOM alert says why. "
         + _text(crash)
     )
@@ -414,7 +446,7 @@ def crash_loop_alert(pack: Mapping[str, Any], scope: Scope) -> AlertSpec:
     expr = f"sum {scope.by(*UNIT_LABELS)} ({unit_new(window)}) >= {count}\n"
     description = (
         _lookup(scope, unit_new(window), UNIT_KEY, where=" > 0")
-        + f"SGLang on {who(scope)} had {_events('fatal OOM')} in the last {window} (alert at {count})"
+        + f"SGLang on {who(scope)} had {_events('fatal OOM')} within {window} (alert at {count})"
         + '{{ with $info }}: {{ range $i, $r := sortByLabel "kind" . }}{{ if $i }}, {{ end }}'
         + "{{ $r.Labels.kind }} {{ $r.Value }}{{ end }}{{ end }}. "
         "SGLang restarts, runs out of memory again and restarts. The per-kind OOM alerts and the events "

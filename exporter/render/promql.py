@@ -15,6 +15,8 @@ from ..metrics.names import FILE_LABELS, KUBERNETES_LABELS
 
 # What OOM alerts group by: every source label of either scheme (a missing one is empty), so both work.
 SOURCE_LABELS: tuple[str, ...] = (*KUBERNETES_LABELS, *FILE_LABELS)
+# What keeps plain-file sources of different machines apart in the OOM records and pages (docs/alerts.md).
+HOST = "host"
 # How far back an OOM alert looks for a counter's value before its window, across an exporter outage.
 OUTAGE_LOOKBACK = "1h"
 
@@ -122,6 +124,18 @@ def recent_event(scope: Scope, window: str, kind: str | None = None) -> str:
     matchers = {"kind": kind} if kind else {}
     last = scope.sel("sglang_oom_last_event_timestamp_seconds", **matchers)
     return f"(time() - {last}) < {int(parse_duration(window))}"
+
+
+def with_host(expr: str) -> str:
+    """expr's series with a `host` label that keeps one plain-file source name on two machines two units: the
+    scrape's own `host` label where it sets one, else its `instance`. Empty for a pod's series and for an
+    exporter pod's (the chart's monitors label it exporter_pod): a DaemonSet or Deployment pod that restarts or
+    moves gets a new instance, and its pods' and sources' units must not split in two. The temporary
+    `host_instance` label keeps the series apart until the caller's `by (...)` drops it.
+    """
+    joined = f'label_join(\n{indent(expr)},\n"host_instance", ";", "host", "instance")'
+    own = f'label_replace(\n{indent(joined)},\n"host", "$1", "host_instance", ";(.*)")'
+    return f'label_replace(label_replace(\n{indent(own)},\n"host", "", "pod", ".+"), "host", "", "exporter_pod", ".+")'
 
 
 def per_group(scope: Scope, expr: str, *keep: str, info: str = "", sources: str = "") -> str:
