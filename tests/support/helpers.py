@@ -154,17 +154,35 @@ def wait_until(condition: Callable[[], Any], *, timeout: float, what: str, inter
 def _port_slice() -> range:
     """This xdist worker's own ports, below the kernel's ephemeral range: a port the kernel hands out for `bind(0)`
     or for any outgoing connection can be taken between the test asking and its server (a podman pod, seconds
-    later) binding it, which failed a pod with "Address already in use" on a loaded CI machine."""
+    later) binding it, which failed a pod with "Address already in use" on a loaded CI machine.
+
+    The slice is held with a lock file for the worker's life, so that two test runs on one machine (CI beside a
+    developer's loop) never share one: with slices picked by worker number alone, two runs' gw0 both started
+    daemons on 10016 and one of them exited "Address already in use"."""
     try:
         low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
     except (OSError, ValueError, IndexError):
         low = 32768
     worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw")
     slices = max(1, (low - 10000) // PORTS_PER_WORKER)
-    start = 10000 + (int(worker) if worker.isdigit() else 0) % slices * PORTS_PER_WORKER
-    return range(start, start + PORTS_PER_WORKER)
+    first = int(worker) if worker.isdigit() else 0
+    locks = Path(os.environ.get("TMPDIR", "/tmp")) / f"sglang-oom-exporter-test-ports-{os.getuid()}"
+    locks.mkdir(exist_ok=True)
+    for i in range(slices):
+        index = (first + i) % slices
+        fh = open(locks / f"slice-{index}.lock", "w")  # noqa: SIM115 - held (and so the slice) until the worker exits
+        try:
+            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            fh.close()
+            continue
+        _HELD.append(fh)
+        start = 10000 + index * PORTS_PER_WORKER
+        return range(start, start + PORTS_PER_WORKER)
+    raise AssertionError(f"every one of the {slices} test port slices is held by another test process")
 
 
+_HELD: list[Any] = []  # the lock files of the slices this process holds
 PORTS_PER_WORKER = 400
 _next_port = 0
 
