@@ -142,3 +142,18 @@ def test_scans_text_never_gives_the_usual_fix_its_own_numbers_rule_out_nor_repea
         "not --chunked-prefill-size", "not --max-running-requests", "suggest",
     ]  # fmt: skip
     assert lines[7] == ""
+
+
+@pytest.mark.parametrize(("drafts", "said"), [
+    (1, "1 draft token is already at or below the floor 2: "),
+    (2, "2 draft tokens are already at or below the floor 2: "),
+])  # fmt: skip
+def test_draft_tokens_at_or_below_the_floor_are_counted_in_the_right_number(drafts, said):
+    # The advice property found "the 1 draft tokens are already at the floor 2": a count below the floor said to
+    # be at it, with a plural noun.
+    from sglang_oom_exporter.advise.scheduler import speculative
+
+    event = _event({}, "decode")
+    (s,) = speculative(event, {"speculative_num_draft_tokens": drafts, "speculative_algorithm": "EAGLE"})
+    assert (s.flag, s.current, s.suggested) == ("--speculative-num-draft-tokens", drafts, None)
+    assert s.rule.startswith(said)

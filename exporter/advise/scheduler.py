@@ -218,9 +218,10 @@ def speculative(event: OomEvent, args: Mapping[str, Any]) -> list[Suggestion]:
         ]
     value = max(DRAFT_TOKENS_FLOOR, math.floor(drafts / 2))
     if value >= drafts:
+        verb = "is" if drafts == 1 else "are"
+        why = f"{plural(drafts, 'draft token')} {verb} already at or below the floor {DRAFT_TOKENS_FLOOR}"
         return [Suggestion("--speculative-num-draft-tokens", drafts, None,
-                           f"the {drafts:.0f} draft tokens are already at the floor {DRAFT_TOKENS_FLOOR}: "
-                           "turn speculative decoding off if the pool stays this full")]  # fmt: skip
+                           f"{why}: turn speculative decoding off if the pool stays this full")]  # fmt: skip
     return [
         Suggestion(
             "--speculative-num-draft-tokens",
