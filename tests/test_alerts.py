@@ -273,13 +273,18 @@ LONG_SUGGESTED = ("Suggested: --max-running-requests from 1024 to 256, --chunked
                   "and the pool that ran out is the one the running requests hold; not --page-size: pages round up "
                   "to the next page).")  # fmt: skip
 LAST_SEEN = 1796693025  # 2026-12-08 01:23:45 UTC
+# The longest numbers the exporter writes (advise/explain.py): a pool other than the full one, a note, the state.
+LONG_DETAIL = ("The last one asked for 16384 tokens; the SWA (sliding-window) KV pool was the limit with 6100 available "
+               "(the full KV pool had 120000): the numbers show no shortfall at page size 1, where nothing is rounded; "
+               "state from the log line at 2026-12-08 01:23:44: 1024 running requests, token usage 0.98.")  # fmt: skip
+LONG_NUMBERS = ": asked for 16384 tokens (swa pool had 6100)"  # what the page says of it
 
 
 def _lever(advice: str) -> str:
-    """What a page quotes of the exporter's advice: the suggested values without their reasons, cut at 160."""
+    """What a page quotes of the exporter's advice: the suggested values without their reasons, cut at 120."""
     if advice.startswith("Suggested: ") and " (" in advice:
         advice = advice.split(" (", 1)[0] + "."
-    return advice if len(advice) <= 160 else advice[:159] + "…"
+    return advice if len(advice) <= 120 else advice[:119] + "…"
 
 
 def _longest_pages_test(kind) -> dict:
@@ -300,7 +305,7 @@ def _longest_pages_test(kind) -> dict:
         at = f'{job},{labels},kind="{kind.id}"'
         series.append({"series": f"sglang_oom_fatal_events_total{{{at}}}", "values": "0x2 12x10"})
         if advice is not None:
-            info = f'{at},limiting_pool="",detail="The last one asked for 16384 KV tokens.",advice="{advice}"'
+            info = f'{at},limiting_pool="swa",detail="{LONG_DETAIL}",advice="{advice}"'
             series += [{"series": f"sglang_oom_last_event_info{{{info}}}", "values": "_x2 1x10"},
                        {"series": f"sglang_oom_last_event_timestamp_seconds{{{at}}}", "values": f"_x2 {LAST_SEEN}x10"}]  # fmt: skip
     series += [
@@ -314,11 +319,11 @@ def _longest_pages_test(kind) -> dict:
     cluster = f" in cluster {n['cluster']}"
     pages = [
         ({"namespace": n["namespace"], "pod": n["pod"], "container": "sglang"},
-         f"{events} on pod {n['namespace']}/{n['pod']}{cluster} (PD decode server){at}. {_lever(LONG_FIX)}"),
+         f"{events} on pod {n['namespace']}/{n['pod']}{cluster} (PD decode server){at}{LONG_NUMBERS}. {_lever(LONG_FIX)}"),
         ({"namespace": n["namespace"], "group": n["group"]},
-         f"{events} on group {n['namespace']}/{n['group']}{cluster}{at}. {_lever(LONG_SUGGESTED)}"),
+         f"{events} on group {n['namespace']}/{n['group']}{cluster}{at}{LONG_NUMBERS}. {_lever(LONG_SUGGESTED)}"),
         ({"source": n["source"], "host": n["host"]},
-         f"{events} on source {n['source']} on host {n['host']}{cluster}{at}. {_lever(LONG_SUGGESTED)}"),
+         f"{events} on source {n['source']} on host {n['host']}{cluster}{at}{LONG_NUMBERS}. {_lever(LONG_SUGGESTED)}"),
         ({"namespace": n["namespace"], "pod": f"{n['pod']}-x", "container": "sglang"},
          f"{events} on pod {n['namespace']}/{n['pod']}-x{cluster} within {kind.alert['window']}. Fix: {kind.summary}"),
     ]  # fmt: skip
@@ -337,8 +342,8 @@ def _longest_pages_test(kind) -> dict:
 @needs_promtool
 def test_every_fatal_page_is_one_sentence_of_at_most_400_characters_for_the_longest_names(tmp_path):
     """Rendered by promtool (the same Go templates as Prometheus): every fatal alert's description on the longest
-    names, with the exporter's longest advice and with none, is the expected sentence, and none is over 400
-    characters; the numbers and the reasons stay on /events and in the runbook."""
+    names, with the exporter's longest numbers and advice and with none, is the expected sentence (the numbers of
+    the pool that failed included), and none is over 400 characters; the reasons stay on /events and the runbook."""
     fatal = [k for k in CATALOG.kinds if k.fatal in ("true", "raised")]
     cases = [_longest_pages_test(k) for k in fatal]
     texts = [a["exp_annotations"]["description"] for c in cases for t in c["alert_rule_test"] for a in t["exp_alerts"]]

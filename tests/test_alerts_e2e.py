@@ -147,8 +147,8 @@ def _run(prom, am, hook, server_log, other_log, tmp_path) -> None:
     seen = prom.query_value('sglang_oom_last_event_timestamp_seconds{kind="prefill", source="server"}')
     at = time.strftime("%Y-%m-%d %H:%M:%S +0000 UTC", time.gmtime(int(seen)))  # when the OOM was, at every repeat
     assert ann["description"] == (
-        f"1 fatal prefill OOM on source server on host {host}, the last at {at}. Suggested: --chunked-prefill-size "
-        "from 16384 to 4096."
+        f"1 fatal prefill OOM on source server on host {host}, the last at {at}: asked for 16384 KV tokens while 6100 "
+        "were available. Suggested: --chunked-prefill-size from 16384 to 4096."
     )
     assert ann["runbook_url"].endswith("/docs/runbooks/sglangprefilloom.md")
     assert [n["_path"] for n in hook.snapshot()] == ["/pager"]  # nothing else fired

@@ -51,7 +51,7 @@ REQ_SLOTS = (
 )
 UID = "5f0c2a91"
 # When the last OOM was, as a page says it: true at every repeat of the notification.
-AT = r", the last at \d{4}-\d\d-\d\d \d\d:\d\d:\d\d \+0000 UTC\. "
+AT = r", the last at \d{4}-\d\d-\d\d \d\d:\d\d:\d\d \+0000 UTC(?:: asked for \d+ [^.]*)?\. "  # then its numbers
 
 
 def _container(root: Path, namespace: str, pod: str, container: str) -> Path:

@@ -168,8 +168,8 @@ _PD_ROLE = '{{ with $labels.engine_type }}{{ if ne . "unified" }} {{ . }} server
 # A page's longest description, rendered, for the longest names a unit has (tests/test_alerts.py renders it).
 PAGE_CHARS = 400
 # The most of the exporter's advice a page quotes: its suggested values, without the reasons in parentheses
-# (those, and the numbers, are on /events and in the runbook).
-LEVER_CHARS = 160
+# (those are on /events and in the runbook); the rest of PAGE_CHARS holds the unit, the time and the numbers.
+LEVER_CHARS = 120
 
 
 def _when(window: str) -> str:
@@ -178,6 +178,20 @@ def _when(window: str) -> str:
     latest = "{{ $t := 0.0 }}{{ range . }}{{ if gt .Value $t }}{{ $t = .Value }}{{ end }}{{ end }}"
     at = ", the last at {{ $t | humanizeTimestamp }}"
     return f"{{{{ with $info }}}}{latest}{at}{{{{ else }}}} within {window}{{{{ end }}}}"
+
+
+def _numbers() -> str:
+    """The last event's numbers as the exporter wrote them (its `detail`: "The last one asked for 16384 KV tokens
+    while 6100 were available: <note>; state from ..."), without the note and the state the advice read, a pool
+    other than the full KV pool named by its label: ": asked for 16384 KV tokens while 6100 were available", ":
+    asked for 200 tokens (mamba pool had 3)"; nothing when the unit has no such record."""
+    bare = "(reReplaceAll `^(?:The last one )?(.*?)(: [^;]*)?(; state from .*)?\\.?$` `$1` .)"
+    short = "(printf ` (%s pool had $1)` $pool)"
+    clause = f"{{{{ reReplaceAll `; the .+ was the limit with (\\d+) (?:available|free).*$` {short} {bare} }}}}"
+    return (
+        "{{ with $info }}{{ with first . }}{{ $pool := .Labels.limiting_pool }}"
+        f"{{{{ with .Labels.detail }}}}: {clause}{{{{ end }}}}{{{{ end }}}}{{{{ end }}}}"
+    )
 
 
 def _lever(kind: OomKind) -> str:
@@ -201,15 +215,16 @@ def fatal_alert(kind: OomKind, scope: Scope) -> AlertSpec:
     """`SGLang<Kind>OOM`: page on the first fatal event of the kind, per unit (pod, serving group, source).
 
     Its description is one sentence of at most PAGE_CHARS for the longest names (tests/test_alerts.py): how many,
-    where, when the last one was (true at every repeat of the notification, unlike "in the last 5m") and the
-    lever; what ran out is its summary. The numbers and the reasons are on /events and in the runbook."""
+    where, when the last one was (true at every repeat of the notification, unlike "in the last 5m"), its numbers
+    (what it asked for and what the pool that failed had) and the lever; what ran out is its summary. The reasons
+    and the state the advice read are on /events and in the runbook."""
     alert = kind.alert
     window = str(alert["window"])
     expr = f'{unit_new(window)}{{kind="{kind.id}"}} > 0\n'
     role = "{{ with $info }}{{ with (first .).Labels.engine_type }} (PD {{ . }} server){{ end }}{{ end }}"
     description = (
         _lookup(scope, LAST_EVENT, UNIT_KEY, kind=kind.id)
-        + f"{_events(f'fatal {kind.id} OOM')} on {who(scope)}{role}{_when(window)}. {_lever(kind)}"
+        + f"{_events(f'fatal {kind.id} OOM')} on {who(scope)}{role}{_when(window)}{_numbers()}. {_lever(kind)}"
     )
     return AlertSpec(
         name=alert_name(kind.id),
