@@ -170,7 +170,7 @@ def _port_slice() -> range:
     locks.mkdir(exist_ok=True)
     for i in range(slices):
         index = (first + i) % slices
-        fh = open(locks / f"slice-{index}.lock", "w")  # noqa: SIM115 - held (and so the slice) until the worker exits
+        fh = open(locks / f"slice-{index}.lock", "w")  # held (and so the slice) until the worker exits
         try:
             fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
