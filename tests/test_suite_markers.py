@@ -99,16 +99,16 @@ def test_every_measured_slow_test_names_a_test_that_exists():
         assert re.search(rf"^def {name}\(", (ROOT / path).read_text(encoding="utf-8"), flags=re.M), nodeid
 
 
-def test_two_test_runs_on_one_machine_never_share_a_port_slice():
+def test_two_test_runs_on_one_machine_never_share_aport_slice():
     # Slices were picked by xdist worker number alone: CI's gw0 and a developer's gw0 on one machine both started
     # daemons on 10016, and one exited "Address already in use". Another process as this same worker gets another.
     import os
 
-    from tests.support.helpers import _port_slice
+    from tests.support.helpers import port_slice
 
-    mine = _port_slice()
+    mine = port_slice()
     worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")
-    code = "from tests.support.helpers import _port_slice; r = _port_slice(); print(r.start, r.stop)"
+    code = "from tests.support.helpers import port_slice; r = port_slice(); print(r.start, r.stop)"
     env = {**os.environ, "PYTEST_XDIST_WORKER": worker}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=ROOT, check=True)
     start, stop = map(int, out.stdout.split())

@@ -151,7 +151,7 @@ def wait_until(condition: Callable[[], Any], *, timeout: float, what: str, inter
 
 
 @functools.cache
-def _port_slice() -> range:
+def port_slice() -> range:
     """This xdist worker's own ports, below the kernel's ephemeral range: a port the kernel hands out for `bind(0)`
     or for any outgoing connection can be taken between the test asking and its server (a podman pod, seconds
     later) binding it, which failed a pod with "Address already in use" on a loaded CI machine.
@@ -189,9 +189,9 @@ _next_port = 0
 
 def free_port() -> int:
     """A TCP port free on 127.0.0.1 now, that nothing but this worker's next calls will be given: ports are handed
-    out in turn from the worker's own slice (`_port_slice`), skipping any that is bound."""
+    out in turn from the worker's own slice (`port_slice`), skipping any that is bound."""
     global _next_port
-    ports = _port_slice()
+    ports = port_slice()
     for _ in range(len(ports)):
         port = ports[_next_port % len(ports)]
         _next_port += 1
